@@ -1,0 +1,148 @@
+"""torch.fx tracing with a fallback for modules fx cannot trace.
+
+Standard layers (conv, linear, norms, activations, pools) are kept as leaves so the graph talks
+in module names. When fx fails inside a submodule (data-dependent control flow, unsupported
+Python), the smallest failing submodules become opaque leaves: the rest of the model is still
+analysed, and the channels that touch an opaque module are locked (never pruned).
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+from torch import fx, nn
+from torch.nn.modules.batchnorm import _BatchNorm
+
+from nestflex.errors import GraphError
+
+__all__ = ["LEAF_TYPES", "trace_module"]
+
+#: Module types always kept whole (never traced into). ``_BatchNorm`` covers timm's
+#: ``BatchNormAct2d``, whose forward would otherwise be traced into functional calls.
+LEAF_TYPES: tuple[type[nn.Module], ...] = (
+    nn.Conv1d,
+    nn.Conv2d,
+    nn.Linear,
+    _BatchNorm,
+    nn.GroupNorm,
+    nn.LayerNorm,
+    nn.ReLU,
+    nn.ReLU6,
+    nn.LeakyReLU,
+    nn.PReLU,
+    nn.GELU,
+    nn.SiLU,
+    nn.Hardswish,
+    nn.Hardsigmoid,
+    nn.Sigmoid,
+    nn.Tanh,
+    nn.Identity,
+    nn.Dropout,
+    nn.Dropout2d,
+    nn.MaxPool2d,
+    nn.AvgPool2d,
+    nn.AdaptiveAvgPool2d,
+    nn.AdaptiveMaxPool2d,
+    nn.Flatten,
+)
+
+
+class _Tracer(fx.Tracer):
+    def __init__(self, opaque: frozenset[str]) -> None:
+        super().__init__()
+        self.opaque = opaque
+
+    def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
+        if module_qualified_name in self.opaque or isinstance(m, LEAF_TYPES):
+            return True
+        return super().is_leaf_module(m, module_qualified_name)
+
+
+def _try_trace(root: nn.Module, opaque: frozenset[str]) -> fx.Graph | Exception:
+    try:
+        return _Tracer(opaque).trace(root)
+    except Exception as e:  # fx raises many types (TraceError, TypeError, NotImplementedError...)
+        return e
+
+
+def trace_module(model: nn.Module, strict: bool = False) -> tuple[fx.GraphModule, dict[str, str]]:
+    """Trace ``model`` into a GraphModule that shares ``model``'s submodules.
+
+    Args:
+        model: the module to trace.
+        strict: raise instead of falling back to opaque leaves.
+
+    Returns:
+        ``(graph_module, opaque)`` where ``opaque`` maps each module kept as an opaque leaf to
+        the reason fx gave.
+
+    Raises:
+        GraphError: the model's own forward cannot be traced, or (``strict``) any submodule
+            cannot; the message names the module and fx's reason.
+    """
+    opaque: dict[str, str] = {}
+    for _ in range(64):  # each round makes at least one more module opaque
+        result = _try_trace(model, frozenset(opaque))
+        if isinstance(result, fx.Graph):
+            if opaque:
+                names = ", ".join(f"`{n}` ({type(model.get_submodule(n)).__name__})" for n in opaque)
+                warnings.warn(
+                    f"torch.fx cannot trace {names}; kept as opaque leaves: channels that enter or "
+                    f"leave them are locked (not prunable, not split inside).",
+                    stacklevel=3,
+                )
+            return fx.GraphModule(model, result, class_name=type(model).__name__), opaque
+        failing = _smallest_failing(model, frozenset(opaque))
+        if not failing:
+            raise GraphError(
+                f"torch.fx cannot trace the forward of `{type(model).__name__}` itself: "
+                f"{type(result).__name__}: {result}. HINT: move data-dependent control flow into "
+                f"a submodule (it then becomes an opaque leaf) or make it static."
+            )
+        if strict:
+            name, reason = next(iter(failing.items()))
+            raise GraphError(
+                f"torch.fx cannot trace module `{name}` ({type(model.get_submodule(name)).__name__}): "
+                f"{reason}. HINT: pass strict=False to keep it as an opaque leaf."
+            )
+        opaque.update(failing)
+    raise GraphError(f"tracing `{type(model).__name__}` did not converge")  # pragma: no cover
+
+
+def _smallest_failing(model: nn.Module, opaque: frozenset[str]) -> dict[str, str]:
+    """Submodules that fail to trace on their own while none of their children do."""
+    failing: dict[str, str] = {}
+    tracer = _Tracer(opaque)
+    for name, module in model.named_modules():
+        if not name or tracer.is_leaf_module(module, name) or any(name.startswith(o + ".") for o in opaque):
+            continue
+        result = _try_trace(module, frozenset())
+        if isinstance(result, Exception):
+            failing[name] = f"{type(result).__name__}: {result}"
+    # keep the deepest ones: a parent fails whenever its child does
+    return {n: r for n, r in failing.items() if not any(o.startswith(n + ".") for o in failing)}
+
+
+@torch.no_grad()
+def propagate_shapes(gm: fx.GraphModule, example: torch.Tensor) -> None:
+    """Run ``example`` through ``gm`` in eval mode and store each node's output in ``node.meta``.
+
+    Only shapes are kept (``node.meta["shape"]``, ``None`` for non-tensors); training flags are
+    restored so tracing never changes BatchNorm statistics.
+    """
+    modes = {m: m.training for m in gm.modules()}
+    gm.eval()
+    try:
+        interp = _ShapeRecorder(gm)
+        interp.run(example)
+    finally:
+        for m, mode in modes.items():
+            m.training = mode
+
+
+class _ShapeRecorder(fx.Interpreter):
+    def run_node(self, n: fx.Node):
+        out = super().run_node(n)
+        n.meta["shape"] = tuple(out.shape) if isinstance(out, torch.Tensor) else None
+        return out

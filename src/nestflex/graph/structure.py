@@ -1,0 +1,261 @@
+"""The structure graph of a model: layers with MACs/params, coupled channel groups, split points.
+
+``trace(model)`` is the entry point. The graph is a read-only description: surgery
+(``nestflex.graph.surgery``) edits the *model*, after which ``trace`` again gives the new graph
+with the same group ids.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Mapping
+
+import torch
+import torch.nn.functional as F
+from torch import fx, nn
+from torch.nn.modules.batchnorm import _BatchNorm
+
+from nestflex.errors import GraphError
+from nestflex.graph._tracer import propagate_shapes, trace_module
+from nestflex.graph.groups import ChannelGroup, find_groups
+
+__all__ = ["Layer", "SplitPoint", "StructureGraph", "trace"]
+
+_SPLIT_ACTS = (nn.ReLU, nn.ReLU6)
+
+
+@dataclass(frozen=True)
+class Layer:
+    """A compute layer (conv or linear) with its per-sample cost.
+
+    Attributes:
+        name: qualified module name.
+        kind: ``conv`` or ``linear``.
+        macs: multiply-accumulates per sample.
+        params: parameters of the module.
+        out_shape: per-sample output shape (no batch dim).
+        spatial: output positions per sample, so ``macs == weight.numel() * spatial``.
+    """
+
+    name: str
+    kind: str
+    macs: int
+    params: int
+    out_shape: tuple[int, ...]
+    spatial: int
+
+
+@dataclass(frozen=True)
+class SplitPoint:
+    """A place to cut the model in two: after an activation (ReLU outputs are sparse).
+
+    Attributes:
+        name: the activation's module name (or fx node name for functional ReLUs).
+        node: fx node name.
+        index: position in execution order.
+        tensors: ``(node name, per-sample shape)`` of every tensor that crosses the cut, in
+            execution order; skip connections are included.
+        numel: elements per sample that cross the cut.
+        macs_before: MACs per sample up to and including this point.
+        macs_fraction: ``macs_before / total MACs``.
+    """
+
+    name: str
+    node: str
+    index: int
+    tensors: tuple[tuple[str, tuple[int, ...]], ...]
+    numel: int
+    macs_before: int
+    macs_fraction: float
+
+
+@dataclass
+class StructureGraph:
+    """What nestflex knows about a model's structure.
+
+    Attributes:
+        gm: the fx GraphModule (shares the model's submodules).
+        input_shape: example input shape used for tracing (batch of 1).
+        layers: compute layers in execution order.
+        groups: coupled channel groups, ids stable under surgery.
+        split_points: candidate split points in execution order.
+        opaque: modules fx could not trace, with the reason.
+        unsupported: ops that locked channel groups.
+    """
+
+    gm: fx.GraphModule
+    input_shape: tuple[int, ...]
+    layers: list[Layer]
+    groups: list[ChannelGroup]
+    split_points: list[SplitPoint]
+    opaque: dict[str, str] = field(default_factory=dict)
+    unsupported: list[str] = field(default_factory=list)
+
+    @property
+    def prunable_groups(self) -> list[ChannelGroup]:
+        return [g for g in self.groups if g.prunable]
+
+    def group(self, key: int | str) -> ChannelGroup:
+        """A group by id or by name (its first producer module).
+
+        Raises:
+            GraphError: no such group (the message lists the names).
+        """
+        for g in self.groups:
+            if g.id == key or g.name == key:
+                return g
+        raise GraphError(f"no channel group {key!r}; groups: {', '.join(g.name for g in self.groups)}")
+
+    def split_point(self, name: str) -> SplitPoint:
+        """A split point by module or node name."""
+        for s in self.split_points:
+            if name in (s.name, s.node):
+                return s
+        raise GraphError(f"no split point {name!r}; split points: {', '.join(s.name for s in self.split_points)}")
+
+    def param_shapes(self, widths: Mapping[int, int] | None = None) -> dict[str, tuple[int, ...]]:
+        """Shape of every parameter if each group ``g`` had ``widths[g]`` channels."""
+        widths = dict(widths or {})
+        for gid, w in widths.items():
+            self.group(gid)  # raises on an unknown id
+            if not isinstance(w, int) or w < 1:
+                raise GraphError(f"`widths[{gid}]` must be a positive int, got {w!r}")
+        shapes = {n: list(p.shape) for n, p in self.gm.named_parameters()}
+        for g in self.groups:
+            if g.id not in widths:
+                continue
+            for m in g.members:
+                key = f"{m.module}.{m.attr}" if m.module else m.attr
+                if key in shapes:
+                    shapes[key][m.dim] = widths[g.id] * m.factor
+        return {k: tuple(v) for k, v in shapes.items()}
+
+    def macs(self, widths: Mapping[int, int] | None = None) -> int:
+        """MACs per sample (convs and linears), now or with the given group widths."""
+        if not widths:
+            return sum(layer.macs for layer in self.layers)
+        shapes = self.param_shapes(widths)
+        return sum(math.prod(shapes[f"{layer.name}.weight"]) * layer.spatial for layer in self.layers)
+
+    def params(self, widths: Mapping[int, int] | None = None) -> int:
+        """Number of parameters, now or with the given group widths."""
+        return sum(math.prod(s) for s in self.param_shapes(widths).values())
+
+    def widths(self) -> dict[int, int]:
+        """Current width of every group, by id."""
+        return {g.id: g.width for g in self.groups}
+
+
+def trace(model: nn.Module, input_shape: tuple[int, ...] = (3, 32, 32), strict: bool = False) -> StructureGraph:
+    """Trace ``model`` and derive layers, channel groups and split points.
+
+    Args:
+        model: any ``nn.Module`` taking one image tensor.
+        input_shape: per-sample input shape (no batch dimension).
+        strict: raise on submodules fx cannot trace instead of keeping them opaque.
+
+    Returns:
+        the model's :class:`StructureGraph`. The model is not modified and its train/eval flags
+        and BatchNorm statistics are left as they were.
+
+    Raises:
+        GraphError: the model cannot be traced or run on ``input_shape``.
+
+    Example:
+        >>> from nestflex.models import create_model
+        >>> g = trace(create_model("vgg16"))
+        >>> round(g.macs() / 1e8, 2)
+        3.13
+    """
+    gm, opaque = trace_module(model, strict=strict)
+    param = next(model.parameters(), None)
+    example = torch.zeros(
+        1, *input_shape, device=param.device if param is not None else None, dtype=param.dtype if param is not None else None
+    )
+    try:
+        propagate_shapes(gm, example)
+    except Exception as e:
+        raise GraphError(
+            f"`{type(model).__name__}` failed on an input of shape {tuple(example.shape)}: "
+            f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}. "
+            f"HINT: pass the model's per-sample `input_shape`"
+        ) from e
+    groups, unsupported = find_groups(gm)
+    layers = _layers(gm)
+    return StructureGraph(
+        gm=gm,
+        input_shape=tuple(input_shape),
+        layers=layers,
+        groups=groups,
+        split_points=_split_points(gm, layers),
+        opaque=opaque,
+        unsupported=unsupported,
+    )
+
+
+def _layers(gm: fx.GraphModule) -> list[Layer]:
+    layers = []
+    for node in gm.graph.nodes:
+        if node.op != "call_module":
+            continue
+        mod = gm.get_submodule(node.target)
+        if not isinstance(mod, (nn.Conv2d, nn.Linear)):
+            continue
+        out = node.meta["shape"][1:]
+        # conv: each output position costs one weight pass; linear: one per leading position
+        spatial = math.prod(out[1:]) if isinstance(mod, nn.Conv2d) else math.prod(out[:-1])
+        layers.append(
+            Layer(
+                name=node.target,
+                kind="conv" if isinstance(mod, nn.Conv2d) else "linear",
+                macs=mod.weight.numel() * spatial,
+                params=sum(p.numel() for p in mod.parameters()),
+                out_shape=tuple(out),
+                spatial=spatial,
+            )
+        )
+    return layers
+
+
+def _is_split_activation(gm: fx.GraphModule, node: fx.Node) -> bool:
+    if node.op == "call_module":
+        mod = gm.get_submodule(node.target)
+        if isinstance(mod, _SPLIT_ACTS):
+            return True
+        # timm's BatchNormAct2d: a BatchNorm whose output goes through its own activation
+        return isinstance(mod, _BatchNorm) and isinstance(getattr(mod, "act", None), _SPLIT_ACTS)
+    if node.op == "call_function":
+        return node.target in (F.relu, torch.relu, F.relu6)
+    return node.op == "call_method" and node.target in ("relu", "relu_")
+
+
+def _split_points(gm: fx.GraphModule, layers: list[Layer]) -> list[SplitPoint]:
+    nodes = list(gm.graph.nodes)
+    pos = {n: i for i, n in enumerate(nodes)}
+    layer_macs = {layer.name: layer.macs for layer in layers}
+    total = max(1, sum(layer_macs.values()))
+    points, running = [], 0
+    for i, node in enumerate(nodes):
+        if node.op == "call_module":
+            running += layer_macs.get(node.target, 0)
+        if not _is_split_activation(gm, node) or node.meta.get("shape") is None:
+            continue
+        crossing = [n for n in nodes[: i + 1] if n.op != "get_attr" and any(pos[u] > i for u in n.users)]
+        if node not in crossing:
+            crossing.append(node)  # the split tensor itself, even when the model ends right after
+        if any(n.meta.get("shape") is None for n in crossing):
+            continue  # a non-tensor value would have to cross: not a clean cut
+        tensors = tuple((n.name, tuple(n.meta["shape"][1:])) for n in crossing)
+        points.append(
+            SplitPoint(
+                name=node.target if node.op == "call_module" else node.name,
+                node=node.name,
+                index=i,
+                tensors=tensors,
+                numel=sum(math.prod(s) for _, s in tensors),
+                macs_before=running,
+                macs_fraction=running / total,
+            )
+        )
+    return points

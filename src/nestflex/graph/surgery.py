@@ -1,0 +1,113 @@
+"""Channel surgery on coupled groups: prune (keep indices), permute (reorder), slice (prefix).
+
+All three are one operation, :func:`select_channels`: index every member tensor of a group with
+the same channel indices. Pruning makes tensors physically smaller (real MAC/param savings);
+permuting keeps the function unchanged (DESIGN.md invariant 2); slicing keeps a prefix, which is
+how nested capacities are read out once channels are in nested order.
+
+Surgery edits the model in place and replaces each touched tensor by a new one, so optimizers
+holding the old parameters must be rebuilt (the pruning callback does this). Re-``trace`` the
+model afterwards for the new widths; group ids do not change.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping, Sequence
+
+import torch
+from torch import nn
+
+from nestflex.errors import GraphError
+from nestflex.graph.groups import ChannelGroup
+from nestflex.graph.structure import StructureGraph
+
+__all__ = ["select_channels", "prune_channels", "permute_channels", "slice_channels", "prune_groups"]
+
+Indices = Sequence[int] | torch.Tensor
+
+
+def _as_index(group: ChannelGroup, indices: Indices, arg: str) -> torch.Tensor:
+    idx = torch.as_tensor(indices, dtype=torch.long).flatten()
+    if idx.numel() == 0:
+        raise GraphError(f"`{arg}` for group `{group.name}` is empty; a group keeps at least one channel")
+    if idx.min() < 0 or idx.max() >= group.width:
+        raise GraphError(
+            f"`{arg}` for group `{group.name}` must lie in [0, {group.width}), got "
+            f"min {int(idx.min())}, max {int(idx.max())}"
+        )
+    if torch.unique(idx).numel() != idx.numel():
+        raise GraphError(f"`{arg}` for group `{group.name}` repeats channels: {idx.tolist()}")
+    return idx
+
+
+def select_channels(model: nn.Module, group: ChannelGroup, indices: Indices) -> None:
+    """Keep channels ``indices`` of ``group``, in that order, in every member tensor.
+
+    Raises:
+        GraphError: the group is locked, or the indices are empty, out of range or repeated.
+    """
+    if not group.prunable:
+        raise GraphError(f"channel group `{group.name}` is locked ({group.reason}); it cannot be edited")
+    idx = _as_index(group, indices, "indices")
+    touched: set[str] = set()
+    for m in group.members:
+        module = model.get_submodule(m.module)
+        old = getattr(module, m.attr)
+        if old.shape[m.dim] != group.width * m.factor:
+            raise GraphError(
+                f"`{m.module}.{m.attr}` has {old.shape[m.dim]} entries on dim {m.dim}, the graph expects "
+                f"{group.width * m.factor}. HINT: re-trace the model after each surgery"
+            )
+        # a channel of a flattened (C, H, W) map owns `factor` consecutive features
+        rows = (idx[:, None] * m.factor + torch.arange(m.factor)).flatten().to(old.device)
+        new = old.detach().index_select(m.dim, rows).clone()
+        if isinstance(old, nn.Parameter):
+            setattr(module, m.attr, nn.Parameter(new, requires_grad=old.requires_grad))
+        else:
+            module._buffers[m.attr] = new
+        touched.add(m.module)
+    for name in touched:
+        _sync_attributes(model.get_submodule(name))
+    group.width = idx.numel()
+
+
+def _sync_attributes(module: nn.Module) -> None:
+    """Make a module's size attributes agree with its (edited) tensors."""
+    if isinstance(module, nn.Conv2d):
+        out_c, in_per_group = module.weight.shape[:2]
+        if module.groups > 1 and module.groups == module.in_channels == module.out_channels:
+            module.groups = module.in_channels = module.out_channels = out_c  # depthwise stays depthwise
+        else:
+            module.out_channels, module.in_channels = out_c, in_per_group * module.groups
+    elif isinstance(module, nn.Linear):
+        module.out_features, module.in_features = module.weight.shape
+    elif isinstance(module, nn.modules.batchnorm._BatchNorm):
+        ref = module.weight if module.weight is not None else module.running_mean
+        module.num_features = ref.shape[0]
+
+
+def prune_channels(model: nn.Module, group: ChannelGroup, keep: Indices) -> None:
+    """Physically remove every channel of ``group`` not in ``keep`` (kept in ascending order)."""
+    idx = _as_index(group, keep, "keep")
+    select_channels(model, group, torch.sort(idx).values)
+
+
+def permute_channels(model: nn.Module, group: ChannelGroup, perm: Indices) -> None:
+    """Reorder the channels of ``group``; the model computes the same function."""
+    idx = _as_index(group, perm, "perm")
+    if idx.numel() != group.width:
+        raise GraphError(f"`perm` for group `{group.name}` must have {group.width} entries, got {idx.numel()}")
+    select_channels(model, group, idx)
+
+
+def slice_channels(model: nn.Module, group: ChannelGroup, width: int) -> None:
+    """Keep the first ``width`` channels of ``group``."""
+    if not isinstance(width, int) or not 1 <= width <= group.width:
+        raise GraphError(f"`width` for group `{group.name}` must be an int in [1, {group.width}], got {width!r}")
+    select_channels(model, group, torch.arange(width))
+
+
+def prune_groups(model: nn.Module, graph: StructureGraph, keep: Mapping[int | str, Indices]) -> None:
+    """Prune several groups at once: ``keep`` maps a group id or name to the channels to keep."""
+    for key, idx in keep.items():
+        prune_channels(model, graph.group(key), idx)

@@ -1,0 +1,210 @@
+import pytest
+import torch
+from torch import nn
+
+from nestflex import GraphError
+from nestflex.graph import permute_channels, prune_channels, select_channels, slice_channels, split_model, trace
+from nestflex.models import create_model
+from tests.conftest import settle_batchnorm
+
+ACCEPTANCE_MODELS = ["vgg16", "resnet56", "timm:resnet18", "timm:mobilenetv2_100"]
+
+
+@pytest.mark.parametrize("name, reference", [("vgg16", 3.13e8), ("resnet56", 1.25e8)])
+def test_macs_match_li_et_al(name, reference):
+    macs = trace(create_model(name)).macs()
+    assert abs(macs - reference) / reference < 0.02, macs
+
+
+@pytest.mark.parametrize("name", ACCEPTANCE_MODELS)
+def test_param_count_matches_model(name):
+    model = create_model(name)
+    assert trace(model).params() == sum(p.numel() for p in model.parameters())
+
+
+@pytest.mark.parametrize("name", ACCEPTANCE_MODELS)
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_random_permutation_of_every_group_keeps_outputs(name, dtype):
+    model = settle_batchnorm(create_model(name)).to(dtype)
+    x = torch.randn(4, 3, 32, 32, dtype=dtype)
+    with torch.no_grad():
+        before = model(x)
+        graph = trace(model)
+        assert graph.prunable_groups, "nothing to permute"
+        for group in graph.prunable_groups:
+            permute_channels(model, group, torch.randperm(group.width))
+        after = model(x)
+    # float64: the logic alone, at the acceptance tolerance; float32: summation order changes
+    # rounding, so the bound is relative to the logits' scale
+    atol = 1e-5 if dtype == torch.float64 else 1e-5 * before.abs().max().item()
+    torch.testing.assert_close(after, before, atol=atol, rtol=0)
+
+
+@pytest.mark.parametrize("name", ACCEPTANCE_MODELS)
+def test_pruning_half_of_every_group_gives_the_predicted_macs(name):
+    model = create_model(name).eval()
+    graph = trace(model)
+    widths = {g.id: max(1, g.width // 2) for g in graph.prunable_groups}
+    predicted_macs, predicted_params = graph.macs(widths), graph.params(widths)
+    for group in graph.prunable_groups:
+        prune_channels(model, group, torch.randperm(group.width)[: widths[group.id]])
+    assert model(torch.randn(2, 3, 32, 32)).shape == (2, 10)
+    smaller = trace(model)
+    assert smaller.macs() == predicted_macs < graph.macs() * 0.5
+    assert smaller.params() == predicted_params == sum(p.numel() for p in model.parameters())
+    assert [g.id for g in smaller.groups] == [g.id for g in graph.groups]  # ids survive surgery
+    assert smaller.widths() == {**graph.widths(), **widths}
+
+
+@pytest.mark.parametrize("name", ["vgg11", "resnet20"])
+def test_physically_pruned_equals_masked(name):
+    # DESIGN invariant 2: zeroing a channel's BN affine makes it contribute exactly nothing,
+    # which is what removing it does
+    model = settle_batchnorm(create_model(name, width=0.5))
+    graph = trace(model)
+    x = torch.randn(4, 3, 32, 32)
+    keep = {g.id: torch.randperm(g.width)[: max(1, g.width * 2 // 3)] for g in graph.prunable_groups}
+    with torch.no_grad():
+        for group in graph.prunable_groups:
+            drop = torch.ones(group.width, dtype=torch.bool)
+            drop[keep[group.id]] = False
+            for m in group.members:
+                if m.role == "norm" and m.attr in ("weight", "bias"):
+                    getattr(model.get_submodule(m.module), m.attr)[drop] = 0
+        masked = model(x)
+        for group in graph.prunable_groups:
+            prune_channels(model, group, keep[group.id])
+        pruned = model(x)
+    torch.testing.assert_close(pruned, masked, atol=1e-5, rtol=0)
+
+
+def test_resnet_groups_tie_residual_adds():
+    graph = trace(create_model("resnet56"))
+    stem = graph.group("conv1")
+    expected = {"conv1"} | {f"layer1.{i}.conv2" for i in range(9)}
+    assert set(stem.producers) == expected
+    stage2 = graph.group("layer2.0.conv2")
+    assert "layer2.0.shortcut.0" in stage2.producers and "layer2.8.conv2" in stage2.producers
+    # each block's inner channels are their own group
+    assert graph.group("layer2.3.conv1").producers == ["layer2.3.conv1"]
+    assert not graph.group("fc").prunable and "model output" in graph.group("fc").reason
+
+
+def test_depthwise_conv_joins_its_input_group():
+    graph = trace(create_model("timm:mobilenetv2_100"))
+    group = graph.group("blocks.1.0.conv_pw")
+    roles = {(m.module, m.role) for m in group.members}
+    assert ("blocks.1.0.conv_dw", "depthwise") in roles and ("blocks.1.0.conv_pwl", "in") in roles
+
+
+def test_flatten_of_spatial_map_maps_channels_to_feature_blocks():
+    model = nn.Sequential(nn.Conv2d(3, 6, 3, padding=1), nn.ReLU(), nn.MaxPool2d(4), nn.Flatten(), nn.Linear(6 * 64, 5))
+    model.eval()
+    graph = trace(model)
+    group = graph.group("0")
+    assert any(m.module == "4" and m.factor == 64 for m in group.members)
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        model[0].weight[[1, 4]] = 0
+        model[0].bias[[1, 4]] = 0
+        masked = model(x)
+        prune_channels(model, group, [0, 2, 3, 5])
+        torch.testing.assert_close(model(x), masked, atol=1e-6, rtol=0)
+    assert model[4].in_features == 4 * 64
+
+
+def test_resnet_split_lists_the_skip_tensor_and_cuts_exactly():
+    model = settle_batchnorm(create_model("resnet20"))
+    graph = trace(model)
+    point = graph.split_point("layer2.1.relu1")
+    names = [name for name, _ in point.tensors]
+    assert names == ["layer2_0_relu2", "layer2_1_relu1"]  # the skip tensor crosses too
+    assert point.numel == 2 * 32 * 16 * 16
+    x = torch.randn(3, 3, 32, 32)
+    with torch.no_grad():
+        full = model(x)
+        for p in graph.split_points:
+            head, tail = split_model(graph, p)
+            assert torch.equal(tail(*head(x)), full), p.name
+    fractions = [p.macs_fraction for p in graph.split_points]
+    assert fractions == sorted(fractions) and 0.99 < fractions[-1] < 1.0  # only fc remains
+
+
+def test_vgg_split_points_are_the_relus():
+    graph = trace(create_model("vgg16"))
+    assert [p.name for p in graph.split_points][:2] == ["features.relu1", "features.relu2"]
+    assert all(len(p.tensors) == 1 for p in graph.split_points)
+
+
+def test_trace_leaves_model_state_alone():
+    model = create_model("resnet20").train()
+    stats = model.bn1.running_mean.clone()
+    trace(model)
+    assert model.training and torch.equal(model.bn1.running_mean, stats)
+
+
+def test_surgery_errors_name_the_argument_and_values():
+    model = create_model("vgg11", width=0.25)
+    graph = trace(model)
+    group = graph.group("features.conv1")
+    with pytest.raises(GraphError, match=r"`keep` for group `features.conv1` must lie in \[0, 16\), got min 0, max 16"):
+        prune_channels(model, group, [0, 16])
+    with pytest.raises(GraphError, match="repeats channels"):
+        prune_channels(model, group, [1, 1])
+    with pytest.raises(GraphError, match="is empty"):
+        prune_channels(model, group, [])
+    with pytest.raises(GraphError, match="must have 16 entries, got 3"):
+        permute_channels(model, group, [0, 1, 2])
+    with pytest.raises(GraphError, match=r"`width` for group `features.conv1` must be an int in \[1, 16\], got 0"):
+        slice_channels(model, group, 0)
+    with pytest.raises(GraphError, match="`classifier.fc2` is locked \\(model output\\)"):
+        select_channels(model, graph.group("classifier.fc2"), [0])
+    with pytest.raises(GraphError, match="no channel group 'nope'; groups: features.conv1"):
+        graph.group("nope")
+    slice_channels(model, group, 8)
+    with pytest.raises(GraphError, match="HINT: re-trace"):
+        slice_channels(model, graph.group("features.conv1").__class__(**{**group.__dict__, "width": 16}), 4)
+
+
+class _DataDependent(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(8, 8, 3, padding=1)
+
+    def forward(self, x):
+        if x.sum() > 0:  # data-dependent control flow: fx cannot trace this
+            return self.conv(x)
+        return x
+
+
+class _WithOpaqueBlock(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Conv2d(3, 8, 3, padding=1)
+        self.bn = nn.BatchNorm2d(8)
+        self.block = _DataDependent()
+        self.head = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+
+    def forward(self, x):
+        return self.head(self.block(self.bn(self.stem(x))))
+
+
+def test_untraceable_submodule_becomes_an_opaque_leaf():
+    model = _WithOpaqueBlock()
+    with pytest.warns(UserWarning, match=r"cannot trace `block` \(_DataDependent\)"):
+        graph = trace(model)
+    assert "block" in graph.opaque
+    assert not graph.group("stem").prunable and "block" in graph.group("stem").reason
+    assert graph.group("head.2").prunable  # the rest of the model is still analysed
+    with pytest.raises(GraphError, match=r"cannot trace module `block` \(_DataDependent\).*strict=False"):
+        trace(model, strict=True)
+
+
+def test_untraceable_top_level_forward_names_the_model():
+    with pytest.raises(GraphError, match="cannot trace the forward of `_DataDependent` itself"):
+        trace(_DataDependent(), input_shape=(8, 4, 4))
+
+
+def test_wrong_input_shape_is_explained():
+    with pytest.raises(GraphError, match=r"failed on an input of shape \(1, 1, 32, 32\).*input_shape"):
+        trace(create_model("resnet20"), input_shape=(1, 32, 32))
