@@ -54,7 +54,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--batch-size", type=int, default=128)
     p.add_argument("--lr", type=float, default=0.05)
     p.add_argument("--max-train-samples", type=int, default=None, help="train on a seeded subset")
-    p.add_argument("--max-eval-samples", type=int, default=None, help="validate/test on a seeded subset")
+    p.add_argument("--val-size", type=int, default=5000, help="validation samples held out of the train split")
+    p.add_argument("--synthetic-train-size", type=int, default=50_000, help="synthetic data only: train split size")
+    p.add_argument("--synthetic-test-size", type=int, default=10_000, help="synthetic data only: test split size")
     p.add_argument("--num-workers", type=int, default=0)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--accelerator", default="auto", help="Lightning accelerator: auto, cpu, gpu, ...")
@@ -94,6 +96,7 @@ def run_baseline(args: argparse.Namespace, ctx: dict[str, Any]) -> dict[str, Any
     config = {
         "model": args.model, "width": args.width, "epochs": args.epochs, "batch_size": args.batch_size,
         "lr": args.lr, "seed": args.seed, "data": ctx["data"], "max_train_samples": args.max_train_samples,
+        "val_size": args.val_size,
     }
     final = out / "model.ckpt"
     if final.exists() and (out / "config.json").exists() and read_json(out / "config.json") == config:
@@ -113,7 +116,8 @@ def run_baseline(args: argparse.Namespace, ctx: dict[str, Any]) -> dict[str, Any
         accelerator=args.accelerator,
         devices=int(args.devices) if args.devices.isdigit() else args.devices,
         logger=CSVLogger(args.out, name="logs", version="baseline"),
-        callbacks=[ModelCheckpoint(dirpath=out, filename="epoch{epoch}", save_last=True, save_top_k=0)],
+        # one rolling checkpoint after every epoch: what a killed run resumes from
+        callbacks=[ModelCheckpoint(dirpath=out, filename="last", save_top_k=1, enable_version_counter=False)],
         default_root_dir=args.out,
         enable_model_summary=False,
     )
@@ -125,12 +129,12 @@ def run_baseline(args: argparse.Namespace, ctx: dict[str, Any]) -> dict[str, Any
     test = trainer.test(module, datamodule=dm, verbose=False)[0]
     graph = trace(module.model.cpu())
     result = {
-        "accuracy": float(test["test_acc"]),
+        "accuracy": round(float(test["test_acc"]), 4),
         "params": graph.params(),
         "macs": graph.macs(),
         "epochs": args.epochs,
         "train_seconds": round(seconds, 1),
-        "checkpoint": str(final),
+        "checkpoint": str(final.relative_to(args.out)),
     }
     write_json(out / "result.json", result)
     trainer.save_checkpoint(final, weights_only=True)
@@ -177,13 +181,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
     dm, message = resolve_data(
         args.data, args.data_dir, download=args.download, batch_size=args.batch_size,
-        num_workers=args.num_workers, max_train_samples=args.max_train_samples,
-        max_eval_samples=args.max_eval_samples, seed=args.seed,
+        num_workers=args.num_workers, max_train_samples=args.max_train_samples, val_size=args.val_size,
+        seed=args.seed, train_size=args.synthetic_train_size, test_size=args.synthetic_test_size,
     )
     print(message)
     summary_path = out / "summary.json"
     summary: dict[str, Any] = read_json(summary_path) if summary_path.exists() else {}
-    data = {"name": dm.name, "synthetic": bool(dm.synthetic), "seed": args.seed}
+    data = {"name": dm.name, "synthetic": bool(dm.synthetic), "seed": args.seed, "source": message}
+    if dm.synthetic:
+        data.update(train_size=dm.train_size, test_size=dm.test_size)
     ctx: dict[str, Any] = {"datamodule": dm, "data": data}
     summary.update(data=data, model={"name": args.model, "width": args.width, "num_classes": dm.num_classes},
                    machine=machine())

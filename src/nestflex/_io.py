@@ -21,6 +21,7 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)  # mkstemp creates 0600; a result file should read like any other
         os.replace(tmp, path)  # atomic on POSIX and Windows
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
