@@ -132,6 +132,9 @@ def test_resnet_split_lists_the_skip_tensor_and_cuts_exactly():
 
 def test_vgg_split_points_are_the_relus():
     graph = trace(create_model("vgg16"))
+    first = graph.layers[0]
+    assert (first.name, first.kind, first.out_shape, first.activations) == ("features.conv1", "conv", (64, 32, 32), 65536)
+    assert first.macs == 64 * 3 * 9 * 32 * 32 and first.params == 64 * 3 * 9
     assert [p.name for p in graph.split_points][:2] == ["features.relu1", "features.relu2"]
     assert all(len(p.tensors) == 1 for p in graph.split_points)
 

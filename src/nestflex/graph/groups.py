@@ -156,6 +156,14 @@ def find_groups(gm: fx.GraphModule) -> tuple[list[ChannelGroup], list[str]]:
         unsupported.append(what)
         return fresh(f"output of {what}") if node.meta.get("shape") is not None else None
 
+    def produce(name: str, mod: nn.Module) -> _Info:
+        """A conv/linear output: a new channel space owned by its weight rows (and bias)."""
+        out = fresh()
+        for attr in ("weight", "bias"):
+            if getattr(mod, attr, None) is not None:
+                members.append((out.space, Member(name, attr, 0, role="out")))
+        return out
+
     for node in gm.graph.nodes:
         shape = node.meta.get("shape")
         if node.op == "placeholder":
@@ -185,11 +193,7 @@ def find_groups(gm: fx.GraphModule) -> tuple[list[ChannelGroup], list[str]]:
             if isinstance(mod, nn.Conv2d) and src_info is not None and src_info.factor == 1:
                 if mod.groups == 1:
                     members.append((src_info.space, Member(name, "weight", 1, role="in")))
-                    out = fresh()
-                    members.append((out.space, Member(name, "weight", 0, role="out")))
-                    if mod.bias is not None:
-                        members.append((out.space, Member(name, "bias", 0, role="out")))
-                    info[node] = out
+                    info[node] = produce(name, mod)
                 elif mod.groups == mod.in_channels == mod.out_channels:
                     members.append((src_info.space, Member(name, "weight", 0, role="depthwise")))
                     if mod.bias is not None:
@@ -200,11 +204,7 @@ def find_groups(gm: fx.GraphModule) -> tuple[list[ChannelGroup], list[str]]:
                     info[node] = fresh(f"grouped conv `{name}`")
             elif isinstance(mod, nn.Linear) and src_info is not None and len(shape) == 2:
                 members.append((src_info.space, Member(name, "weight", 1, src_info.factor, role="in")))
-                out = fresh()
-                members.append((out.space, Member(name, "weight", 0, role="out")))
-                if mod.bias is not None:
-                    members.append((out.space, Member(name, "bias", 0, role="out")))
-                info[node] = out
+                info[node] = produce(name, mod)
             elif isinstance(mod, _BatchNorm) and src_info is not None and (src_info.factor == 1 or len(shape) == 2):
                 for attr in ("weight", "bias", "running_mean", "running_var"):
                     if getattr(mod, attr, None) is not None:
@@ -224,7 +224,7 @@ def find_groups(gm: fx.GraphModule) -> tuple[list[ChannelGroup], list[str]]:
             node.op == "call_method" and target in _JOIN_METHODS
         )
         if is_join:
-            info[node] = _join(node, info, uf, lock, shape) or opaque(node, f"`{node.name}`")
+            info[node] = _join(node, info, uf, shape) or opaque(node, f"`{node.name}`")
             continue
         is_pass = (node.op == "call_function" and target in _PASS_FUNCTIONS) or (
             node.op == "call_method" and target in _PASS_METHODS
@@ -270,7 +270,7 @@ def _reshape(node: fx.Node, src: fx.Node, src_info: _Info, shape: tuple[int, ...
     return None
 
 
-def _join(node, info, uf, lock, shape) -> _Info | None:
+def _join(node: fx.Node, info: dict, uf: _UnionFind, shape: tuple[int, ...]) -> _Info | None:
     """Elementwise op: tensors of equal channel count share one space; broadcast ones pass."""
     srcs = [a for a in node.all_input_nodes if info.get(a) is not None]
     if not srcs:

@@ -45,6 +45,11 @@ class Layer:
     out_shape: tuple[int, ...]
     spatial: int
 
+    @property
+    def activations(self) -> int:
+        """Output elements per sample (the activation memory this layer writes)."""
+        return math.prod(self.out_shape)
+
 
 @dataclass(frozen=True)
 class SplitPoint:
