@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -111,11 +112,18 @@ def run_baseline(args: argparse.Namespace, ctx: dict[str, Any]) -> dict[str, Any
     last = out / "last.ckpt"
     resume = last if last.exists() and (out / "config.json").exists() and read_json(out / "config.json") == config else None
     write_json(out / "config.json", config)
+    logs = Path(args.out) / "logs"
+    # Lightning's CSVLogger empties an existing version directory, so a resumed run logs to a new
+    # one and the curves are stitched from all of them: resuming never loses logged epochs.
+    version = f"baseline-resume{len(list(logs.glob('baseline-resume*'))) + 1}" if resume else "baseline"
+    if not resume:
+        for old in logs.glob("baseline-resume*"):
+            shutil.rmtree(old)  # logs of an abandoned configuration
     trainer = pl.Trainer(
         max_epochs=args.epochs,
         accelerator=args.accelerator,
         devices=int(args.devices) if args.devices.isdigit() else args.devices,
-        logger=CSVLogger(args.out, name="logs", version="baseline"),
+        logger=CSVLogger(args.out, name="logs", version=version),
         # one rolling checkpoint after every epoch: what a killed run resumes from
         callbacks=[ModelCheckpoint(dirpath=out, filename="last", save_top_k=1, enable_version_counter=False)],
         default_root_dir=args.out,
@@ -138,12 +146,13 @@ def run_baseline(args: argparse.Namespace, ctx: dict[str, Any]) -> dict[str, Any
     }
     write_json(out / "result.json", result)
     trainer.save_checkpoint(final, weights_only=True)
-    _plot_curves(Path(args.out) / "logs" / "baseline" / "metrics.csv", Path(args.out) / "baseline_curves.png",
-                 synthetic=ctx["data"]["synthetic"])
+    _plot_curves(sorted(logs.glob("baseline*/metrics.csv"), key=lambda p: p.stat().st_mtime),
+                 Path(args.out) / "baseline_curves.png", synthetic=ctx["data"]["synthetic"])
     return {"module": module, "summary": result}
 
 
-def _plot_curves(csv_path: Path, png: Path, synthetic: bool) -> None:
+def _plot_curves(csv_paths: list[Path], png: Path, synthetic: bool) -> None:
+    """Accuracy per epoch from Lightning CSV logs; later files (resumed runs) win per epoch."""
     import csv
 
     import matplotlib
@@ -151,16 +160,18 @@ def _plot_curves(csv_path: Path, png: Path, synthetic: bool) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    if not csv_path.exists():
-        return
     val: dict[int, float] = {}
     train: dict[int, float] = {}
-    with open(csv_path) as f:
-        for row in csv.DictReader(f):
-            if row.get("val_acc"):
-                val[int(row["epoch"])] = float(row["val_acc"])
-            if row.get("train_acc"):
-                train[int(row["epoch"])] = float(row["train_acc"])
+    for csv_path in csv_paths:
+        with open(csv_path) as f:
+            for row in csv.DictReader(f):
+                if row.get("val_acc"):
+                    val[int(row["epoch"])] = float(row["val_acc"])
+                if row.get("train_acc"):
+                    train[int(row["epoch"])] = float(row["train_acc"])
+    if not val and not train:
+        return
+    train, val = dict(sorted(train.items())), dict(sorted(val.items()))
     fig, ax = plt.subplots(figsize=(5, 3.5))
     ax.plot([e + 1 for e in train], list(train.values()), "o-", label="train")
     ax.plot([e + 1 for e in val], list(val.values()), "s-", label="validation")

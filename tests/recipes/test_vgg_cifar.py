@@ -57,6 +57,10 @@ def test_interrupted_training_resumes_from_last_checkpoint(tmp_path, capsys, mon
     summary = recipe.main([*TINY, "--epochs", "2", "--out", str(out)])
     assert "baseline: resuming from" in capsys.readouterr().out
     assert summary["baseline"]["epochs"] == 2 and (out / "baseline" / "model.ckpt").exists()
+    # the epoch logged before the kill survives next to the resumed run's log
+    first = (out / "logs" / "baseline" / "metrics.csv").read_text().splitlines()[1:]
+    resumed = (out / "logs" / "baseline-resume1" / "metrics.csv").read_text().splitlines()[1:]
+    assert {row.split(",")[0] for row in first} == {"0"} and "1" in {row.split(",")[0] for row in resumed}
 
 
 def test_bad_flags_are_explained(tmp_path, capsys):
