@@ -8,8 +8,9 @@ Stages run in order and each reuses what an earlier run already left in ``--out`
 configuration), so an interrupted run resumes where it stopped:
 
     baseline   train the network (Lightning: progress bar, CSV logs, checkpoints)
+    profile    split quantisation profile: accuracy, bytes and codec time per <split, bitwidth>
 
-Later nestflex releases add prune, grow, exits, profile and export to this same list.
+Later nestflex releases add prune, grow, exits and export to this same list.
 Everything lands in ``--out``: ``summary.json`` (documented in docs/recipes.md), plots, logs
 and checkpoints.
 """
@@ -32,6 +33,8 @@ from nestflex.data import resolve_data
 from nestflex.graph import trace
 from nestflex.models import list_models
 
+#: summary.json key of each stage's results, where it differs from the stage name
+SUMMARY_KEYS = {"profile": "quantization"}
 STAGES: dict[str, Callable[[argparse.Namespace, dict[str, Any]], dict[str, Any]]] = {}
 
 
@@ -63,6 +66,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--accelerator", default="auto", help="Lightning accelerator: auto, cpu, gpu, ...")
     p.add_argument("--devices", default="1", help="Lightning devices")
     p.add_argument("--out", default="runs/vgg_cifar", help="output directory")
+    p.add_argument("--profile-samples", type=int, default=1000,
+                   help="profile stage: validation samples used per <split, bitwidth>")
     p.add_argument("--stages", default="all", help=f"comma list of {', '.join(STAGES)}, or all")
     args = p.parse_args(argv)
     names = list(STAGES) if args.stages == "all" else [s.strip() for s in args.stages.split(",") if s.strip()]
@@ -151,6 +156,50 @@ def run_baseline(args: argparse.Namespace, ctx: dict[str, Any]) -> dict[str, Any
     return {"module": module, "summary": result}
 
 
+@stage("profile")
+def run_profile(args: argparse.Namespace, ctx: dict[str, Any]) -> dict[str, Any]:
+    """Split quantisation profile: accuracy, bytes and codec time per <split, bitwidth>."""
+    from nestflex.profiling import profile_split_quantization
+    from nestflex.profiling.plots import plot_split_quantization
+
+    module = _baseline_module(args, ctx)
+    out = Path(args.out) / "profile"
+    config = {"baseline": read_json(Path(args.out) / "baseline" / "config.json"),
+              "samples": args.profile_samples, "codec": "blosc_lz4"}
+    if (out / "config.json").exists() and read_json(out / "config.json") == config and (out / "split_quantization.json").exists():
+        print(f"profile: reusing {out / 'split_quantization.json'} (same configuration)")
+        profile = read_json(out / "split_quantization.json")
+    else:
+        dm = ctx["datamodule"]
+        dm.setup("fit")
+        # validation split: thresholds and bitwidths are chosen on it, never on the test set
+        profile = profile_split_quantization(module.model.cpu(), dm.val_dataloader(), max_samples=args.profile_samples)
+        write_json(out / "split_quantization.json", profile)
+        write_json(out / "config.json", config)
+    plot_split_quantization(profile, Path(args.out) / "split_quantization.png", synthetic=ctx["data"]["synthetic"])
+    splits = {}
+    for row in profile["splits"]:
+        bits = row["lowest_bits"]["1"]
+        ratio = next(r["ratio"] for r in row["per_bits"] if r["bits"] == bits)
+        splits[row["name"]] = {"bits": bits, "compression_ratio": round(ratio, 2)}
+    summary = {"float_accuracy": profile["float_accuracy"], "samples": profile["samples"],
+               "profile": "profile/split_quantization.json", "splits": splits}
+    return {"summary": summary, "profile": profile}
+
+
+def _baseline_module(args: argparse.Namespace, ctx: dict[str, Any]):
+    """The baseline from this run, or from an earlier run's checkpoint in --out."""
+    from nestflex.training import ImageClassifier
+
+    if "baseline" in ctx:
+        return ctx["baseline"]["module"]
+    ckpt = Path(args.out) / "baseline" / "model.ckpt"
+    if not ckpt.exists():
+        raise SystemExit(f"--stages: the baseline checkpoint {ckpt} does not exist. "
+                         f"HINT: run with --stages baseline first (or --stages all)")
+    return ImageClassifier.load_from_checkpoint(ckpt, map_location="cpu", weights_only=True)
+
+
 def _plot_curves(csv_paths: list[Path], png: Path, synthetic: bool) -> None:
     """Accuracy per epoch from Lightning CSV logs; later files (resumed runs) win per epoch."""
     import csv
@@ -207,13 +256,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     for name in args.stage_list:
         result = STAGES[name](args, ctx)
         ctx[name] = result
-        summary[name] = result["summary"]
+        summary[SUMMARY_KEYS.get(name, name)] = result["summary"]
         write_json(summary_path, summary)  # after every stage: a crash later keeps what is done
     print(f"summary: {summary_path}")
-    for name in args.stage_list:
-        s = summary[name]
-        print(f"  {name:<9} accuracy {s['accuracy']:.4f}  params {s['params']:,}  MACs {s['macs']:,}"
-              + ("  (synthetic data)" if data["synthetic"] else ""))
+    tag = "  (synthetic data)" if data["synthetic"] else ""
+    if "baseline" in summary:
+        s = summary["baseline"]
+        print(f"  baseline  accuracy {s['accuracy']:.4f}  params {s['params']:,}  MACs {s['macs']:,}{tag}")
+    if "quantization" in summary:
+        for split, q in summary["quantization"]["splits"].items():
+            print(f"  profile   {split:<18} lowest bits within 1 pt: {q['bits']}  ratio {q['compression_ratio']}x{tag}")
     return summary
 
 

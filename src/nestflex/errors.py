@@ -7,7 +7,7 @@ nothing heavy: the light runtime (``nestflex.deploy``) uses it too.
 
 from __future__ import annotations
 
-__all__ = ["NestflexError", "DataError", "ModelError", "GraphError"]
+__all__ = ["NestflexError", "DataError", "ModelError", "GraphError", "ProfileError"]
 
 
 class NestflexError(Exception):
@@ -24,3 +24,7 @@ class ModelError(NestflexError, ValueError):
 
 class GraphError(NestflexError, RuntimeError):
     """A model cannot be traced, or a graph/surgery request does not fit the model."""
+
+
+class ProfileError(NestflexError, ValueError):
+    """A profiler argument is out of range or its data is unusable."""

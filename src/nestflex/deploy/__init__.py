@@ -1,10 +1,42 @@
 """The light runtime: loads nestflex bundles and runs them under schedulers.
 
 Invariant (DESIGN.md 6): importing this package pulls in no training dependency (Lightning,
-timm, torchmetrics, onnx). The bundle loader, codec and schedulers land here in later releases;
-today it holds only what the rest of the package already shares with it.
+timm, torchmetrics, onnx). The bundle loader and schedulers land here in later releases;
+the split-tensor codec (:mod:`nestflex.deploy.codec`) is here now.
 """
 
+from nestflex.deploy.codec import (
+    Codec,
+    CodecError,
+    QuantizedTensor,
+    compression_pays_off,
+    decode,
+    dequantize,
+    encode,
+    fake_quantize,
+    fixed_quantize,
+    get_codec,
+    inspect_frame,
+    isquant,
+    list_codecs,
+    register_codec,
+)
 from nestflex.errors import NestflexError
 
-__all__ = ["NestflexError"]
+__all__ = [
+    "NestflexError",
+    "CodecError",
+    "QuantizedTensor",
+    "isquant",
+    "dequantize",
+    "fake_quantize",
+    "fixed_quantize",
+    "encode",
+    "decode",
+    "inspect_frame",
+    "Codec",
+    "register_codec",
+    "list_codecs",
+    "get_codec",
+    "compression_pays_off",
+]
