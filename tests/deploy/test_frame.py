@@ -24,7 +24,7 @@ from nestflex.deploy.codec.frame import MAGIC, VERSION
 
 BUILTIN = ["blosc_lz4", "lz4", "raw", "zlib"]
 # Default suite: a few seconds. NESTFLEX_FUZZ_EXAMPLES=200000 for a long run.
-FUZZ_EXAMPLES = int(os.environ.get("NESTFLEX_FUZZ_EXAMPLES", "3000"))
+FUZZ_EXAMPLES = int(os.environ.get("NESTFLEX_FUZZ_EXAMPLES", "5000"))
 
 
 def _relu(*shape, seed=0):

@@ -109,8 +109,9 @@ class BloscLZ4Codec(Codec):
     """Bit shuffle + LZ4 through numcodecs' Blosc (DynO's packing).
 
     Why numcodecs: it is maintained, ships wheels that need only numpy, and its Blosc has a
-    SIMD bit shuffle; on byte-per-code ISQuant output of ReLU activations, bit shuffle + LZ4
-    compresses ~1.4x better than LZ4 alone (see docs/codec.md for the measured figures).
+    SIMD bit shuffle. On byte-per-code ISQuant output the shuffle makes the ``8 - b`` unused bit
+    planes all-zero runs, so no separate bit packing is needed (docs/codec.md has the measured
+    ratios from ``benchmarks/codec.py``).
 
     Args:
         clevel: Blosc compression level 0..9 (5 is Blosc's default and a good speed/ratio point).

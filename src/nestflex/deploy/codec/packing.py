@@ -15,10 +15,10 @@ The frame also knows a second, unpacked layout, ``"bytes"``: one byte per code (
 or a little-endian ``uint16`` (``bits > 8``). It exists for bit-shuffling codecs: a bit shuffle
 transposes bytes into bit planes, which *is* a dense packing with equal-significance bits side
 by side (DynO's layout); the ``8 - b`` unused planes are all zero and LZ4 reduces them to almost
-nothing. Measured on the VGG recipe's ReLU activations, bit shuffle over byte codes beats bit
-shuffle over densely packed codes at every bitwidth (at 3 bits by ~40%: dense packing splits
-codes across bytes, so a byte's bits no longer share a significance). Codecs without a shuffle
-get the dense layout.
+nothing. On the VGG recipe's ReLU activations, bit shuffle over byte codes compressed better
+than bit shuffle over densely packed codes at every bitwidth tried (most at 3 bits, where dense
+packing splits codes across bytes, so a byte's bits no longer share a significance). Codecs
+without a shuffle get the dense layout.
 
 Packing is pure numpy (no torch) so the frame decoder stays small and auditable.
 """
