@@ -29,13 +29,13 @@ import os
 import platform
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
 
 from nestflex._io import read_json, write_json
 from nestflex.deploy.codec import decode, encode, fake_quantize
+from _timing import median_seconds  # benchmarks/ is on sys.path when run as a script
 
 SCHEMA_VERSION = 1
 BITS = (8, 6, 4, 3, 2)
@@ -54,16 +54,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def _median_time(fn, repeats: int) -> float:
-    fn()  # warm-up: first calls pay for lazy imports and allocator growth
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
-
-
 def _measure(tensors: list[torch.Tensor], bits: int | None, codec: str, repeats: int) -> dict:
     """Ratio and throughput for one batched frame and for one frame per sample."""
     float_bytes = sum(t.numel() * 4 for t in tensors)
@@ -71,12 +61,12 @@ def _measure(tensors: list[torch.Tensor], bits: int | None, codec: str, repeats:
     samples = [[t[i : i + 1].clone() for t in tensors] for i in range(n)]
 
     frame = encode(tensors, bits, codec)
-    enc_b = _median_time(lambda: encode(tensors, bits, codec), repeats)
-    dec_b = _median_time(lambda: decode(frame), repeats)
+    enc_b = median_seconds(lambda: encode(tensors, bits, codec), repeats)
+    dec_b = median_seconds(lambda: decode(frame), repeats)
 
     frames = [encode(s, bits, codec) for s in samples]
-    enc_s = _median_time(lambda: [encode(s, bits, codec) for s in samples], repeats)
-    dec_s = _median_time(lambda: [decode(f) for f in frames], repeats)
+    enc_s = median_seconds(lambda: [encode(s, bits, codec) for s in samples], repeats)
+    dec_s = median_seconds(lambda: [decode(f) for f in frames], repeats)
     per_sample_bytes = sum(len(f) for f in frames)
     mb = float_bytes / 1e6
     return {

@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
-import time
 from pathlib import Path
 
 import torch
@@ -25,17 +23,9 @@ import torch
 from nestflex._io import write_json
 from nestflex.graph import trace
 from nestflex.models import create_model
+from _timing import median_seconds  # benchmarks/ is on sys.path when run as a script
 
 MODELS = ["vgg16", "resnet56", "timm:resnet18", "timm:mobilenetv2_100"]
-
-
-def _median_seconds(fn, repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 def _torch_pruning_groups(tp, model: torch.nn.Module) -> set[frozenset[str]]:
@@ -73,8 +63,8 @@ def main() -> None:
             "identical": ours == theirs,
             "only_nestflex": sorted(sorted(g) for g in ours - theirs),
             "only_torch_pruning": sorted(sorted(g) for g in theirs - ours),
-            "nestflex_seconds": _median_seconds(lambda: trace(model), args.repeats),
-            "torch_pruning_seconds": _median_seconds(lambda: _torch_pruning_groups(tp, model), args.repeats),
+            "nestflex_seconds": median_seconds(lambda: trace(model), args.repeats),
+            "torch_pruning_seconds": median_seconds(lambda: _torch_pruning_groups(tp, model), args.repeats),
         })
         print(rows[-1]["model"], rows[-1]["nestflex_groups"], rows[-1]["torch_pruning_groups"], rows[-1]["identical"])
     out = Path(args.out)
