@@ -10,4 +10,6 @@ Each callback lives next to the algorithm it drives (``nestflex.pruning``, ``nes
 
 from __future__ import annotations
 
-__all__: list[str] = []
+from nestflex.pruning import FilterPruning
+
+__all__: list[str] = ["FilterPruning"]

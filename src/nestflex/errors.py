@@ -7,7 +7,7 @@ nothing heavy: the light runtime (``nestflex.deploy``) uses it too.
 
 from __future__ import annotations
 
-__all__ = ["NestflexError", "DataError", "ModelError", "GraphError", "ProfileError"]
+__all__ = ["NestflexError", "DataError", "ModelError", "GraphError", "ProfileError", "PruningError"]
 
 
 class NestflexError(Exception):
@@ -28,3 +28,7 @@ class GraphError(NestflexError, RuntimeError):
 
 class ProfileError(NestflexError, ValueError):
     """A profiler argument is out of range or its data is unusable."""
+
+
+class PruningError(NestflexError, ValueError):
+    """A pruning argument is out of range: unknown criterion, impossible goal, unusable data."""

@@ -23,7 +23,7 @@ from typing import Callable
 
 import pytorch_lightning as pl
 import torch
-from torch.utils.data import DataLoader, Subset
+from torch.utils.data import DataLoader, RandomSampler, Subset
 
 from nestflex.data._dataset import ImageTensorDataset
 from nestflex.data._transforms import eval_transform, train_transform
@@ -38,7 +38,7 @@ from nestflex.data.synthetic import (
 )
 from nestflex.errors import DataError
 
-__all__ = ["ImageDataModule", "CIFAR10DataModule", "SyntheticDataModule", "DEFAULT_VAL_SIZE"]
+__all__ = ["EpochShuffleSampler", "ImageDataModule", "CIFAR10DataModule", "SyntheticDataModule", "DEFAULT_VAL_SIZE"]
 
 DEFAULT_VAL_SIZE = 5000
 
@@ -49,6 +49,32 @@ def _check_int(name: str, value: object, minimum: int, allow_none: bool = False)
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         extra = " or None" if allow_none else ""
         raise DataError(f"`{name}` must be an integer >= {minimum}{extra}, got {value!r}")
+
+
+class EpochShuffleSampler(RandomSampler):
+    """A shuffle that is a function of ``(seed, epoch)`` only.
+
+    Lightning calls ``set_epoch`` before every epoch (also after resuming from a checkpoint),
+    so a resumed run sees the same order as an uninterrupted one; a ``DataLoader`` generator
+    would restart from its seed instead. Under DDP Lightning swaps it for a seeded
+    ``DistributedSampler``, which is resumable the same way.
+
+    Example:
+        >>> s = EpochShuffleSampler(range(5), seed=0)
+        >>> s.set_epoch(1); a = list(s); s.set_epoch(1); a == list(s)
+        True
+    """
+
+    def __init__(self, data_source, seed: int = 0) -> None:
+        super().__init__(data_source)
+        self.seed, self.epoch = int(seed), 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = int(epoch)
+
+    def __iter__(self):
+        gen = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
+        return iter(torch.randperm(len(self.data_source), generator=gen).tolist())
 
 
 def _with_transform(
@@ -160,13 +186,12 @@ class ImageDataModule(pl.LightningDataModule):
         return DataLoader(
             dataset,
             batch_size=self.batch_size,
-            shuffle=train,
+            sampler=EpochShuffleSampler(dataset, self.seed) if train else None,
             # A training batch of 1 breaks BatchNorm; dropping the last partial batch avoids it.
             drop_last=train and len(dataset) > self.batch_size,
             num_workers=self.num_workers,
             persistent_workers=self.num_workers > 0,
             pin_memory=self.pin_memory,
-            generator=torch.Generator().manual_seed(self.seed) if train else None,
         )
 
     def train_dataloader(self) -> DataLoader:

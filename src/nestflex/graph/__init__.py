@@ -3,7 +3,7 @@
 from nestflex.graph.groups import ChannelGroup, Member
 from nestflex.graph.split import split_model
 from nestflex.graph.structure import Layer, SplitPoint, StructureGraph, trace
-from nestflex.graph.surgery import permute_channels, prune_channels, prune_groups, select_channels, slice_channels
+from nestflex.graph.surgery import permute_channels, prune_channels, prune_groups, resize_like, select_channels, slice_channels
 
 __all__ = [
     "trace",
@@ -17,5 +17,6 @@ __all__ = [
     "permute_channels",
     "slice_channels",
     "prune_groups",
+    "resize_like",
     "split_model",
 ]

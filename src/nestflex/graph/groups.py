@@ -58,6 +58,9 @@ class ChannelGroup:
         members: every tensor slice indexed by these channels.
         prunable: ``False`` when the group is locked (see the module docstring).
         reason: why a group is locked.
+        nodes: fx node names whose output carries these channels on dim 1, one value per
+            channel (convs, norms, activations, adds, pools; not flattened views), in trace
+            order. Importance criteria read the group's responses from them.
     """
 
     id: int
@@ -66,6 +69,7 @@ class ChannelGroup:
     members: list[Member] = field(default_factory=list)
     prunable: bool = True
     reason: str = ""
+    nodes: list[str] = field(default_factory=list)
 
     @property
     def producers(self) -> list[str]:
@@ -234,7 +238,8 @@ def find_groups(gm: fx.GraphModule) -> tuple[list[ChannelGroup], list[str]]:
             continue
         info[node] = opaque(node, f"`{node.name}` ({_op_name(node)})")
 
-    return _collect(gm, uf, members, locked), unsupported
+    node_spaces = [(n.name, i.space) for n, i in info.items() if i is not None and i.factor == 1 and n.op != "placeholder"]
+    return _collect(gm, uf, members, locked, node_spaces), unsupported
 
 
 def _is_size_query(node: fx.Node) -> bool:
@@ -288,7 +293,7 @@ def _join(node: fx.Node, info: dict, uf: _UnionFind, shape: tuple[int, ...]) -> 
     return _Info(space, info[full[0]].factor)
 
 
-def _collect(gm, uf, members, locked) -> list[ChannelGroup]:
+def _collect(gm, uf, members, locked, node_spaces) -> list[ChannelGroup]:
     by_root: dict[int, list[Member]] = {}
     order: list[int] = []
     for space, m in members:
@@ -300,6 +305,9 @@ def _collect(gm, uf, members, locked) -> list[ChannelGroup]:
     locked_roots: dict[int, str] = {}
     for space, reason in locked.items():
         locked_roots.setdefault(uf.find(space), reason)
+    nodes_by_root: dict[int, list[str]] = {}
+    for name, space in node_spaces:
+        nodes_by_root.setdefault(uf.find(space), []).append(name)
     groups: list[ChannelGroup] = []
     for root in order:
         ms = by_root[root]
@@ -311,6 +319,9 @@ def _collect(gm, uf, members, locked) -> list[ChannelGroup]:
         width = t.shape[first.dim] // first.factor
         reason = locked_roots.get(root, "")
         groups.append(
-            ChannelGroup(id=len(groups), name=first.module, width=width, members=ms, prunable=not reason, reason=reason)
+            ChannelGroup(
+                id=len(groups), name=first.module, width=width, members=ms, prunable=not reason, reason=reason,
+                nodes=nodes_by_root.get(root, []),
+            )
         )
     return groups

@@ -147,6 +147,19 @@ class StructureGraph:
         """Number of parameters, now or with the given group widths."""
         return sum(math.prod(s) for s in self.param_shapes(widths).values())
 
+    def response_nodes(self, key: int | str | ChannelGroup) -> list[str]:
+        """fx nodes whose outputs are the group's *responses*: what the next layers consume.
+
+        These are the activations (ReLU...) in the group's channel space: after BatchNorm's
+        per-channel rescaling and after the non-linearity, so a channel's values are on the scale
+        the rest of the network sees. A residual group has one per block. Groups without an
+        activation (a linear feeding the output, say) fall back to their last node.
+        """
+        g = key if isinstance(key, ChannelGroup) else self.group(key)
+        by_name = {n.name: n for n in self.gm.graph.nodes}
+        acts = [n for n in g.nodes if _is_split_activation(self.gm, by_name[n])]
+        return acts or g.nodes[-1:]
+
     def widths(self) -> dict[int, int]:
         """Current width of every group, by id."""
         return {g.id: g.width for g in self.groups}

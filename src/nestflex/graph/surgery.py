@@ -21,7 +21,7 @@ from nestflex.errors import GraphError
 from nestflex.graph.groups import ChannelGroup
 from nestflex.graph.structure import StructureGraph
 
-__all__ = ["select_channels", "prune_channels", "permute_channels", "slice_channels", "prune_groups"]
+__all__ = ["select_channels", "prune_channels", "permute_channels", "slice_channels", "prune_groups", "resize_like"]
 
 Indices = Sequence[int] | torch.Tensor
 
@@ -111,3 +111,39 @@ def prune_groups(model: nn.Module, graph: StructureGraph, keep: Mapping[int | st
     """Prune several groups at once: ``keep`` maps a group id or name to the channels to keep."""
     for key, idx in keep.items():
         prune_channels(model, graph.group(key), idx)
+
+
+def resize_like(model: nn.Module, state_dict: Mapping[str, torch.Tensor]) -> list[str]:
+    """Give every parameter and buffer of ``model`` the shape it has in ``state_dict``.
+
+    This rebuilds a pruned architecture from a checkpoint before its weights are loaded (the
+    values are placeholders until ``load_state_dict``): a fresh model resumes a pruned run, and
+    a pruned model rolls back to an earlier, larger footprint. Module size attributes
+    (``out_channels``, ``num_features``...) follow the tensors.
+
+    Returns:
+        the names of the resized tensors.
+
+    Raises:
+        GraphError: a tensor changes rank, or its name is missing from the model.
+    """
+    changed: list[str] = []
+    own = dict(model.named_parameters()) | dict(model.named_buffers())
+    for key, ref in state_dict.items():
+        if key not in own:
+            continue  # load_state_dict reports unexpected keys itself
+        old = own[key]
+        if old.shape == ref.shape:
+            continue
+        if old.dim() != ref.dim():
+            raise GraphError(f"`{key}` has shape {tuple(old.shape)} in the model and {tuple(ref.shape)} in the checkpoint")
+        owner, _, attr = key.rpartition(".")
+        module = model.get_submodule(owner)
+        new = torch.zeros(ref.shape, dtype=old.dtype, device=old.device)
+        if isinstance(old, nn.Parameter):
+            setattr(module, attr, nn.Parameter(new, requires_grad=old.requires_grad))
+        else:
+            module._buffers[attr] = new
+        _sync_attributes(module)
+        changed.append(key)
+    return changed

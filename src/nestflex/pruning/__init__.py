@@ -1,0 +1,50 @@
+"""NestDNN filter pruning: importance criteria, sensitivity profile, roadmap, pruning callback."""
+
+from nestflex.errors import PruningError
+from nestflex.pruning.callback import FilterPruning, load_pruned
+from nestflex.pruning.evaluate import accuracy
+from nestflex.pruning.importance import (
+    Importance,
+    RandomImportance,
+    WeightNorm,
+    get_importance,
+    list_importances,
+    register_importance,
+)
+from nestflex.pruning.roadmap import Footprint, Roadmap, apply_footprint
+from nestflex.pruning.sensitivity import (
+    DEFAULT_FRACTIONS,
+    allocation_weights,
+    keep_top,
+    plot_sensitivity,
+    pruned_copy,
+    sensitivity_profile,
+)
+from nestflex.pruning.step import plan_step
+from nestflex.pruning.trr import TRR, dataset_targets, sample_triplets
+
+__all__ = [
+    "PruningError",
+    "FilterPruning",
+    "load_pruned",
+    "accuracy",
+    "Importance",
+    "WeightNorm",
+    "RandomImportance",
+    "TRR",
+    "get_importance",
+    "list_importances",
+    "register_importance",
+    "sample_triplets",
+    "dataset_targets",
+    "Footprint",
+    "Roadmap",
+    "apply_footprint",
+    "DEFAULT_FRACTIONS",
+    "sensitivity_profile",
+    "allocation_weights",
+    "keep_top",
+    "pruned_copy",
+    "plot_sensitivity",
+    "plan_step",
+]

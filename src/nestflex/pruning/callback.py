@@ -1,0 +1,430 @@
+"""``FilterPruning``: NestDNN's iterative filter pruning as a Lightning callback.
+
+Add it to an existing ``Trainer``; the user's ``LightningModule`` stays as it is (its
+``forward`` must map images to logits). Every ``epochs_per_step`` epochs the callback
+
+1. evaluates the retrained model (top-1 on the validation dataloader) and records a
+   :class:`~nestflex.pruning.roadmap.Footprint` if it meets the goal, else rolls the module
+   back to the last footprint that did and stops training;
+2. ranks the channels of every prunable group with the criterion and physically prunes the
+   least important ones (tensors shrink; MACs and params fall), carrying optimizer state.
+
+All decisions happen at the *start* of an epoch, so a checkpoint written at the end of an epoch
+holds a consistent state (weights, optimizer, roadmap, RNG), and ``trainer.fit(...,
+ckpt_path=...)`` continues the same roadmap. Ranking and evaluation never draw from the global
+RNG, which the callback saves and restores with its state.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import pytorch_lightning as pl
+import torch
+from pytorch_lightning.callbacks import Callback
+from pytorch_lightning.utilities import rank_zero_info
+from torch.nn.parallel import DistributedDataParallel
+from typing_extensions import override
+
+from nestflex._io import write_json
+from nestflex.errors import PruningError
+from nestflex.graph import StructureGraph, trace
+from nestflex.graph.surgery import resize_like
+from nestflex.pruning._optim import prune_with_optimizers
+from nestflex.pruning.evaluate import accuracy
+from nestflex.pruning.importance import Importance, get_importance
+from nestflex.pruning.roadmap import Footprint, Roadmap
+from nestflex.pruning.sensitivity import DEFAULT_FRACTIONS, allocation_weights, sensitivity_profile
+from nestflex.pruning.step import plan_step
+
+__all__ = ["FilterPruning", "load_pruned"]
+
+_ALLOCATIONS = ("sensitivity", "uniform")
+
+
+def load_pruned(module: torch.nn.Module, checkpoint: str | Path) -> torch.nn.Module:
+    """Load a pruned checkpoint (a footprint, the seed) into an unpruned ``module``.
+
+    The module's tensors are first resized to the checkpoint's shapes, then the weights load.
+    Only tensors are read (``weights_only=True``).
+    """
+    path = Path(checkpoint)
+    if not path.exists():
+        raise PruningError(f"checkpoint {path} does not exist")
+    state = torch.load(path, map_location="cpu", weights_only=True)
+    state = state.get("state_dict", state)
+    resize_like(module, state)
+    module.load_state_dict(state)
+    return module
+
+
+class FilterPruning(Callback):
+    """Iterative filter pruning to a seed model, recorded as a roadmap (NestDNN §3.2).
+
+    Args:
+        criterion: importance criterion name (``trr``, ``l1``, ``l2``, ``random``) or an
+            :class:`~nestflex.pruning.Importance`.
+        goal: minimum top-1 accuracy in [0, 1] every kept footprint must meet.
+        max_drop: or: the largest accuracy drop from the starting model (0.01 = one point).
+            Exactly one of ``goal`` and ``max_drop``.
+        epochs_per_step: retraining epochs after each pruning step.
+        step: share of a group's channels removed per step by the most tolerant group (others
+            in proportion to their tolerance, see ``allocation``), in (0, 1).
+        allocation: ``sensitivity`` (per-layer budget from a sensitivity profile of the starting
+            model, computed once) or ``uniform`` (every group loses ``step`` of its channels).
+        sensitivity_drop: accuracy drop that defines a layer's tolerance in the profile.
+        fractions: fractions profiled per layer for the allocation.
+        max_steps: stop after this many steps even if the goal still holds.
+        min_channels: channels every group keeps.
+        eval_batches: validation batches per evaluation (``None``: all).
+        sensitivity_batches: validation batches per point of the sensitivity profile.
+        dirpath: where ``roadmap.json``, ``sensitivity.json``, ``seed.ckpt`` and the footprint
+            checkpoints go (default ``<default_root_dir>/pruning``).
+        ranking_data: dataset the criterion ranks on (default: the training dataloader's).
+        eval_dataloader: loader for evaluations (default: the validation dataloader).
+        criterion_kwargs: passed to the criterion factory (e.g. ``{"triplets": 1000}``).
+
+    Example::
+
+        trainer = pl.Trainer(max_epochs=40, callbacks=[FilterPruning("trr", max_drop=0.01)])
+        trainer.fit(module, datamodule=dm)      # module ends as the seed model
+    """
+
+    def __init__(
+        self,
+        criterion: str | Importance = "trr",
+        goal: float | None = None,
+        max_drop: float | None = None,
+        epochs_per_step: int = 1,
+        step: float = 0.25,
+        allocation: str = "sensitivity",
+        sensitivity_drop: float = 0.02,
+        fractions: Sequence[float] = DEFAULT_FRACTIONS,
+        max_steps: int | None = None,
+        min_channels: int = 1,
+        eval_batches: int | None = None,
+        sensitivity_batches: int | None = 8,
+        dirpath: str | os.PathLike | None = None,
+        ranking_data: Any = None,
+        eval_dataloader: Any = None,
+        criterion_kwargs: dict[str, Any] | None = None,
+    ) -> None:
+        if (goal is None) == (max_drop is None):
+            raise PruningError(f"pass exactly one of `goal` and `max_drop`, got goal={goal!r}, max_drop={max_drop!r}")
+        if goal is not None and not 0.0 < goal <= 1.0:
+            raise PruningError(f"`goal` is an accuracy in (0, 1], got {goal!r}. HINT: 0.9 means 90%")
+        if max_drop is not None and not 0.0 <= max_drop < 1.0:
+            raise PruningError(f"`max_drop` is an accuracy difference in [0, 1), got {max_drop!r}. HINT: 0.01 is one point")
+        checks = (
+            ("epochs_per_step", epochs_per_step, isinstance(epochs_per_step, int) and epochs_per_step >= 1, "an int >= 1"),
+            ("step", step, isinstance(step, (int, float)) and 0.0 < step < 1.0, "in (0, 1)"),
+            ("sensitivity_drop", sensitivity_drop, 0.0 <= sensitivity_drop < 1.0, "in [0, 1)"),
+            ("max_steps", max_steps, max_steps is None or (isinstance(max_steps, int) and max_steps >= 1), "None or an int >= 1"),
+            ("min_channels", min_channels, isinstance(min_channels, int) and min_channels >= 1, "an int >= 1"),
+            ("eval_batches", eval_batches, eval_batches is None or (isinstance(eval_batches, int) and eval_batches >= 1), "None or an int >= 1"),
+            ("sensitivity_batches", sensitivity_batches, sensitivity_batches is None or (isinstance(sensitivity_batches, int) and sensitivity_batches >= 1), "None or an int >= 1"),
+        )
+        for arg, value, ok, valid in checks:
+            if not ok:
+                raise PruningError(f"`{arg}` must be {valid}, got {value!r}")
+        if allocation not in _ALLOCATIONS:
+            raise PruningError(f"`allocation` must be one of {_ALLOCATIONS}, got {allocation!r}")
+        self.criterion = get_importance(criterion, **(criterion_kwargs or {}))
+        self.goal, self.max_drop = goal, max_drop
+        self.epochs_per_step, self.step, self.allocation = epochs_per_step, float(step), allocation
+        self.sensitivity_drop, self.fractions = sensitivity_drop, tuple(fractions)
+        self.max_steps, self.min_channels = max_steps, min_channels
+        self.eval_batches, self.sensitivity_batches = eval_batches, sensitivity_batches
+        self.dirpath = Path(dirpath) if dirpath is not None else None
+        self.ranking_data, self.eval_dataloader = ranking_data, eval_dataloader
+        self._reset()
+
+    def _reset(self) -> None:
+        self.roadmap: Roadmap | None = None
+        self._kept: dict[str, list[int]] = {}
+        self._weights: dict[str, float] = {}
+        self._step_index = 0
+        self._step_start = 0
+        self._pending = False
+        self._done = False
+        self._scores: dict[int, torch.Tensor] | None = None  # valid for the current weights only
+
+    @property
+    def state_key(self) -> str:
+        return self._generate_state_key(criterion=self.criterion.name, goal=self.goal, max_drop=self.max_drop)
+
+    # ------------------------------------------------------------------ hooks (routing only)
+    @override
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if self.dirpath is None:
+            self.dirpath = Path(trainer.default_root_dir) / "pruning"
+        if stage == "fit":
+            # Resuming: Lightning loads the checkpoint's (pruned) weights into the unpruned module
+            # before any callback hook sees the checkpoint, so the module itself resizes its
+            # tensors to the incoming shapes first. Armed only until training starts.
+            self._resize_hook = pl_module.register_load_state_dict_pre_hook(_resize_before_load)
+
+    @override
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._disarm()
+
+    @override
+    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        self._disarm()
+
+    def _disarm(self) -> None:
+        if getattr(self, "_resize_hook", None) is not None:
+            self._resize_hook.remove()
+            self._resize_hook = None
+
+    @override
+    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._advance(trainer, pl_module, final=False)
+
+    @override
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._advance(trainer, pl_module, final=True)
+
+    @override
+    def state_dict(self) -> dict[str, Any]:
+        crit = getattr(self.criterion, "state_dict", None)
+        return {
+            "roadmap": self.roadmap.to_dict() if self.roadmap else None,
+            "kept": self._kept,
+            "weights": self._weights,
+            "step_index": self._step_index,
+            "step_start": self._step_start,
+            "pending": self._pending,
+            "done": self._done,
+            "criterion": crit() if crit else None,
+            "rng": _rng_state(),
+        }
+
+    @override
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._reset()
+        self.roadmap = Roadmap.from_dict(state["roadmap"]) if state["roadmap"] else None
+        self._kept = {k: list(v) for k, v in state["kept"].items()}
+        self._weights = dict(state["weights"])
+        self._step_index, self._step_start = state["step_index"], state["step_start"]
+        self._pending, self._done = state["pending"], state["done"]
+        if state.get("criterion") is not None and hasattr(self.criterion, "load_state_dict"):
+            self.criterion.load_state_dict(state["criterion"])
+        _set_rng_state(state["rng"])
+
+    # ------------------------------------------------------------------ the roadmap
+    def _advance(self, trainer: pl.Trainer, pl_module: pl.LightningModule, final: bool) -> None:
+        if self._done:
+            trainer.should_stop = True
+            return
+        completed = trainer.current_epoch
+        if self.roadmap is None:
+            if final:
+                return
+            self._start(trainer, pl_module)
+        elif self._pending and completed - self._step_start >= self.epochs_per_step:
+            self._finish_step(trainer, pl_module, completed)
+        if self._done:
+            return
+        if final:
+            self._stop(trainer, pl_module, "max_epochs")
+        elif not self._pending:
+            max_epochs = trainer.max_epochs if trainer.max_epochs is not None and trainer.max_epochs >= 0 else None
+            if self.max_steps is not None and self._step_index >= self.max_steps:
+                self._stop(trainer, pl_module, "max_steps")
+            elif max_epochs is not None and completed + self.epochs_per_step > max_epochs:
+                self._stop(trainer, pl_module, "max_epochs")  # a step that cannot finish retraining
+            else:
+                self._prune(trainer, pl_module, completed)
+
+    def _start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        start = self._evaluate(trainer, pl_module, self.eval_batches)
+        goal = self.goal if self.goal is not None else max(0.0, start - self.max_drop)
+        if goal > start:
+            raise PruningError(
+                f"`goal`={goal:.4f} is above the starting accuracy {start:.4f}; no footprint could meet it. "
+                "HINT: lower `goal`, or train the model first"
+            )
+        graph = trace(pl_module)
+        groups = graph.prunable_groups
+        if not groups:
+            raise PruningError(
+                f"{type(pl_module).__name__} has no prunable channel group (all are locked: "
+                f"{'; '.join(f'{g.name}: {g.reason}' for g in graph.groups) or 'no conv/linear'})"
+            )
+        self.roadmap = Roadmap(
+            model=type(pl_module).__name__, criterion=self.criterion.name, goal=round(goal, 6),
+            start_accuracy=round(start, 6), groups={g.name: g.width for g in groups},
+        )
+        self._kept = {g.name: list(range(g.width)) for g in groups}
+        if self.allocation == "sensitivity":
+            self._scores = self._rank(trainer, pl_module, graph)
+            profile = sensitivity_profile(
+                graph, self._scores, lambda m: self._evaluate(trainer, m, self.sensitivity_batches),
+                self.fractions, self.criterion.name,
+            )
+            if trainer.is_global_zero:
+                write_json(self.dirpath / "sensitivity.json", profile)
+            ids = {g.id: g.name for g in groups}
+            self._weights = {ids[k]: w for k, w in allocation_weights(profile, self.sensitivity_drop).items()}
+        else:
+            self._weights = {g.name: 1.0 for g in groups}
+        self.roadmap.allocation = {k: round(v, 4) for k, v in self._weights.items()}
+        self._record(trainer, pl_module, graph, start, trainer.current_epoch)
+        rank_zero_info(f"pruning: start accuracy {start:.4f}, goal {goal:.4f}, {graph.macs():,} MACs")
+
+    def _prune(self, trainer: pl.Trainer, pl_module: pl.LightningModule, completed: int) -> None:
+        graph = trace(pl_module)
+        scores = self._scores if self._scores is not None else self._rank(trainer, pl_module, graph)
+        self._scores = None
+        names = {g.id: g.name for g in graph.prunable_groups if g.name in self._kept}
+        plan = plan_step(graph, {i: scores[i] for i in names}, {i: self._weights[n] for i, n in names.items()},
+                         self.step, self.min_channels)
+        if not plan:
+            self._stop(trainer, pl_module, "nothing_left")
+            return
+        for gid, keep in plan.items():
+            old = self._kept[names[gid]]
+            self._kept[names[gid]] = [old[i] for i in keep.tolist()]
+        prune_with_optimizers(pl_module, graph, plan, trainer.optimizers)
+        if isinstance(trainer.strategy.model, DistributedDataParallel):
+            # DDP's buckets point at the old parameters: wrap the pruned module afresh
+            trainer.strategy.model = pl_module
+            trainer.strategy.configure_ddp()
+        self._step_index += 1
+        self._step_start = completed
+        self._pending = True
+        rank_zero_info(f"pruning: step {self._step_index} pruned to {trace(pl_module).macs():,} MACs; retraining")
+
+    def _finish_step(self, trainer: pl.Trainer, pl_module: pl.LightningModule, completed: int) -> None:
+        self._pending = False
+        acc = self._evaluate(trainer, pl_module, self.eval_batches)
+        graph = trace(pl_module)
+        if acc >= self.roadmap.goal:
+            self._record(trainer, pl_module, graph, acc, completed)
+            rank_zero_info(f"pruning: step {self._step_index} kept, accuracy {acc:.4f} >= goal {self.roadmap.goal:.4f}")
+            return
+        self.roadmap.rejected = self._footprint(graph, acc, completed, checkpoint=None)
+        rank_zero_info(f"pruning: step {self._step_index} broke the goal ({acc:.4f} < {self.roadmap.goal:.4f}); not kept")
+        self._stop(trainer, pl_module, "goal_broken")
+
+    def _stop(self, trainer: pl.Trainer, pl_module: pl.LightningModule, status: str) -> None:
+        """End the roadmap; a pruned but unconfirmed step is rolled back to the seed."""
+        if self._pending or status == "goal_broken":
+            load_pruned(pl_module, self.dirpath / self.roadmap.seed.checkpoint)
+            self._kept = self.roadmap.kept(self.roadmap.seed.step)
+            self._pending = False
+        self.roadmap.status = status
+        self._done = True
+        trainer.should_stop = True
+        self._save_roadmap(trainer)
+        seed = self.roadmap.seed
+        rank_zero_info(f"pruning: done ({status}); seed = step {seed.step}, accuracy {seed.accuracy:.4f}, {seed.macs:,} MACs")
+
+    # ------------------------------------------------------------------ helpers
+    def _footprint(self, graph: StructureGraph, acc: float, epoch: int, checkpoint: str | None) -> Footprint:
+        removed = {n: sorted(set(range(w)) - set(self._kept[n])) for n, w in self.roadmap.groups.items()}
+        return Footprint(
+            step=self._step_index, accuracy=round(acc, 6), params=graph.params(), macs=graph.macs(),
+            widths={n: len(k) for n, k in self._kept.items()}, removed=removed, epoch=epoch, checkpoint=checkpoint,
+        )
+
+    def _record(self, trainer, pl_module, graph, acc: float, epoch: int) -> None:
+        rel = f"footprints/step_{self._step_index:03d}.ckpt"
+        self._save_checkpoint(trainer, self.dirpath / rel)
+        self.roadmap.footprints.append(self._footprint(graph, acc, epoch, rel))
+        if trainer.is_global_zero:
+            tmp = self.dirpath / "seed.ckpt.tmp"
+            shutil.copyfile(self.dirpath / rel, tmp)
+            os.replace(tmp, self.dirpath / "seed.ckpt")
+        self._save_roadmap(trainer)
+
+    def _save_checkpoint(self, trainer: pl.Trainer, path: Path) -> None:
+        tmp = path.with_name(path.name + ".tmp")
+        if trainer.is_global_zero:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        trainer.save_checkpoint(tmp, weights_only=True)  # collective; rank 0 writes
+        if trainer.is_global_zero:
+            os.replace(tmp, path)  # a crash never leaves a half-written footprint
+        trainer.strategy.barrier("nestflex_footprint")
+
+    def _save_roadmap(self, trainer: pl.Trainer) -> None:
+        if trainer.is_global_zero:
+            self.roadmap.save(self.dirpath / "roadmap.json")
+
+    def _dist(self, trainer: pl.Trainer) -> dict[str, Any]:
+        if trainer.world_size == 1:
+            return {}
+        return {
+            "rank": trainer.global_rank,
+            "world_size": trainer.world_size,
+            "reduce": lambda t: trainer.strategy.reduce(t, reduce_op="sum"),
+        }
+
+    def _rank(self, trainer: pl.Trainer, pl_module: pl.LightningModule, graph: StructureGraph) -> dict[int, torch.Tensor]:
+        data = None
+        if self.criterion.needs_data:
+            data = self.ranking_data if self.ranking_data is not None else _train_dataset(trainer)
+        groups = [g for g in graph.prunable_groups if g.name in self._kept]
+        return self.criterion(pl_module, graph, groups, data, **self._dist(trainer))
+
+    def _evaluate(self, trainer: pl.Trainer, model: torch.nn.Module, max_batches: int | None) -> float:
+        if trainer.fast_dev_run:
+            max_batches = 1
+        with torch.random.fork_rng(devices=[]):
+            return accuracy(model, self._eval_loader(trainer), max_batches=max_batches, **self._dist(trainer))
+
+    def _eval_loader(self, trainer: pl.Trainer):
+        if self.eval_dataloader is not None:
+            return self.eval_dataloader
+        if trainer.datamodule is not None:
+            return trainer.datamodule.val_dataloader()
+        if trainer.val_dataloaders is None:
+            trainer.fit_loop.epoch_loop.val_loop.setup_data()
+        loaders = trainer.val_dataloaders
+        if loaders is None or isinstance(loaders, (list, tuple, dict)):
+            raise PruningError(
+                "FilterPruning evaluates on one validation dataloader and found "
+                f"{'none' if loaders is None else type(loaders).__name__}. HINT: pass `eval_dataloader=`"
+            )
+        return loaders
+
+
+def _resize_before_load(module, state_dict, prefix, *_: Any) -> None:
+    if not prefix:  # the root call sees the whole state dict
+        resize_like(module, state_dict)
+
+
+def _train_dataset(trainer: pl.Trainer):
+    loader = trainer.train_dataloader
+    if loader is None and trainer.datamodule is not None:
+        loader = trainer.datamodule.train_dataloader()
+    dataset = getattr(loader, "dataset", None)
+    if dataset is None:
+        raise PruningError(
+            f"cannot find the training dataset to rank on (train dataloader: {type(loader).__name__}). "
+            "HINT: pass `ranking_data=` to FilterPruning"
+        )
+    return dataset
+
+
+def _rng_state() -> dict[str, Any]:
+    np_state = np.random.get_state()
+    return {
+        "torch": torch.get_rng_state(),
+        "python": [random.getstate()[0], list(random.getstate()[1]), random.getstate()[2]],
+        "numpy": [np_state[0], np_state[1].tolist(), int(np_state[2]), int(np_state[3]), float(np_state[4])],
+    }
+
+
+def _set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    name, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((name, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached))

@@ -1,0 +1,157 @@
+"""The filter pruning roadmap (NestDNN): every footprint from the vanilla model to the seed.
+
+``roadmap.json`` is plain data a person can read and the freeze-&-grow stage replays backwards.
+Channel indices are always in the *original* (unpruned) indexing, so any footprint can be
+rebuilt from a fresh model with :func:`apply_footprint`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from nestflex._io import read_json, write_json
+from nestflex.errors import PruningError
+from nestflex.graph import trace
+from nestflex.graph.surgery import prune_channels
+
+__all__ = ["SCHEMA_VERSION", "Footprint", "Roadmap", "apply_footprint"]
+
+SCHEMA_VERSION = 1
+
+
+@dataclass(frozen=True)
+class Footprint:
+    """One point of the roadmap, after a pruning step and its retraining.
+
+    Attributes:
+        step: 0 for the unpruned model, then 1, 2, ...
+        accuracy: top-1 on the callback's evaluation split, in [0, 1].
+        params: parameters of the model at this footprint.
+        macs: multiply-accumulates per sample.
+        widths: kept channels per group name.
+        removed: removed channels per group name since the unpruned model, original indexing.
+        epoch: training epochs completed when it was evaluated.
+        checkpoint: weights at this footprint, relative to the roadmap's directory.
+    """
+
+    step: int
+    accuracy: float
+    params: int
+    macs: int
+    widths: dict[str, int]
+    removed: dict[str, list[int]]
+    epoch: int = 0
+    checkpoint: str | None = None
+
+
+@dataclass
+class Roadmap:
+    """The roadmap of one pruning run.
+
+    Attributes:
+        model: the traced module's class name.
+        criterion: importance criterion name.
+        goal: the accuracy every kept footprint meets.
+        start_accuracy: accuracy of the unpruned model.
+        groups: original width per prunable group name, in group-id order.
+        footprints: kept footprints, largest first; the last one is the seed.
+        rejected: the step that broke the goal (not kept), if any.
+        status: ``running``, ``goal_broken``, ``nothing_left``, ``max_steps`` or ``max_epochs``.
+        allocation: per group name, the share of each step it takes.
+    """
+
+    model: str
+    criterion: str
+    goal: float
+    start_accuracy: float
+    groups: dict[str, int]
+    footprints: list[Footprint] = field(default_factory=list)
+    rejected: Footprint | None = None
+    status: str = "running"
+    allocation: dict[str, float] = field(default_factory=dict)
+    schema_version: int = SCHEMA_VERSION
+
+    @property
+    def seed(self) -> Footprint:
+        """The smallest footprint that meets the goal."""
+        if not self.footprints:
+            raise PruningError("the roadmap has no footprint yet")
+        return self.footprints[-1]
+
+    def kept(self, step: int) -> dict[str, list[int]]:
+        """Kept channels per group at footprint ``step``, original indexing."""
+        fp = self.footprint(step)
+        return {g: sorted(set(range(w)) - set(fp.removed.get(g, []))) for g, w in self.groups.items()}
+
+    def footprint(self, step: int) -> Footprint:
+        for fp in self.footprints:
+            if fp.step == step:
+                return fp
+        raise PruningError(f"no footprint {step} in the roadmap; steps: {[f.step for f in self.footprints]}")
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["seed"] = self.footprints[-1].step if self.footprints else None
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "Roadmap":
+        version = d.get("schema_version")
+        if version != SCHEMA_VERSION:
+            raise PruningError(
+                f"roadmap schema_version {version!r} is not supported (this nestflex reads {SCHEMA_VERSION}). "
+                "HINT: re-run the prune stage with this version"
+            )
+        d = dict(d)
+        d.pop("seed", None)
+        d["footprints"] = [Footprint(**f) for f in d["footprints"]]
+        d["rejected"] = Footprint(**d["rejected"]) if d.get("rejected") else None
+        return cls(**d)
+
+    def save(self, path: str | Path) -> None:
+        """Write ``roadmap.json`` atomically."""
+        write_json(path, self.to_dict())
+
+    @classmethod
+    def load(cls, path: str | Path) -> "Roadmap":
+        """Read and validate a ``roadmap.json``.
+
+        Raises:
+            PruningError: a missing file, or a schema this version cannot read.
+        """
+        path = Path(path)
+        if not path.exists():
+            raise PruningError(f"roadmap {path} does not exist. HINT: run the pruning stage first")
+        try:
+            return cls.from_dict(read_json(path))
+        except (TypeError, KeyError) as e:
+            raise PruningError(f"roadmap {path} is malformed: {e}") from e
+
+
+def apply_footprint(model: nn.Module, roadmap: Roadmap, step: int | None = None) -> nn.Module:
+    """Prune an unpruned ``model`` (in place) to footprint ``step`` (default: the seed).
+
+    Raises:
+        PruningError: the model's groups do not match the roadmap's (another architecture).
+    """
+    graph = trace(model)
+    kept = roadmap.kept(roadmap.seed.step if step is None else step)
+    for name, idx in kept.items():
+        try:
+            g = graph.group(name)
+        except Exception as e:
+            raise PruningError(f"the roadmap prunes group {name!r}, which this model does not have. HINT: {e}") from e
+        if g.width != roadmap.groups[name]:
+            raise PruningError(
+                f"group {name!r} has {g.width} channels, the roadmap expects {roadmap.groups[name]} "
+                "(unpruned). HINT: pass a freshly built model of the roadmap's architecture"
+            )
+        if len(idx) < g.width:
+            prune_channels(model, g, torch.as_tensor(idx))
+    return model

@@ -1,0 +1,208 @@
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import pytorch_lightning as pl
+import torch
+from pytorch_lightning.callbacks import Callback, ModelCheckpoint
+from torch.utils.data import DataLoader
+
+from nestflex.callbacks import FilterPruning
+from nestflex.data import SyntheticDataModule
+from nestflex.graph import trace
+from nestflex.pruning import PruningError, Roadmap, load_pruned
+from nestflex.training import ImageClassifier
+
+EPOCHS = 4
+
+
+def _dm():
+    return SyntheticDataModule(batch_size=32, train_size=320, test_size=32, val_size=96, seed=0)
+
+
+def _module(state=None, epochs=EPOCHS):
+    m = ImageClassifier("vgg11", width=0.125, lr=0.05, max_epochs=epochs)
+    if state is not None:
+        m.load_state_dict(state)
+    return m
+
+
+@pytest.fixture(scope="module")
+def pretrained(tmp_path_factory):
+    """A few epochs of plain training, so pruning has accuracy to lose."""
+    pl.seed_everything(0)
+    m = _module(epochs=6)
+    trainer = pl.Trainer(max_epochs=6, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                         enable_model_summary=False, default_root_dir=tmp_path_factory.mktemp("pre"))
+    trainer.fit(m, datamodule=_dm())
+    return {k: v.clone() for k, v in m.state_dict().items()}
+
+
+def _trainer(tmp_path, callbacks, epochs=EPOCHS, **kw):
+    return pl.Trainer(max_epochs=epochs, callbacks=callbacks, logger=False, enable_progress_bar=False,
+                      enable_model_summary=False, default_root_dir=tmp_path, **kw)
+
+
+def _prune(**kw):
+    kw = dict(criterion="trr", max_drop=0.5, step=0.3, allocation="uniform") | kw
+    if kw["criterion"] == "trr":
+        kw.setdefault("criterion_kwargs", {"triplets": 40})
+    return FilterPruning(**kw)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({}, "pass exactly one of `goal` and `max_drop`"),
+        ({"goal": 0.9, "max_drop": 0.01}, "pass exactly one of `goal` and `max_drop`"),
+        ({"goal": 90}, r"`goal` is an accuracy in \(0, 1\], got 90. HINT: 0.9 means 90%"),
+        ({"max_drop": -0.1}, r"`max_drop` is an accuracy difference in \[0, 1\)"),
+        ({"max_drop": 0.01, "step": 1.5}, r"`step` must be in \(0, 1\), got 1.5"),
+        ({"max_drop": 0.01, "epochs_per_step": 0}, "`epochs_per_step` must be an int >= 1"),
+        ({"max_drop": 0.01, "allocation": "greedy"}, "`allocation` must be one of"),
+        ({"max_drop": 0.01, "criterion": "taylor"}, "`criterion` 'taylor' is not registered"),
+    ],
+)
+def test_arguments_are_validated(kwargs, match):
+    with pytest.raises(PruningError, match=match):
+        FilterPruning(**kwargs)
+
+
+def test_roadmap_is_recorded_and_the_module_ends_as_the_seed(tmp_path, pretrained):
+    pl.seed_everything(0)
+    module = _module(pretrained)
+    cb = _prune(allocation="sensitivity", fractions=(0.3, 0.6), sensitivity_batches=1)
+    _trainer(tmp_path, [cb]).fit(module, datamodule=_dm())
+    road = Roadmap.load(tmp_path / "pruning" / "roadmap.json")
+    assert road.status == "max_epochs" and road.criterion == "trr"
+    steps = [f.step for f in road.footprints]
+    assert steps == list(range(len(steps))) and len(steps) >= 3
+    macs = [f.macs for f in road.footprints]
+    assert macs == sorted(macs, reverse=True) and macs[-1] < macs[0]
+    assert all(f.accuracy >= road.goal for f in road.footprints)
+    seed = road.seed
+    graph = trace(module)
+    assert graph.macs() == seed.macs and graph.params() == seed.params  # real, physical reduction
+    for name, width in seed.widths.items():
+        assert graph.group(name).width == width == road.groups[name] - len(seed.removed[name])
+    assert (tmp_path / "pruning" / "sensitivity.json").exists()
+    # the seed checkpoint rebuilds the same network in a fresh, unpruned module
+    fresh = load_pruned(_module(), tmp_path / "pruning" / "seed.ckpt").eval()
+    x = torch.randn(3, 3, 32, 32)
+    module.eval()
+    torch.testing.assert_close(fresh(x), module(x))
+
+
+def test_a_step_that_breaks_the_goal_is_rolled_back(tmp_path, pretrained):
+    pl.seed_everything(0)
+    module = _module(pretrained)
+    start = trace(module).macs()
+    cb = _prune(criterion="random", max_drop=0.0, step=0.9, min_channels=1)
+    trainer = _trainer(tmp_path, [cb], epochs=3)
+    trainer.fit(module, datamodule=_dm())
+    road = Roadmap.load(tmp_path / "pruning" / "roadmap.json")
+    assert road.status == "goal_broken" and road.rejected is not None
+    assert road.rejected.accuracy < road.goal
+    assert [f.step for f in road.footprints] == [0]
+    assert trace(module).macs() == start  # back to the seed: the unpruned model
+    assert trainer.current_epoch < 3  # stopped early
+
+
+def test_goal_above_start_accuracy_is_an_error(tmp_path, pretrained):
+    module = _module(pretrained)
+    with pytest.raises(PruningError, match=r"`goal`=0.9999 is above the starting accuracy"):
+        _trainer(tmp_path, [_prune(max_drop=None, goal=0.9999)]).fit(module, datamodule=_dm())
+
+
+def test_empty_eval_loader_is_an_error(tmp_path):
+    with pytest.raises(PruningError, match="the evaluation dataloader yielded no samples"):
+        _trainer(tmp_path, [_prune(eval_dataloader=[])]).fit(_module(), datamodule=_dm())
+
+
+def test_model_without_prunable_group_is_an_error(tmp_path):
+    class Linear(pl.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.fc = torch.nn.Linear(3 * 32 * 32, 10)
+
+        def forward(self, x):
+            return self.fc(x.flatten(1))
+
+        def training_step(self, batch, i):
+            return torch.nn.functional.cross_entropy(self(batch[0]), batch[1])
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.01)
+
+    with pytest.raises(PruningError, match="has no prunable channel group"):
+        _trainer(tmp_path, [_prune(criterion="l1")]).fit(Linear(), datamodule=_dm())
+
+
+def test_fast_dev_run(tmp_path):
+    cb = _prune(criterion="l2", allocation="sensitivity", fractions=(0.5,))
+    _trainer(tmp_path, [cb], fast_dev_run=True).fit(_module(), datamodule=_dm())
+    road = Roadmap.load(tmp_path / "pruning" / "roadmap.json")
+    assert road.footprints[0].step == 0 and road.status in ("max_epochs", "max_steps")
+
+
+class _Kill(Callback):
+    def __init__(self, at):
+        self.at = at
+
+    def on_train_epoch_start(self, trainer, pl_module):
+        if trainer.current_epoch == self.at:
+            raise RuntimeError("killed")
+
+
+def test_killed_and_resumed_run_gives_the_same_roadmap(tmp_path, pretrained):
+    def run(root, kill=None, ckpt=None):
+        pl.seed_everything(0)
+        cbs = [_prune(), ModelCheckpoint(dirpath=root / "ckpt", save_last=True)]
+        if kill is not None:
+            cbs.append(_Kill(kill))
+        _trainer(root, cbs).fit(_module(pretrained), datamodule=_dm(), ckpt_path=ckpt)
+        return json.loads((root / "pruning" / "roadmap.json").read_text())
+
+    whole = run(tmp_path / "a")
+    with pytest.raises(RuntimeError, match="killed"):
+        run(tmp_path / "b", kill=2)
+    assert json.loads((tmp_path / "b" / "pruning" / "roadmap.json").read_text())["status"] == "running"
+    resumed = run(tmp_path / "b", ckpt=tmp_path / "b" / "ckpt" / "last.ckpt")
+    assert resumed == whole
+
+
+DDP_SCRIPT = textwrap.dedent(
+    """
+    import json, sys
+    import pytorch_lightning as pl
+    from nestflex.callbacks import FilterPruning
+    from nestflex.data import SyntheticDataModule
+    from nestflex.training import ImageClassifier
+
+    out = sys.argv[1]
+    pl.seed_everything(0)
+    dm = SyntheticDataModule(batch_size=32, train_size=256, test_size=32, val_size=64, seed=0)
+    module = ImageClassifier("vgg11", width=0.125, max_epochs=3)
+    cb = FilterPruning("trr", max_drop=0.5, step=0.3, allocation="uniform", criterion_kwargs={"triplets": 40})
+    trainer = pl.Trainer(max_epochs=3, accelerator="cpu", devices=2, strategy="ddp", callbacks=[cb], logger=False,
+                         enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False,
+                         default_root_dir=out)
+    trainer.fit(module, datamodule=dm)
+    with open(f"{out}/rank{trainer.global_rank}.json", "w") as f:
+        json.dump(cb.roadmap.to_dict(), f)
+    """
+)
+
+
+def test_two_process_ddp_gives_the_same_roadmap_on_both_ranks(tmp_path):
+    script = tmp_path / "ddp_prune.py"
+    script.write_text(DDP_SCRIPT)
+    proc = subprocess.run([sys.executable, str(script), str(tmp_path)], capture_output=True, text=True, timeout=600,
+                          cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    r0, r1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))
+    assert r0 == r1
+    assert len(r0["footprints"]) >= 2 and r0["footprints"][-1]["macs"] < r0["footprints"][0]["macs"]

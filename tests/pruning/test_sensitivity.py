@@ -1,0 +1,88 @@
+import pytest
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+from nestflex.graph import trace
+from nestflex.models import create_model
+from nestflex.pruning import (
+    PruningError,
+    accuracy,
+    allocation_weights,
+    get_importance,
+    plan_step,
+    plot_sensitivity,
+    pruned_copy,
+    sensitivity_profile,
+)
+
+
+def _loader(n=32, classes=10):
+    g = torch.Generator().manual_seed(0)
+    return DataLoader(TensorDataset(torch.randn(n, 3, 32, 32, generator=g), torch.arange(n) % classes), batch_size=16)
+
+
+def test_profile_shape_and_original_untouched(tmp_path):
+    model = create_model("vgg11", width=0.125).eval()
+    graph = trace(model)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    scores = get_importance("l1")(model, graph)
+    loader = _loader()
+    prof = sensitivity_profile(graph, scores, lambda m: accuracy(m, loader), fractions=(0.25, 0.5), criterion="l1")
+    assert prof["fractions"] == [0.25, 0.5] and prof["criterion"] == "l1"
+    assert [r["group"] for r in prof["layers"]] == [g.name for g in graph.prunable_groups]
+    assert prof["layers"][0]["removed"] == [2, 4]  # 8 channels
+    assert all(0.0 <= a <= 1.0 for r in prof["layers"] for a in r["accuracy"])
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    plot_sensitivity([prof], tmp_path / "s.png", title="t")
+    assert (tmp_path / "s.png").stat().st_size > 0
+    with pytest.raises(PruningError, match=r"`fractions` must be non-empty, each in \(0, 1\)"):
+        sensitivity_profile(graph, scores, lambda m: 0.5, fractions=(0.0, 1.0))
+
+
+def test_pruned_copy_is_smaller_and_agrees_with_masking():
+    torch.manual_seed(0)
+    model = create_model("vgg11", width=0.125).eval()
+    graph = trace(model)
+    g = graph.group("features.conv3")
+    keep = torch.tensor([0, 2, 5, 7, 9, 12])
+    small = pruned_copy(graph, g, keep)
+    assert small.get_submodule("features.conv3").out_channels == 6
+    x = torch.randn(4, 3, 32, 32)
+    # masked: zero the removed filters and their BatchNorm affine, so those channels are 0 after ReLU
+    drop = torch.tensor(sorted(set(range(g.width)) - set(keep.tolist())))
+    with torch.no_grad():
+        model.features.conv3.weight[drop] = 0
+        model.features.bn3.weight[drop] = 0
+        model.features.bn3.bias[drop] = 0
+    torch.testing.assert_close(small(x), model(x), rtol=1e-5, atol=1e-5)
+
+
+def test_allocation_weights_follow_the_tolerance_rule():
+    prof = {
+        "baseline_accuracy": 0.9,
+        "fractions": [0.2, 0.4, 0.6],
+        "layers": [
+            {"id": 0, "accuracy": [0.90, 0.89, 0.80]},  # tolerates 0.4
+            {"id": 1, "accuracy": [0.85, 0.90, 0.90]},  # first point already too low: 0
+            {"id": 2, "accuracy": [0.90, 0.90, 0.895]},  # tolerates 0.6
+        ],
+    }
+    w = allocation_weights(prof, max_drop=0.02)
+    assert w == pytest.approx({0: 0.4 / 0.6, 1: 0.0, 2: 1.0})
+    fragile = dict(prof, layers=[{"id": 0, "accuracy": [0.5, 0.4, 0.3]}, {"id": 1, "accuracy": [0.6, 0.5, 0.1]}])
+    with pytest.warns(UserWarning, match="allocating pruning uniformly"):
+        assert allocation_weights(fragile, max_drop=0.02) == {0: 1.0, 1: 1.0}
+    with pytest.raises(PruningError, match="`max_drop`"):
+        allocation_weights(prof, max_drop=2)
+
+
+def test_plan_step_removes_lowest_scores_in_proportion_and_keeps_a_floor():
+    graph = trace(create_model("vgg11", width=0.125))
+    ids = [g.id for g in graph.prunable_groups]
+    scores = {i: torch.arange(graph.group(i).width, dtype=torch.float64).flip(0) for i in ids}
+    plan = plan_step(graph, scores, {ids[0]: 1.0, ids[1]: 0.5, ids[2]: 0.0}, step=0.5, min_channels=2)
+    assert plan[ids[0]].tolist() == [0, 1, 2, 3]  # 8 channels, 4 removed: the highest indices score lowest
+    assert plan[ids[1]].numel() == 16 - 4
+    assert ids[2] not in plan  # weight 0: never pruned
+    tiny = plan_step(graph, scores, {ids[0]: 1.0}, step=0.99, min_channels=7)
+    assert tiny[ids[0]].numel() == 7
