@@ -232,7 +232,8 @@ class FilterPruning(Callback):
         if self._done:
             return
         if final:
-            self._stop(trainer, pl_module, "max_epochs")
+            reached = self.max_steps is not None and self._step_index >= self.max_steps and not self._pending
+            self._stop(trainer, pl_module, "max_steps" if reached else "max_epochs")
         elif not self._pending:
             max_epochs = trainer.max_epochs if trainer.max_epochs is not None and trainer.max_epochs >= 0 else None
             if self.max_steps is not None and self._step_index >= self.max_steps:

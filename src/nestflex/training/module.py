@@ -32,6 +32,9 @@ class ImageClassifier(pl.LightningModule):
         momentum: SGD momentum.
         weight_decay: L2 penalty on weights (not on BatchNorm or biases).
         max_epochs: length of the cosine schedule; match ``Trainer(max_epochs=...)``.
+        restart_epochs: instead of one cycle over ``max_epochs``, restart a cosine from ``lr``
+            every ``restart_epochs`` epochs (fine-tuning after each pruning step gets its own
+            full schedule).
 
     Example:
         >>> module = ImageClassifier("resnet20", width=0.25)
@@ -48,6 +51,7 @@ class ImageClassifier(pl.LightningModule):
         momentum: float = 0.9,
         weight_decay: float = 5e-4,
         max_epochs: int = 10,
+        restart_epochs: int | None = None,
     ) -> None:
         super().__init__()
         for arg, value, ok in (
@@ -55,6 +59,7 @@ class ImageClassifier(pl.LightningModule):
             ("momentum", momentum, 0 <= momentum < 1),
             ("weight_decay", weight_decay, weight_decay >= 0),
             ("max_epochs", max_epochs, isinstance(max_epochs, int) and max_epochs >= 1),
+            ("restart_epochs", restart_epochs, restart_epochs is None or (isinstance(restart_epochs, int) and restart_epochs >= 1)),
         ):
             if not ok:
                 raise ModelError(f"`{arg}` is out of range, got {value!r}")
@@ -97,6 +102,12 @@ class ImageClassifier(pl.LightningModule):
             nesterov=True,
         )
         steps = self.trainer.estimated_stepping_batches if self._trainer is not None else 1000
+        if self.hparams.get("restart_epochs"):
+            per_epoch = max(1, int(steps) // max(1, self.trainer.max_epochs if self._trainer is not None else 1))
+            sched = torch.optim.lr_scheduler.CosineAnnealingWarmRestarts(
+                opt, T_0=per_epoch * self.hparams.restart_epochs, eta_min=self.hparams.lr / 100
+            )
+            return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
         sched = torch.optim.lr_scheduler.OneCycleLR(
             opt,
             max_lr=self.hparams.lr,
