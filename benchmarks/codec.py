@@ -13,7 +13,9 @@ per batch of ``--batch`` samples. The ratio is float32 bytes / frame bytes, side
 (header, shapes, per-sample ranges, checksum) included. Throughput is MB/s of float32 input,
 one core (``torch.set_num_threads(1)``, Blosc one thread), median of ``--repeats`` runs.
 Also reported: top-1 agreement of the split model (tail on dequantised head outputs) with the
-float model on the batch, per bitwidth.
+float model on the batch, per bitwidth; and the fixed cost of one frame (``per_frame_overhead``):
+encode and decode time and frame bytes for a tiny tensor (16 float32 values), where the payload
+is negligible and what remains is the per-call work and the side information.
 
 Writes, under ``--out``: ``summary.json`` (``"synthetic": true`` when the run was trained on the
 synthetic dataset), ``ratio_vs_bits.png`` and ``throughput.png``.
@@ -86,6 +88,24 @@ def _measure(tensors: list[torch.Tensor], bits: int | None, codec: str, repeats:
             "unpack_mb_s": mb / dec_s,
         },
     }
+
+
+def _frame_overhead(repeats: int) -> list[dict]:
+    """Encode/decode time and bytes of a 16-value frame: the fixed cost every frame pays."""
+    tiny = [torch.relu(torch.randn(1, 4, 2, 2, generator=torch.Generator().manual_seed(0)))]
+    rows = []
+    for bits, codec in [*((b, "blosc_lz4") for b in BITS), (4, "lz4"), (None, "lz4"), (None, "zlib"), (None, "raw")]:
+        frame = encode(tiny, bits, codec)
+        rows.append({
+            "bits": bits,
+            "codec": codec,
+            "float32_bytes": tiny[0].numel() * 4,
+            "frame_bytes": len(frame),
+            # many calls per timed run: one call is a few microseconds, below the timer's resolution
+            "encode_us": 1e6 * median_seconds(lambda: [encode(tiny, bits, codec) for _ in range(100)], repeats) / 100,
+            "decode_us": 1e6 * median_seconds(lambda: [decode(frame) for _ in range(100)], repeats) / 100,
+        })
+    return rows
 
 
 def _machine() -> dict:
@@ -227,6 +247,8 @@ def main(argv: list[str] | None = None) -> int:
             "results": results,
         })
 
+    overhead = _frame_overhead(args.repeats)
+
     def pick(bits, codec, gran, key):
         return [next(r for r in s["results"] if r["bits"] == bits and r["codec"] == codec)[gran][key] for s in splits]
 
@@ -257,13 +279,18 @@ def main(argv: list[str] | None = None) -> int:
         "targets": {"ratio_4bit_relu": TARGET_RATIO_4BIT, "pack_mb_s_one_core": TARGET_PACK_MB_S,
                     "note": "reported against, not asserted"},
         "headline": headline,
+        "per_frame_overhead": overhead,
         "machine": _machine(),
+        "note": "one core of a 2-core machine shared with other jobs while it ran: times are medians of repeats",
         "splits": splits,
     }
     args.out.mkdir(parents=True, exist_ok=True)
     write_json(args.out / "summary.json", summary)
     _plots(args.out, splits)
     print(f"wrote {args.out / 'summary.json'}, ratio_vs_bits.png, throughput.png")
+    o4 = next(r for r in overhead if r["bits"] == 4 and r["codec"] == "blosc_lz4")
+    print(f"per-frame overhead, 4-bit bit shuffle + LZ4: {o4['frame_bytes']} B for {o4['float32_bytes']} B of float32, "
+          f"encode {o4['encode_us']:.1f} us, decode {o4['decode_us']:.1f} us")
     for gran, h in headline.items():
         print(
             f"{gran}: 4-bit ratio median {h['ratio_4bit']['median']:.1f}x (min {h['ratio_4bit']['min']:.1f}), "
