@@ -52,8 +52,8 @@ def load_model(checkpoint: Path | None, out: Path, data_dir: str) -> tuple[torch
     return module.model.eval(), config, source
 
 
-def validation_loader(config: dict[str, Any], data_dir: str, batch_size: int = 128):
-    """The validation split the recipe held out for this model (synthetic unless CIFAR-10 was used)."""
+def recipe_datamodule(config: dict[str, Any], data_dir: str, batch_size: int = 128):
+    """The recipe's DataModule for this model's config, set up: ``(dm, message, synthetic)``."""
     from nestflex.data import resolve_data
 
     data = config.get("data", {})
@@ -66,7 +66,13 @@ def validation_loader(config: dict[str, Any], data_dir: str, batch_size: int = 1
         kwargs.update({k: data[k] for k in ("train_size", "test_size") if k in data})
     dm, message = resolve_data(kind, data_dir, **kwargs)
     dm.setup("fit")
-    return dm.val_dataloader(), message, kind == "synthetic"
+    return dm, message, kind == "synthetic"
+
+
+def validation_loader(config: dict[str, Any], data_dir: str, batch_size: int = 128):
+    """The validation split the recipe held out for this model (synthetic unless CIFAR-10 was used)."""
+    dm, message, synthetic = recipe_datamodule(config, data_dir, batch_size)
+    return dm.val_dataloader(), message, synthetic
 
 
 def machine() -> dict[str, Any]:

@@ -1,0 +1,92 @@
+#!/usr/bin/env python
+"""What TRR ranking costs: all filters of VGG-16 with 1,000 triplets vs L1 vs one forward pass.
+
+The forward pass runs over the same 3,000 images at the same batch size, with the same data
+loading, so the ratio isolates what TRR adds (hooks, the residual reduction). Weights are an
+untrained VGG-16: cost does not depend on them. Medians of ``--repeats`` after one warm-up.
+
+    python benchmarks/trr_cost.py --out runs/bench_trr_cost
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _timing import median_seconds  # noqa: E402
+
+from nestflex._io import write_json  # noqa: E402
+from nestflex.data import SyntheticShapes  # noqa: E402
+from nestflex.graph import trace  # noqa: E402
+from nestflex.models import create_model  # noqa: E402
+from nestflex.pruning import TRR, get_importance, sample_triplets  # noqa: E402
+
+
+def main(argv=None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--out", default="runs/bench_trr_cost")
+    p.add_argument("--width", type=float, default=1.0)
+    p.add_argument("--triplets", type=int, default=1000)
+    p.add_argument("--batch", type=int, default=128, help="triplets per batch (3x images)")
+    p.add_argument("--repeats", type=int, default=3)
+    args = p.parse_args(argv)
+    torch.manual_seed(0)
+    model = create_model("vgg16", width=args.width).eval()
+    graph = trace(model)
+    data = SyntheticShapes("train", size=5000, seed=0)
+    trr = TRR(triplets=args.triplets, batch_size=args.batch)
+    order = sample_triplets(data.targets, args.triplets, 0).t().flatten()  # the same 3,000 images
+
+    def forward():
+        with torch.no_grad():
+            for start in range(0, order.numel(), 3 * args.batch):
+                idx = order[start : start + 3 * args.batch]
+                model(torch.stack([data[int(i)][0] for i in idx]))
+
+    t_trr = median_seconds(lambda: trr(model, graph, data=data), args.repeats)
+    t_fwd = median_seconds(forward, args.repeats)
+    t_l1 = median_seconds(lambda: get_importance("l1")(model, graph), args.repeats)
+    summary = {
+        "model": {"name": "vgg16", "width": args.width, "macs": graph.macs(), "filters": sum(g.width for g in graph.prunable_groups)},
+        "triplets": args.triplets,
+        "images": int(order.numel()),
+        "seconds": {"trr": round(t_trr, 3), "forward": round(t_fwd, 3), "l1": round(t_l1, 5)},
+        "trr_over_forward": round(t_trr / t_fwd, 3),
+        "trr_over_l1": round(t_trr / t_l1, 1),
+        "target_trr_within_1.5x_forward": t_trr <= 1.5 * t_fwd,
+        "repeats": args.repeats,
+        "machine": {"torch_threads": torch.get_num_threads(), "torch": torch.__version__},
+        "note": "medians after one warm-up; the machine was shared with other jobs, so absolute times are noisy",
+    }
+    write_json(Path(args.out) / "summary.json", summary)
+    _plot(summary, Path(args.out) / "trr_cost.png")
+    print(summary)
+    return summary
+
+
+def _plot(summary: dict, png: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    s = summary["seconds"]
+    fig, ax = plt.subplots(figsize=(5, 2.6))
+    names = ["L1 ranking", f"forward, {summary['images']} images", f"TRR, {summary['triplets']} triplets"]
+    ax.barh(names, [s["l1"], s["forward"], s["trr"]], color=["#999", "#4a7", "#37c"])
+    for i, v in enumerate([s["l1"], s["forward"], s["trr"]]):
+        ax.text(v, i, f" {v:.3g} s", va="center", fontsize=8)
+    ax.set_xlabel("seconds (median)")
+    ax.set_title(f"ranking all filters of VGG-16 (width {summary['model']['width']}), CPU", fontsize=9)
+    fig.tight_layout()
+    png.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(png, dpi=120)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    main()
