@@ -60,7 +60,7 @@ def main(argv=None) -> dict:
         roads.append(road)
         results[crit] = summary["pruning"] | {
             "footprints": [{"step": f.step, "accuracy": f.accuracy, "macs": f.macs, "params": f.params} for f in road.footprints],
-            "rejected": None if road.rejected is None else {"accuracy": road.rejected.accuracy, "macs": road.rejected.macs},
+            "rejected": [{"accuracy": r.accuracy, "macs": r.macs} for r in road.rejected],
             "start_accuracy": road.start_accuracy,
         }
     recipe._plot_roadmaps(roads, out / "roadmaps.png", synthetic=base_cfg["data"]["synthetic"])

@@ -7,7 +7,7 @@ nothing heavy: the light runtime (``nestflex.deploy``) uses it too.
 
 from __future__ import annotations
 
-__all__ = ["NestflexError", "DataError", "ModelError", "GraphError", "ProfileError", "PruningError"]
+__all__ = ["NestflexError", "DataError", "ModelError", "GraphError", "ProfileError", "PruningError", "CapacityError"]
 
 
 class NestflexError(Exception):
@@ -32,3 +32,7 @@ class ProfileError(NestflexError, ValueError):
 
 class PruningError(NestflexError, ValueError):
     """A pruning argument is out of range: unknown criterion, impossible goal, unusable data."""
+
+
+class CapacityError(NestflexError, ValueError):
+    """A multi-capacity (freeze-&-grow) argument or roadmap does not fit the model."""

@@ -63,6 +63,7 @@ def _prune(**kw):
         ({"max_drop": 0.01, "step": 1.5}, r"`step` must be in \(0, 1\), got 1.5"),
         ({"max_drop": 0.01, "epochs_per_step": 0}, "`epochs_per_step` must be an int >= 1"),
         ({"max_drop": 0.01, "allocation": "greedy"}, "`allocation` must be one of"),
+        ({"max_drop": 0.01, "backoff": -1}, "`backoff` must be an int >= 0"),
         ({"max_drop": 0.01, "criterion": "taylor"}, "`criterion` 'taylor' is not registered"),
     ],
 )
@@ -100,15 +101,16 @@ def test_a_step_that_breaks_the_goal_is_rolled_back(tmp_path, pretrained):
     pl.seed_everything(0)
     module = _module(pretrained)
     start = trace(module).macs()
-    cb = _prune(criterion="random", max_drop=0.0, step=0.9, min_channels=1)
-    trainer = _trainer(tmp_path, [cb], epochs=3)
+    cb = _prune(criterion="random", max_drop=0.0, step=0.9, min_channels=1, backoff=1)
+    trainer = _trainer(tmp_path, [cb], epochs=4)
     trainer.fit(module, datamodule=_dm())
     road = Roadmap.load(tmp_path / "pruning" / "roadmap.json")
-    assert road.status == "goal_broken" and road.rejected is not None
-    assert road.rejected.accuracy < road.goal
+    assert road.status == "goal_broken" and len(road.rejected) == 2  # the step, then one retry at half size
+    assert all(r.accuracy < road.goal for r in road.rejected)
+    assert road.rejected[0].macs < road.rejected[1].macs < start  # the retry removed less
     assert [f.step for f in road.footprints] == [0]
     assert trace(module).macs() == start  # back to the seed: the unpruned model
-    assert trainer.current_epoch < 3  # stopped early
+    assert trainer.current_epoch < 4  # stopped early
 
 
 def test_goal_above_start_accuracy_is_an_error(tmp_path, pretrained):

@@ -82,7 +82,10 @@ class FilterPruning(Callback):
         sensitivity_drop: accuracy drop that defines a layer's tolerance in the profile.
         fractions: fractions profiled per layer for the allocation.
         sensitivity_batches: validation batches per point of the sensitivity profile.
-        max_steps: stop after this many steps even if the goal still holds.
+        max_steps: stop after this many kept steps even if the goal still holds.
+        backoff: after a step breaks the goal, roll back to the seed and retry with half the
+            step, at most this many times in a row (0: the first broken step ends the roadmap).
+            Momentum restarts for the parameters of a retried step.
         min_channels: channels every group keeps.
         eval_batches: validation batches per evaluation (``None``: all).
         dirpath: where ``roadmap.json``, ``sensitivity.json``, ``seed.ckpt`` and the footprint
@@ -108,6 +111,7 @@ class FilterPruning(Callback):
         sensitivity_drop: float = 0.02,
         fractions: Sequence[float] = ALLOCATION_FRACTIONS,
         max_steps: int | None = None,
+        backoff: int = 2,
         min_channels: int = 1,
         eval_batches: int | None = None,
         sensitivity_batches: int | None = 4,
@@ -127,6 +131,7 @@ class FilterPruning(Callback):
             ("step", step, isinstance(step, (int, float)) and 0.0 < step < 1.0, "in (0, 1)"),
             ("sensitivity_drop", sensitivity_drop, 0.0 <= sensitivity_drop < 1.0, "in [0, 1)"),
             ("max_steps", max_steps, max_steps is None or (isinstance(max_steps, int) and max_steps >= 1), "None or an int >= 1"),
+            ("backoff", backoff, isinstance(backoff, int) and backoff >= 0, "an int >= 0"),
             ("min_channels", min_channels, isinstance(min_channels, int) and min_channels >= 1, "an int >= 1"),
             ("eval_batches", eval_batches, eval_batches is None or (isinstance(eval_batches, int) and eval_batches >= 1), "None or an int >= 1"),
             ("sensitivity_batches", sensitivity_batches, sensitivity_batches is None or (isinstance(sensitivity_batches, int) and sensitivity_batches >= 1), "None or an int >= 1"),
@@ -140,7 +145,7 @@ class FilterPruning(Callback):
         self.goal, self.max_drop = goal, max_drop
         self.epochs_per_step, self.step, self.allocation = epochs_per_step, float(step), allocation
         self.sensitivity_drop, self.fractions = sensitivity_drop, tuple(fractions)
-        self.max_steps, self.min_channels = max_steps, min_channels
+        self.max_steps, self.min_channels, self.backoff = max_steps, min_channels, backoff
         self.eval_batches, self.sensitivity_batches = eval_batches, sensitivity_batches
         self.dirpath = Path(dirpath) if dirpath is not None else None
         self.ranking_data, self.eval_dataloader = ranking_data, eval_dataloader
@@ -154,6 +159,8 @@ class FilterPruning(Callback):
         self._step_start = 0
         self._pending = False
         self._done = False
+        self._scale = 1.0  # halved by each retry after a broken step
+        self._retries = 0
         self._scores: dict[int, torch.Tensor] | None = None  # valid for the current weights only
 
     @property
@@ -203,6 +210,8 @@ class FilterPruning(Callback):
             "step_start": self._step_start,
             "pending": self._pending,
             "done": self._done,
+            "scale": self._scale,
+            "retries": self._retries,
             "criterion": crit() if crit else None,
             "rng": _rng_state(),
         }
@@ -215,6 +224,7 @@ class FilterPruning(Callback):
         self._weights = dict(state["weights"])
         self._step_index, self._step_start = state["step_index"], state["step_start"]
         self._pending, self._done = state["pending"], state["done"]
+        self._scale, self._retries = state["scale"], state["retries"]
         if state.get("criterion") is not None and hasattr(self.criterion, "load_state_dict"):
             self.criterion.load_state_dict(state["criterion"])
         _set_rng_state(state["rng"])
@@ -234,11 +244,11 @@ class FilterPruning(Callback):
         if self._done:
             return
         if final:
-            reached = self.max_steps is not None and self._step_index >= self.max_steps and not self._pending
+            reached = self.max_steps is not None and len(self.roadmap.footprints) - 1 >= self.max_steps and not self._pending
             self._stop(trainer, pl_module, "max_steps" if reached else "max_epochs")
         elif not self._pending:
             max_epochs = trainer.max_epochs if trainer.max_epochs is not None and trainer.max_epochs >= 0 else None
-            if self.max_steps is not None and self._step_index >= self.max_steps:
+            if self.max_steps is not None and len(self.roadmap.footprints) - 1 >= self.max_steps:
                 self._stop(trainer, pl_module, "max_steps")
             elif max_epochs is not None and completed + self.epochs_per_step > max_epochs:
                 self._stop(trainer, pl_module, "max_epochs")  # a step that cannot finish retraining
@@ -287,7 +297,7 @@ class FilterPruning(Callback):
         self._scores = None
         names = {g.id: g.name for g in graph.prunable_groups if g.name in self._kept}
         plan = plan_step(graph, {i: scores[i] for i in names}, {i: self._weights[n] for i, n in names.items()},
-                         self.step, self.min_channels)
+                         self.step * self._scale, self.min_channels)
         if not plan:
             self._stop(trainer, pl_module, "nothing_left")
             return
@@ -295,10 +305,7 @@ class FilterPruning(Callback):
             old = self._kept[names[gid]]
             self._kept[names[gid]] = [old[i] for i in keep.tolist()]
         prune_with_optimizers(pl_module, graph, plan, trainer.optimizers)
-        if isinstance(trainer.strategy.model, DistributedDataParallel):
-            # DDP's buckets point at the old parameters: wrap the pruned module afresh
-            trainer.strategy.model = pl_module
-            trainer.strategy.configure_ddp()
+        self._rewrap(trainer, pl_module)
         self._step_index += 1
         self._step_start = completed
         self._pending = True
@@ -310,17 +317,39 @@ class FilterPruning(Callback):
         graph = trace(pl_module)
         if acc >= self.roadmap.goal:
             self._record(trainer, pl_module, graph, acc, completed)
+            self._retries = 0
             rank_zero_info(f"pruning: step {self._step_index} kept, accuracy {acc:.4f} >= goal {self.roadmap.goal:.4f}")
             return
-        self.roadmap.rejected = self._footprint(graph, acc, completed, checkpoint=None)
+        self.roadmap.rejected.append(self._footprint(graph, acc, completed, checkpoint=None))
         rank_zero_info(f"pruning: step {self._step_index} broke the goal ({acc:.4f} < {self.roadmap.goal:.4f}); not kept")
-        self._stop(trainer, pl_module, "goal_broken")
+        if self._retries >= self.backoff:
+            self._stop(trainer, pl_module, "goal_broken")
+            return
+        self._retries += 1
+        self._scale /= 2
+        self._step_index = self.roadmap.seed.step
+        self._rollback(trainer, pl_module)
+        self._save_roadmap(trainer)
+        rank_zero_info(f"pruning: back to step {self._step_index}; retrying with step {self.step * self._scale:.4g}")
+
+    def _rollback(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """Restore the seed footprint into the module; optimizers get the restored parameters."""
+        names = {id(p): n for n, p in pl_module.named_parameters()}
+        slots = [(opt, group, i, names.get(id(p))) for opt in trainer.optimizers
+                 for group in opt.param_groups for i, p in enumerate(group["params"])]
+        load_pruned(pl_module, self.dirpath / self.roadmap.seed.checkpoint)
+        self._kept = self.roadmap.kept(self.roadmap.seed.step)
+        params = dict(pl_module.named_parameters())
+        for opt, group, i, name in slots:
+            if name is not None and params[name] is not group["params"][i]:
+                opt.state.pop(group["params"][i], None)  # shapes changed: momentum restarts
+                group["params"][i] = params[name]
+        self._rewrap(trainer, pl_module)
 
     def _stop(self, trainer: pl.Trainer, pl_module: pl.LightningModule, status: str) -> None:
         """End the roadmap; a pruned but unconfirmed step is rolled back to the seed."""
         if self._pending or status == "goal_broken":
-            load_pruned(pl_module, self.dirpath / self.roadmap.seed.checkpoint)
-            self._kept = self.roadmap.kept(self.roadmap.seed.step)
+            self._rollback(trainer, pl_module)
             self._pending = False
         self.roadmap.status = status
         self._done = True
@@ -330,6 +359,13 @@ class FilterPruning(Callback):
         rank_zero_info(f"pruning: done ({status}); seed = step {seed.step}, accuracy {seed.accuracy:.4f}, {seed.macs:,} MACs")
 
     # ------------------------------------------------------------------ helpers
+    @staticmethod
+    def _rewrap(trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if isinstance(trainer.strategy.model, DistributedDataParallel):
+            # DDP's buckets point at the old parameters: wrap the edited module afresh
+            trainer.strategy.model = pl_module
+            trainer.strategy.configure_ddp()
+
     def _footprint(self, graph: StructureGraph, acc: float, epoch: int, checkpoint: str | None) -> Footprint:
         removed = {n: sorted(set(range(w)) - set(self._kept[n])) for n, w in self.roadmap.groups.items()}
         return Footprint(

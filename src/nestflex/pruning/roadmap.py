@@ -61,7 +61,8 @@ class Roadmap:
         start_accuracy: accuracy of the unpruned model.
         groups: original width per prunable group name, in group-id order.
         footprints: kept footprints, largest first; the last one is the seed.
-        rejected: the step that broke the goal (not kept), if any.
+        rejected: every step that broke the goal (not kept), in order; after each, the callback
+            may retry from the seed with a smaller step (``backoff``).
         status: ``running``, ``goal_broken``, ``nothing_left``, ``max_steps`` or ``max_epochs``.
         allocation: per group name, the share of each step it takes.
     """
@@ -72,7 +73,7 @@ class Roadmap:
     start_accuracy: float
     groups: dict[str, int]
     footprints: list[Footprint] = field(default_factory=list)
-    rejected: Footprint | None = None
+    rejected: list[Footprint] = field(default_factory=list)
     status: str = "running"
     allocation: dict[str, float] = field(default_factory=dict)
     schema_version: int = SCHEMA_VERSION
@@ -111,7 +112,7 @@ class Roadmap:
         d = dict(d)
         d.pop("seed", None)
         d["footprints"] = [Footprint(**f) for f in d["footprints"]]
-        d["rejected"] = Footprint(**d["rejected"]) if d.get("rejected") else None
+        d["rejected"] = [Footprint(**f) for f in d.get("rejected", [])]
         return cls(**d)
 
     def save(self, path: str | Path) -> None:
