@@ -8,9 +8,17 @@ Stages run in order and each reuses what an earlier run already left in ``--out`
 configuration), so an interrupted run resumes where it stopped:
 
     baseline   train the network (Lightning: progress bar, CSV logs, checkpoints)
-    profile    split quantisation profile: accuracy, bytes and codec time per <split, bitwidth>
+    prune      NestDNN filter pruning (TRR) of the baseline: roadmap.json and the seed model
+    exits      early exits (SPINN/SDN) on the baseline: heads trained on the frozen network (or
+               jointly), calibrated on the validation split, accuracy vs MACs reported on test
+    profile    split quantisation profile: accuracy, bytes and codec time per <split, bitwidth>;
+               per-layer precision profile (float32 / bfloat16 / int8) and the fastest
+               assignment within --precision-budget accuracy points
 
-Later nestflex releases add prune, grow, exits and export to this same list.
+    grow       NestDNN freeze-&-grow from the prune stage's roadmap: one multi-capacity model with
+               nested levels; per-level profiles, memory and switching costs
+
+Later nestflex releases add flex and export to this same list.
 Everything lands in ``--out``: ``summary.json`` (documented in docs/recipes.md), plots, logs
 and checkpoints.
 """
@@ -34,7 +42,7 @@ from nestflex.graph import trace
 from nestflex.models import list_models
 
 #: summary.json key of each stage's results, where it differs from the stage name
-SUMMARY_KEYS = {"profile": "quantization"}
+SUMMARY_KEYS = {"profile": "quantization", "prune": "pruning"}
 STAGES: dict[str, Callable[[argparse.Namespace, dict[str, Any]], dict[str, Any]]] = {}
 
 
@@ -67,7 +75,41 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--devices", default="1", help="Lightning devices")
     p.add_argument("--out", default="runs/vgg_cifar", help="output directory")
     p.add_argument("--profile-samples", type=int, default=1000,
-                   help="profile stage: validation samples used per <split, bitwidth>")
+                   help="profile stage: validation samples used per <split, bitwidth> and per layer precision")
+    p.add_argument("--precision-budget", type=float, default=1.0,
+                   help="profile stage: accuracy drop (points) the per-layer precision assignment may cost")
+    p.add_argument("--precision-calibration", type=int, default=256,
+                   help="profile stage: validation samples, held out of the accuracy ones, that calibrate int8")
+    p.add_argument("--precision-threads", type=int, default=1,
+                   help="profile stage: torch threads while timing layer precisions (0: keep torch's setting)")
+    p.add_argument("--exit-positions", default="0.15,0.3,0.45,0.6,0.75,0.9",
+                   help="exits stage: comma list of MACs fractions in (0, 1) and/or split point names (SPINN default)")
+    p.add_argument("--exit-head", default="sdn", help="exits stage: exit head (nestflex.exits.list_heads())")
+    p.add_argument("--exit-mode", default="exits_only", choices=["exits_only", "joint"],
+                   help="exits stage: train the heads on the frozen baseline, or fine-tune everything jointly")
+    p.add_argument("--exit-epochs", type=int, default=3, help="exits stage: training epochs")
+    p.add_argument("--exit-lr", type=float, default=0.05, help="exits stage: peak learning rate")
+    p.add_argument("--exit-confidence", default="max_prob",
+                   help="exits stage: confidence measure (nestflex.exits.list_confidences())")
+    p.add_argument("--exit-fallback", default="most_confident", choices=["most_confident", "final"],
+                   help="exits stage: who answers a sample no early exit took (SPINN: the most confident exit)")
+    p.add_argument("--prune-criterion", default="trr", help="prune stage: importance criterion (trr, l1, l2, random)")
+    p.add_argument("--prune-max-drop", type=float, default=1.0,
+                   help="prune stage: accuracy points the seed model may lose against the baseline")
+    p.add_argument("--prune-step", type=float, default=0.25,
+                   help="prune stage: share of channels the most tolerant layer loses per step")
+    p.add_argument("--prune-epochs-per-step", type=int, default=1, help="prune stage: retraining epochs per step")
+    p.add_argument("--prune-max-steps", type=int, default=8, help="prune stage: at most this many steps")
+    p.add_argument("--prune-lr", type=float, default=0.02, help="prune stage: peak learning rate of each retraining")
+    p.add_argument("--prune-triplets", type=int, default=1000, help="prune stage: TRR triplets per ranking")
+    p.add_argument("--grow-levels", type=int, default=5,
+                   help="grow stage: descendants K (seed and vanilla included), evenly spaced in MACs on the roadmap")
+    p.add_argument("--grow-epochs-per-level", type=int, default=1, help="grow stage: training epochs per grown level")
+    p.add_argument("--grow-lr", type=float, default=0.02, help="grow stage: peak learning rate of each level")
+    p.add_argument("--grow-init", default="footprint", choices=["footprint", "vanilla", "random"],
+                   help="grow stage: where grown filters start (their footprint's values by default)")
+    p.add_argument("--grow-train-samples", type=int, default=None, help="grow stage: train on a seeded subset")
+    p.add_argument("--grow-latency-repeats", type=int, default=10, help="grow stage: timed runs per latency")
     p.add_argument("--stages", default="all", help=f"comma list of {', '.join(STAGES)}, or all")
     args = p.parse_args(argv)
     names = list(STAGES) if args.stages == "all" else [s.strip() for s in args.stages.split(",") if s.strip()]
@@ -77,6 +119,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.stage_list = names
     if args.epochs < 1:
         p.error(f"--epochs must be >= 1, got {args.epochs}")
+    if not 0 <= args.prune_max_drop < 100:
+        p.error(f"--prune-max-drop is in accuracy points, in [0, 100), got {args.prune_max_drop}")
+    if args.prune_epochs_per_step < 1 or args.prune_max_steps < 1:
+        p.error("--prune-epochs-per-step and --prune-max-steps must be >= 1")
+    if args.grow_levels < 2 or args.grow_epochs_per_level < 1 or args.grow_latency_repeats < 1:
+        p.error("--grow-levels must be >= 2, --grow-epochs-per-level and --grow-latency-repeats >= 1")
+    if args.exit_epochs < 1:
+        p.error(f"--exit-epochs must be >= 1, got {args.exit_epochs}")
+    if not args.precision_budget >= 0:
+        p.error(f"--precision-budget must be >= 0 accuracy points, got {args.precision_budget}")
+    if args.precision_calibration < 1:
+        p.error(f"--precision-calibration must be >= 1, got {args.precision_calibration}")
+    if args.precision_threads < 0:
+        p.error(f"--precision-threads must be >= 0, got {args.precision_threads}")
     return args
 
 
@@ -156,6 +212,264 @@ def run_baseline(args: argparse.Namespace, ctx: dict[str, Any]) -> dict[str, Any
     return {"module": module, "summary": result}
 
 
+@stage("prune")
+def run_prune(args: argparse.Namespace, ctx: dict[str, Any]) -> dict[str, Any]:
+    """NestDNN filter pruning of the baseline: roadmap.json + the seed model."""
+    import pytorch_lightning as pl
+    from pytorch_lightning.callbacks import ModelCheckpoint
+    from pytorch_lightning.loggers import CSVLogger
+
+    from nestflex.callbacks import FilterPruning
+    from nestflex.pruning import Roadmap, load_pruned
+    from nestflex.training import ImageClassifier
+
+    base = _baseline_module(args, ctx)
+    out = Path(args.out) / "prune"
+    config = {
+        "baseline": read_json(Path(args.out) / "baseline" / "config.json"), "criterion": args.prune_criterion,
+        "max_drop": args.prune_max_drop, "step": args.prune_step, "epochs_per_step": args.prune_epochs_per_step,
+        "max_steps": args.prune_max_steps, "lr": args.prune_lr, "triplets": args.prune_triplets,
+    }
+    same = (out / "config.json").exists() and read_json(out / "config.json") == config
+    # room for every step to be retried twice (FilterPruning's backoff); the callback stops the
+    # Trainer itself once the roadmap ends, so unused epochs cost nothing
+    epochs = args.prune_epochs_per_step * args.prune_max_steps * 3
+    hp = dict(base.hparams) | {"lr": args.prune_lr, "max_epochs": epochs, "restart_epochs": args.prune_epochs_per_step}
+    module = ImageClassifier(**hp)
+    road_path = out / "roadmap.json"
+    if same and road_path.exists() and Roadmap.load(road_path).status != "running" and (out / "result.json").exists():
+        print(f"prune: reusing {road_path} (same configuration)")
+        load_pruned(module, out / "seed.ckpt")
+        return {"module": module, "summary": read_json(out / "result.json")}
+    module.model.load_state_dict(base.model.state_dict())
+    resume = out / "last.ckpt" if same and (out / "last.ckpt").exists() else None
+    if not same and out.exists():
+        shutil.rmtree(out)  # another configuration's roadmap must not be continued
+    write_json(out / "config.json", config)
+    pl.seed_everything(args.seed, workers=True)
+    kwargs = {"triplets": args.prune_triplets, "seed": args.seed} if args.prune_criterion == "trr" else {}
+    if args.prune_criterion == "random":
+        kwargs = {"seed": args.seed}
+    pruner = FilterPruning(
+        args.prune_criterion, max_drop=args.prune_max_drop / 100, step=args.prune_step,
+        epochs_per_step=args.prune_epochs_per_step, max_steps=args.prune_max_steps, dirpath=out,
+        criterion_kwargs=kwargs,
+    )
+    logs = Path(args.out) / "logs"
+    version = f"prune-resume{len(list(logs.glob('prune-resume*'))) + 1}" if resume else "prune"
+    trainer = pl.Trainer(
+        max_epochs=epochs, accelerator=args.accelerator,
+        devices=int(args.devices) if args.devices.isdigit() else args.devices,
+        logger=CSVLogger(args.out, name="logs", version=version),
+        callbacks=[pruner, ModelCheckpoint(dirpath=out, filename="last", save_top_k=1, enable_version_counter=False)],
+        default_root_dir=args.out, enable_model_summary=False, num_sanity_val_steps=0,
+    )
+    if resume:
+        print(f"prune: resuming from {resume}")
+    start = time.perf_counter()
+    trainer.fit(module, datamodule=ctx["datamodule"], ckpt_path=str(resume) if resume else None)
+    seconds = time.perf_counter() - start
+    road = Roadmap.load(road_path)
+    test = trainer.test(module, datamodule=ctx["datamodule"], verbose=False)[0]
+    seed, vanilla = road.seed, road.footprints[0]
+    result = {
+        "roadmap": str(road_path.relative_to(args.out)), "criterion": road.criterion, "status": road.status,
+        "steps": len(road.footprints) - 1, "accuracy": round(float(test["test_acc"]), 4),
+        "val_accuracy": seed.accuracy, "goal": road.goal, "params": seed.params, "macs": seed.macs,
+        "macs_fraction": round(seed.macs / vanilla.macs, 4), "params_fraction": round(seed.params / vanilla.params, 4),
+        "seed_checkpoint": "prune/seed.ckpt", "seconds": round(seconds, 1),
+    }
+    write_json(out / "result.json", result)
+    _plot_roadmaps([road], Path(args.out) / "prune_roadmap.png", synthetic=ctx["data"]["synthetic"])
+    return {"module": module, "summary": result}
+
+
+def _plot_roadmaps(roadmaps, png: Path, synthetic: bool) -> None:
+    """Validation accuracy vs MACs of every footprint; the goal as a dashed line."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5, 3.5))
+    for road in roadmaps:
+        fps = road.footprints
+        line, = ax.plot([f.macs / 1e6 for f in fps], [f.accuracy for f in fps], "o-", label=f"{road.criterion} roadmap")
+        ax.plot(fps[-1].macs / 1e6, fps[-1].accuracy, "*", ms=14, color=line.get_color())
+        for r in road.rejected:
+            ax.plot(r.macs / 1e6, r.accuracy, "x", ms=9, color=line.get_color())
+        ax.axhline(road.goal, ls="--", lw=0.8, color=line.get_color())
+    ax.set_xlabel("MACs per image (millions)")
+    ax.set_ylabel("validation top-1")
+    ax.set_title("pruning roadmap (star: seed, x: rejected steps)" + (" (synthetic data)" if synthetic else ""), fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    png.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(png, dpi=120)
+    plt.close(fig)
+
+
+@stage("grow")
+def run_grow(args: argparse.Namespace, ctx: dict[str, Any]) -> dict[str, Any]:
+    """NestDNN freeze-&-grow from the prune stage's roadmap: the multi-capacity model + profiles."""
+    import pytorch_lightning as pl
+    from pytorch_lightning.callbacks import ModelCheckpoint
+    from pytorch_lightning.loggers import CSVLogger
+
+    from nestflex.callbacks import FreezeAndGrow
+    from nestflex.capacity import set_level
+    from nestflex.capacity.profile import memory_report, profile_levels, switching_table
+    from nestflex.pruning import Roadmap
+    from nestflex.training import ImageClassifier
+
+    road_path = Path(args.out) / "prune" / "roadmap.json"
+    if not road_path.exists() or not (Path(args.out) / "prune" / "result.json").exists():
+        raise SystemExit(f"--stages: the roadmap {road_path} does not exist. HINT: run with --stages prune first")
+    road = Roadmap.load(road_path)
+    levels = min(args.grow_levels, len(road.footprints))
+    if levels < args.grow_levels:
+        print(f"grow: the roadmap has {len(road.footprints)} footprints; growing {levels} levels, "
+              f"not --grow-levels {args.grow_levels}")
+    if levels < 2:
+        raise SystemExit("grow: the roadmap has a single footprint (nothing was pruned); nothing to grow")
+    base = _baseline_module(args, ctx)
+    out = Path(args.out) / "grow"
+    config = {"prune": read_json(Path(args.out) / "prune" / "config.json"), "levels": levels,
+              "epochs_per_level": args.grow_epochs_per_level, "lr": args.grow_lr, "init": args.grow_init,
+              "train_samples": args.grow_train_samples, "seed": args.seed}
+    same = (out / "config.json").exists() and read_json(out / "config.json") == config
+    epochs = (levels - 1) * args.grow_epochs_per_level
+    hp = dict(base.hparams) | {"lr": args.grow_lr, "max_epochs": epochs, "restart_epochs": args.grow_epochs_per_level}
+    module = ImageClassifier(**hp)
+    grower = FreezeAndGrow(road_path, levels=levels, epochs_per_level=args.grow_epochs_per_level,
+                           init=args.grow_init, dirpath=out)
+    final = out / "model.ckpt"
+    dm = ctx["datamodule"]
+    if same and final.exists() and (out / "result.json").exists():
+        print(f"grow: reusing {final} (same configuration)")
+        grower.build(module)
+        module.load_state_dict(torch.load(final, map_location="cpu", weights_only=True)["state_dict"])
+        set_level(module, levels - 1)
+        result = read_json(out / "result.json")
+        return {"module": module, "summary": result, "top": {"levels": result["levels"], "memory": result["memory"]}}
+    resume = out / "last.ckpt" if same and (out / "last.ckpt").exists() else None
+    if not same and out.exists():
+        shutil.rmtree(out)
+    write_json(out / "config.json", config)
+    if args.grow_train_samples:
+        from nestflex.data import resolve_data
+
+        dm, _ = resolve_data(
+            args.data, args.data_dir, download=False, batch_size=args.batch_size, num_workers=args.num_workers,
+            max_train_samples=args.grow_train_samples, val_size=args.val_size, seed=args.seed,
+            train_size=args.synthetic_train_size, test_size=args.synthetic_test_size,
+        )
+    pl.seed_everything(args.seed, workers=True)
+    logs = Path(args.out) / "logs"
+    version = f"grow-resume{len(list(logs.glob('grow-resume*'))) + 1}" if resume else "grow"
+    trainer = pl.Trainer(
+        max_epochs=epochs, accelerator=args.accelerator,
+        devices=int(args.devices) if args.devices.isdigit() else args.devices,
+        logger=CSVLogger(args.out, name="logs", version=version),
+        callbacks=[grower, ModelCheckpoint(dirpath=out, filename="last", save_top_k=1, enable_version_counter=False)],
+        default_root_dir=args.out, enable_model_summary=False, num_sanity_val_steps=0,
+    )
+    if resume:
+        print(f"grow: resuming from {resume}")
+    start = time.perf_counter()
+    trainer.fit(module, datamodule=dm, ckpt_path=str(resume) if resume else None)
+    seconds = time.perf_counter() - start
+    trainer.save_checkpoint(final, weights_only=True)
+    dm.setup("test")
+    net = module.model.cpu()
+    # test split: the levels were trained and evaluated (capacity.json) on train/validation only
+    levels_profile = profile_levels(net, dm.test_dataloader(), batch_sizes=(1, 64), repeats=args.grow_latency_repeats)
+    memory = memory_report(net)
+    switching = switching_table(net, repeats=3)
+    write_json(out / "profile.json", {"levels": levels_profile, "memory": memory, "switching": switching,
+                                      "machine": machine()})
+    memory_summary = {k: memory[k] for k in ("multi_capacity_mb", "independent_mb", "largest_level_mb", "ratio_to_largest")}
+    result = {
+        "steps": list(grower.plan.steps), "epochs_per_level": args.grow_epochs_per_level, "init": args.grow_init,
+        "levels": levels_profile, "memory": memory_summary, "seconds": round(seconds, 1),
+        "capacity": "grow/capacity.json", "profile": "grow/profile.json", "checkpoint": "grow/model.ckpt",
+    }
+    write_json(out / "result.json", result)
+    return {"module": module, "summary": result, "top": {"levels": levels_profile, "memory": memory_summary}}
+
+
+@stage("exits")
+def run_exits(args: argparse.Namespace, ctx: dict[str, Any]) -> dict[str, Any]:
+    """Progressive exits (SPINN/SDN) on the baseline: train, calibrate on validation, report on test."""
+    import copy
+
+    import pytorch_lightning as pl
+    from pytorch_lightning.callbacks import ModelCheckpoint
+    from pytorch_lightning.loggers import CSVLogger
+
+    from nestflex.exits import MultiExitClassifier, OverthinkingSchedule
+    from nestflex.exits.placement import parse_positions
+    from nestflex.exits.report import evaluate_exits, exits_summary, plot_tradeoff
+
+    base = _baseline_module(args, ctx)
+    dm = ctx["datamodule"]
+    out = Path(args.out) / "exits"
+    config = {"baseline": read_json(Path(args.out) / "baseline" / "config.json"),
+              "positions": parse_positions(args.exit_positions), "head": args.exit_head, "mode": args.exit_mode,
+              "epochs": args.exit_epochs, "lr": args.exit_lr, "batch_size": args.batch_size, "seed": args.seed}
+    same = (out / "config.json").exists() and read_json(out / "config.json") == config
+    final = out / "model.ckpt"
+    if final.exists() and same and (out / "train.json").exists():
+        print(f"exits: reusing {final} (same configuration)")
+        module = MultiExitClassifier.load_from_checkpoint(final, map_location="cpu", weights_only=True)
+        trained = read_json(out / "train.json")
+    else:
+        pl.seed_everything(args.seed, workers=True)
+        # a copy: exits_only freezes the backbone, and later stages need the baseline as it was
+        module = MultiExitClassifier(args.model, num_classes=dm.num_classes, width=args.width,
+                                     positions=config["positions"], head=args.exit_head, mode=args.exit_mode,
+                                     lr=args.exit_lr, max_epochs=args.exit_epochs,
+                                     backbone=copy.deepcopy(base.model).cpu())
+        last = out / "last.ckpt"
+        resume = last if last.exists() and same else None
+        write_json(out / "config.json", config)
+        logs = Path(args.out) / "logs"
+        version = f"exits-resume{len(list(logs.glob('exits-resume*'))) + 1}" if resume else "exits"
+        trainer = pl.Trainer(
+            max_epochs=args.exit_epochs, accelerator=args.accelerator,
+            devices=int(args.devices) if args.devices.isdigit() else args.devices,
+            logger=CSVLogger(args.out, name="logs", version=version),
+            callbacks=[OverthinkingSchedule(),
+                       ModelCheckpoint(dirpath=out, filename="last", save_top_k=1, enable_version_counter=False)],
+            default_root_dir=args.out, enable_model_summary=False,
+        )
+        if resume:
+            print(f"exits: resuming from {resume}")
+        start = time.perf_counter()
+        trainer.fit(module, datamodule=dm, ckpt_path=str(resume) if resume else None)
+        trained = {"epochs": args.exit_epochs, "train_seconds": round(time.perf_counter() - start, 1)}
+        trainer.save_checkpoint(final, weights_only=True)
+        write_json(out / "train.json", trained)
+    dm.setup("fit")
+    net = module.model.cpu()
+    calibration, test = evaluate_exits(net, dm.val_dataloader(), dm.test_dataloader(), confidence=args.exit_confidence,
+                                       fallback=args.exit_fallback)
+    write_json(out / "calibration.json", calibration)
+    write_json(out / "test.json", test)
+    summary = {"head": args.exit_head, "mode": args.exit_mode, **trained, **exits_summary(net, calibration, test),
+               "calibration": "exits/calibration.json", "test_profile": "exits/test.json",
+               "checkpoint": str(final.relative_to(args.out))}
+    marks = {"lossless thresholds (validation), fallback final": test["at_thresholds"]}
+    other = test["sweep_other_fallback"]
+    plot_tradeoff({f"{args.exit_mode}, {args.exit_head} heads, fallback {args.exit_fallback}": test["sweep"],
+                   f"{args.exit_mode}, {args.exit_head} heads, fallback {other['fallback']}": other["sweep"]},
+                  test["final_accuracy"],
+                  Path(args.out) / "exits_tradeoff.png", f"{args.model} x{args.width}: early exits",
+                  synthetic=ctx["data"]["synthetic"], marks=marks)
+    return {"summary": summary, "module": module}
+
+
 @stage("profile")
 def run_profile(args: argparse.Namespace, ctx: dict[str, Any]) -> dict[str, Any]:
     """Split quantisation profile: accuracy, bytes and codec time per <split, bitwidth>."""
@@ -184,6 +498,47 @@ def run_profile(args: argparse.Namespace, ctx: dict[str, Any]) -> dict[str, Any]
         splits[row["name"]] = {"bits": bits, "compression_ratio": round(ratio, 2)}
     summary = {"float_accuracy": profile["float_accuracy"], "samples": profile["samples"],
                "profile": "profile/split_quantization.json", "splits": splits}
+    precision = _profile_precision(args, ctx, module, out)
+    summary["precision"] = precision["summary"]
+    return {"summary": summary, "profile": profile, "precision": precision["profile"]}
+
+
+def _profile_precision(args: argparse.Namespace, ctx: dict[str, Any], module, out: Path) -> dict[str, Any]:
+    """Per-layer precision profile and the fastest assignment within --precision-budget."""
+    from nestflex.profiling import DEFAULT_PRECISIONS, profile_layer_precision
+    from nestflex.profiling.plots import plot_layer_precision
+
+    config = {"baseline": read_json(Path(args.out) / "baseline" / "config.json"), "samples": args.profile_samples,
+              "calibration_samples": args.precision_calibration, "budget_points": args.precision_budget,
+              "precisions": list(DEFAULT_PRECISIONS), "batch_sizes": [64, 1], "threads": args.precision_threads}
+    path, config_path = out / "layer_precision.json", out / "layer_precision_config.json"
+    if path.exists() and config_path.exists() and read_json(config_path) == config:
+        print(f"profile: reusing {path} (same configuration)")
+        profile = read_json(path)
+    else:
+        dm = ctx["datamodule"]
+        dm.setup("fit")
+        # validation split, as for the split profile: the assignment is chosen on it, never on test.
+        # One thread by default: steadier per-layer timings, and on a busy 2-core machine a
+        # 2-thread region stalls whenever another process holds a core (many times slower).
+        profile = profile_layer_precision(
+            module.model.cpu(), dm.val_dataloader(), precisions=config["precisions"],
+            budget_points=args.precision_budget, max_samples=args.profile_samples,
+            calibration_samples=args.precision_calibration, batch_sizes=config["batch_sizes"],
+            threads=args.precision_threads or None,
+        )
+        write_json(path, profile)
+        write_json(config_path, config)
+    plot_layer_precision(profile, Path(args.out) / "layer_precision.png", synthetic=ctx["data"]["synthetic"])
+    a, bs = profile["assignment"], str(profile["optimised_batch_size"])
+    summary = {
+        "budget_points": a["budget_points"], "batch_size": profile["optimised_batch_size"], "counts": a["counts"],
+        "float32_accuracy": profile["reference"]["accuracy"], "accuracy": a["accuracy"], "drop_points": a["drop_points"],
+        "float32_latency_ms": round(profile["reference"]["latency_ms"][bs], 3),
+        "latency_ms": round(a["latency_ms"][bs], 3), "speedup": round(a["speedup"][bs], 2),
+        "samples": profile["samples"], "torch_threads": profile["machine"]["torch_threads"],
+        "fallback": a["fallback"], "profile": "profile/layer_precision.json",
+    }
     return {"summary": summary, "profile": profile}
 
 
@@ -257,15 +612,46 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         result = STAGES[name](args, ctx)
         ctx[name] = result
         summary[SUMMARY_KEYS.get(name, name)] = result["summary"]
+        summary.update(result.get("top", {}))  # keys a stage also puts at the top level (grow: levels, memory)
         write_json(summary_path, summary)  # after every stage: a crash later keeps what is done
     print(f"summary: {summary_path}")
     tag = "  (synthetic data)" if data["synthetic"] else ""
     if "baseline" in summary:
         s = summary["baseline"]
         print(f"  baseline  accuracy {s['accuracy']:.4f}  params {s['params']:,}  MACs {s['macs']:,}{tag}")
+    if "pruning" in summary:
+        s = summary["pruning"]
+        print(f"  prune     seed ({s['criterion']}, {s['steps']} steps, {s['status']}) accuracy {s['accuracy']:.4f}  "
+              f"params {s['params']:,}  MACs {s['macs']:,} ({s['macs_fraction']:.0%} of the baseline){tag}")
+    if "grow" in summary:
+        g = summary["grow"]
+        for lv in g["levels"]:
+            print(f"  grow      level {lv['level']}  accuracy {lv['accuracy']:.4f}  params {lv['params']:,}  MACs "
+                  f"{lv['macs']:,}  {lv['memory_mb']:.3f} MB  latency {lv['latency_ms']['1']:.2f} ms (batch 1){tag}")
+        m = g["memory"]
+        print(f"  grow      multi-capacity {m['multi_capacity_mb']:.3f} MB vs {m['independent_mb']:.3f} MB for "
+              f"{len(g['levels'])} independent models ({m['ratio_to_largest']:.3f}x the largest level)")
+    if "exits" in summary:
+        e = summary["exits"]
+        print(f"  exits     {len(e['layers'])} exits at {e['positions']} of the MACs; test accuracy per exit "
+              f"{e['accuracy']}{tag}")
+        if "within_1pt" in e:
+            w = e["within_1pt"]
+            print(f"  exits     within 1 pt (threshold {w['threshold']} chosen on validation): accuracy "
+                  f"{w['accuracy']:.4f} at {w['macs_fraction']:.2f} of the backbone's MACs{tag}")
+        else:
+            print(f"  exits     no threshold keeps the {e['fallback']} policy within 1 pt of the final exit on validation")
+        ll = e["lossless"]
+        print(f"  exits     lossless thresholds: accuracy {ll['accuracy']:.4f} at {ll['macs_fraction']:.2f} of the "
+              f"backbone's MACs (backbone alone {e['backbone']['accuracy']:.4f}){tag}")
     if "quantization" in summary:
         for split, q in summary["quantization"]["splits"].items():
             print(f"  profile   {split:<18} lowest bits within 1 pt: {q['bits']}  ratio {q['compression_ratio']}x{tag}")
+        if "precision" in summary["quantization"]:
+            pr = summary["quantization"]["precision"]
+            counts = ", ".join(f"{n} {p}" for p, n in pr["counts"].items() if n)
+            print(f"  precision layers {counts} within {pr['budget_points']:g} pt: measured drop {pr['drop_points']:.2f} pt, "
+                  f"{pr['speedup']}x faster than float32 at batch {pr['batch_size']}{tag}")
     return summary
 
 

@@ -10,6 +10,8 @@ Each callback lives next to the algorithm it drives (``nestflex.pruning``, ``nes
 
 from __future__ import annotations
 
+from nestflex.capacity.callback import FreezeAndGrow
+from nestflex.exits.callback import OverthinkingSchedule
 from nestflex.pruning import FilterPruning
 
-__all__: list[str] = ["FilterPruning"]
+__all__: list[str] = ["FilterPruning", "FreezeAndGrow", "OverthinkingSchedule"]

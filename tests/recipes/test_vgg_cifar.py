@@ -15,7 +15,8 @@ def _recipe():
 
 
 TINY = ["--data", "synthetic", "--synthetic-train-size", "600", "--synthetic-test-size", "200", "--val-size", "100",
-        "--model", "vgg11", "--width", "0.125", "--batch-size", "64", "--accelerator", "cpu"]
+        "--model", "vgg11", "--width", "0.125", "--batch-size", "64", "--accelerator", "cpu",
+        "--precision-calibration", "32", "--prune-max-steps", "2", "--prune-triplets", "60"]
 
 
 def test_baseline_stage_writes_summary_and_reuses_it(tmp_path, capsys):
@@ -30,11 +31,16 @@ def test_baseline_stage_writes_summary_and_reuses_it(tmp_path, capsys):
     assert 0 <= base["accuracy"] <= 1 and base["params"] > 0 and base["macs"] > 0
     assert (out / base["checkpoint"]).exists() and (out / "baseline_curves.png").exists()
     assert (out / "logs" / "baseline" / "metrics.csv").exists()
+    prec = on_disk["quantization"]["precision"]
+    assert prec["drop_points"] <= prec["budget_points"] == 1.0 and prec["batch_size"] == 64
+    assert sum(prec["counts"].values()) == 10 and prec["samples"] == 100 - 32  # vgg11: 8 convs + 2 linears
+    assert prec["speedup"] > 0 and (out / prec["profile"]).exists() and (out / "layer_precision.png").exists()
 
     capsys.readouterr()
     again = recipe.main([*TINY, "--epochs", "1", "--out", str(out)])
-    assert "baseline: reusing" in capsys.readouterr().out
-    assert again["baseline"] == base
+    printed = capsys.readouterr().out
+    assert "baseline: reusing" in printed and "reusing " + str(out / "profile" / "layer_precision.json") in printed
+    assert again["baseline"] == base and again["quantization"]["precision"] == prec
 
 
 def test_interrupted_training_resumes_from_last_checkpoint(tmp_path, capsys, monkeypatch):
@@ -49,12 +55,12 @@ def test_interrupted_training_resumes_from_last_checkpoint(tmp_path, capsys, mon
 
     monkeypatch.setattr(ImageClassifier, "on_train_epoch_start", crash, raising=False)
     with pytest.raises(RuntimeError, match="simulated kill"):
-        recipe.main([*TINY, "--epochs", "2", "--out", str(out)])
+        recipe.main([*TINY, "--epochs", "2", "--out", str(out), "--stages", "baseline"])
     assert (out / "baseline" / "last.ckpt").exists() and not (out / "baseline" / "model.ckpt").exists()
     monkeypatch.undo()
 
     capsys.readouterr()
-    summary = recipe.main([*TINY, "--epochs", "2", "--out", str(out)])
+    summary = recipe.main([*TINY, "--epochs", "2", "--out", str(out), "--stages", "baseline"])
     assert "baseline: resuming from" in capsys.readouterr().out
     assert summary["baseline"]["epochs"] == 2 and (out / "baseline" / "model.ckpt").exists()
     # the epoch logged before the kill survives next to the resumed run's log
@@ -71,6 +77,9 @@ def test_bad_flags_are_explained(tmp_path, capsys):
     with pytest.raises(SystemExit):
         recipe.main(["--data", "imagenet"])
     assert "invalid choice: 'imagenet'" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        recipe.main(["--precision-budget", "-0.5", "--out", str(tmp_path)])
+    assert "--precision-budget must be >= 0 accuracy points, got -0.5" in capsys.readouterr().err
 
 
 def test_cifar10_without_files_names_the_path(tmp_path):
@@ -79,3 +88,68 @@ def test_cifar10_without_files_names_the_path(tmp_path):
     recipe = _recipe()
     with pytest.raises(DataError, match=str(tmp_path / "nowhere")):
         recipe.main(["--data", "cifar10", "--data-dir", str(tmp_path / "nowhere"), "--out", str(tmp_path / "o")])
+
+
+def test_prune_stage_writes_roadmap_and_seed_and_reuses_them(tmp_path, capsys):
+    recipe = _recipe()
+    out = tmp_path / "run"
+    args = [*TINY, "--epochs", "2", "--out", str(out), "--stages", "baseline,prune", "--prune-max-drop", "50"]
+    summary = recipe.main(args)
+    pr = summary["pruning"]
+    assert pr["criterion"] == "trr" and pr["roadmap"] == "prune/roadmap.json" and (out / pr["roadmap"]).exists()
+    road = json.loads((out / pr["roadmap"]).read_text())
+    assert road["schema_version"] == 1 and road["seed"] == pr["steps"] == 2 and pr["status"] == "max_steps"
+    assert pr["macs"] == road["footprints"][-1]["macs"] < summary["baseline"]["macs"]
+    assert pr["params"] < summary["baseline"]["params"] and 0 <= pr["accuracy"] <= 1
+    assert (out / "prune" / "seed.ckpt").exists() and (out / "prune_roadmap.png").exists()
+    capsys.readouterr()
+    again = recipe.main(args)
+    assert "prune: reusing" in capsys.readouterr().out and again["pruning"] == pr
+
+
+def test_grow_stage_builds_nested_levels_and_reuses_them(tmp_path, capsys):
+    recipe = _recipe()
+    out = tmp_path / "run"
+    args = [*TINY, "--epochs", "1", "--out", str(out), "--stages", "baseline,prune,grow", "--prune-max-drop", "50",
+            "--grow-levels", "3", "--grow-latency-repeats", "1"]
+    summary = recipe.main(args)
+    g = summary["grow"]
+    assert [lv["level"] for lv in summary["levels"]] == [0, 1, 2] and summary["levels"] == g["levels"]
+    road = json.loads((out / "prune" / "roadmap.json").read_text())
+    assert g["steps"] == [2, 1, 0] and [lv["macs"] for lv in g["levels"]] == [f["macs"] for f in road["footprints"][::-1]]
+    assert all(0 <= lv["accuracy"] <= 1 and set(lv["latency_ms"]) == {"1", "64"} for lv in g["levels"])
+    m = summary["memory"]
+    assert g["levels"][-1]["memory_mb"] < m["multi_capacity_mb"] <= 1.05 * g["levels"][-1]["memory_mb"] < m["independent_mb"]
+    assert (out / "grow" / "model.ckpt").exists() and (out / "grow" / "capacity.json").exists()
+    capsys.readouterr()
+    again = recipe.main([*args[:args.index("--stages")], "--stages", "grow", *args[args.index("--stages") + 2:]])
+    assert "grow: reusing" in capsys.readouterr().out and again["grow"] == g
+
+
+def test_exits_stage_trains_calibrates_and_reuses(tmp_path, capsys):
+    recipe = _recipe()
+    out = tmp_path / "run"
+    flags = [*TINY, "--epochs", "1", "--exit-epochs", "1", "--exit-positions", "0.3,0.6", "--out", str(out)]
+    summary = recipe.main([*flags, "--stages", "baseline,exits"])
+    ex = json.loads((out / "summary.json").read_text())["exits"]
+    assert ex["mode"] == "exits_only" and ex["head"] == "sdn" and ex["epochs"] == 1
+    assert ex["layers"] == ["features.relu3", "features.relu5"] and len(ex["positions"]) == 2
+    assert len(ex["accuracy"]) == 3 and all(0 <= a <= 1 for a in ex["accuracy"])
+    # exits_only: the final exit is the frozen baseline
+    assert ex["accuracy"][-1] == ex["backbone"]["accuracy"] == summary["baseline"]["accuracy"]
+    assert [r["threshold"] for r in ex["sweep"]][0] == 0.0 and ex["sweep"][-1]["macs_fraction"] > 1.0
+    assert ex["sweep"][0]["macs_fraction"] == ex["macs_fraction"][0] < 0.5
+    calibration = json.loads((out / ex["calibration"]).read_text())
+    assert calibration["split"] == "validation" and calibration["samples"] == 100
+    assert json.loads((out / ex["test_profile"]).read_text())["samples"] == 200
+    assert ex["lossless"]["thresholds"] == calibration["lossless"]["thresholds"]
+    assert (out / ex["checkpoint"]).exists() and (out / "exits_tradeoff.png").exists()
+    assert (out / "logs" / "exits" / "metrics.csv").exists()
+
+    capsys.readouterr()
+    again = recipe.main([*flags, "--stages", "exits", "--exit-confidence", "entropy"])
+    assert "exits: reusing" in capsys.readouterr().out  # a new confidence re-calibrates, no retraining
+    assert again["exits"]["confidence"] == "entropy" and again["exits"]["accuracy"] == ex["accuracy"]
+    with pytest.raises(SystemExit):
+        recipe.main([*flags, "--exit-epochs", "0"])
+    assert "--exit-epochs must be >= 1, got 0" in capsys.readouterr().err

@@ -1,0 +1,397 @@
+"""Calibration and profile of a multi-exit network on a held-out split.
+
+Every exit's logits are computed once (:func:`collect_logits`); everything else is arithmetic on
+them with the same policy the runtime runs (:func:`nestflex.deploy.exits.decide`):
+
+* per exit: accuracy of its own prediction on every sample, its MACs per sample;
+* per threshold of the sweep (one threshold at every early exit, SPINN's ``thr_conf``): accuracy,
+  mean MACs per sample (absolute and as a fraction of the backbone alone), and per exit the exit
+  rate and the accuracy of the samples that stopped there;
+* **lossless thresholds** (FlexDNN): per early exit, the lowest threshold at which the samples
+  that exit there are answered at least as accurately as the final exit would answer them. They
+  are fitted and evaluated for the policy whose remaining samples are answered by the final exit
+  (``fallback="final"``, FlexDNN's): only then is "no loss vs the final exit" reachable. With
+  SPINN's most-confident fallback an over-confident early exit can lose accuracy even at
+  threshold 1, which the sweep (run with the policy's own fallback) shows.
+  Chosen exit by exit (later exits see only the samples earlier ones did not take), and by
+  ``folds``-fold cross-validation: thresholds are fitted on the other folds and scored on the
+  held-out one; the reported thresholds are the per-exit maximum over the folds' fits (the most
+  conservative value that was lossless on every fit);
+* the **overthinking rate** (SDN): samples some early exit gets right but the final exit gets
+  wrong.
+
+:func:`calibrate` does all of it and returns a JSON-ready dict (schema: docs/exits.md).
+
+Example:
+    >>> import torch
+    >>> g = torch.Generator().manual_seed(0)
+    >>> labels = torch.randint(0, 10, (200,), generator=g)
+    >>> logits = torch.randn(3, 200, 10, generator=g) + 3 * torch.nn.functional.one_hot(labels, 10)
+    >>> report = exit_profile(logits, labels, exit_macs=[10, 30, 100], backbone_macs=100)
+    >>> report["sweep"][0]["threshold"], report["sweep"][0]["exit_rate"]  # everybody exits first
+    (0.0, [1.0, 0.0, 0.0])
+    >>> report["sweep"][-1]["threshold"], report["sweep"][-1]["mean_macs_fraction"]  # nobody does
+    (1.0, 1.0)
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, Sequence
+
+import torch
+
+from nestflex.deploy.exits import ConfidenceFn, ExitError, check_thresholds, decide, get_confidence
+
+__all__ = [
+    "SCHEMA_VERSION",
+    "DEFAULT_THRESHOLDS",
+    "collect_logits",
+    "evaluate_thresholds",
+    "fit_lossless_thresholds",
+    "lossless_thresholds",
+    "exit_profile",
+    "calibrate",
+]
+
+SCHEMA_VERSION = 1
+#: The sweep: one threshold at every early exit, 0 to 0.95 in steps of 0.05, then a fine tail
+#: because confidences bunch up near 1.
+_TAIL = (0.97, 0.98, 0.99, 0.995, 0.999, 1.0)
+DEFAULT_THRESHOLDS: tuple[float, ...] = tuple(round(0.05 * i, 2) for i in range(20)) + _TAIL
+#: Candidates for the lossless thresholds.
+_GRID = torch.cat(
+    [
+        torch.linspace(0, 1, 201, dtype=torch.float64),
+        torch.tensor([0.999, 0.9995, 0.9999], dtype=torch.float64),
+    ]
+)
+LOSSLESS_GRID: tuple[float, ...] = tuple(sorted(set(round(float(v), 6) for v in _GRID)))
+
+
+@torch.no_grad()
+def collect_logits(
+    model: torch.nn.Module, batches: Iterable, max_samples: int | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every exit's logits on up to ``max_samples`` samples, in eval mode (restored afterwards).
+
+    Args:
+        model: returns a list of per-exit logits (a :class:`~nestflex.exits.MultiExitNetwork`).
+        batches: iterable of ``(images, labels, ...)``.
+        max_samples: stop after this many samples (``None``: all).
+
+    Returns:
+        ``(logits (K, N, C), labels (N,))`` on the CPU.
+
+    Raises:
+        ExitError: ``batches`` yields nothing, or ``max_samples`` < 1.
+    """
+    if max_samples is not None and (not isinstance(max_samples, int) or max_samples < 1):
+        raise ExitError(f"`max_samples` must be a positive int or None, got {max_samples!r}")
+    was_training = model.training
+    model.eval()
+    device = next((p.device for p in model.parameters()), torch.device("cpu"))
+    outs, ys, n = [], [], 0
+    try:
+        for batch in batches:
+            x, y = batch[0], batch[1]
+            outs.append(torch.stack([z.float().cpu() for z in model(x.to(device))]))
+            ys.append(y.cpu())
+            n += x.shape[0]
+            if max_samples is not None and n >= max_samples:
+                break
+    finally:
+        model.train(was_training)
+    if not outs:
+        raise ExitError("`batches` yielded no data. HINT: pass a validation DataLoader after `setup()`")
+    logits, labels = torch.cat(outs, dim=1), torch.cat(ys)
+    if max_samples is not None:
+        logits, labels = logits[:, :max_samples], labels[:max_samples]
+    return logits, labels
+
+
+def _confidences(logits: torch.Tensor, confidence: str | ConfidenceFn) -> torch.Tensor:
+    fn = get_confidence(confidence)
+    return torch.stack([fn(z) for z in logits])
+
+
+def _check_inputs(logits: torch.Tensor, labels: torch.Tensor, exit_macs: Sequence[float] | None) -> None:
+    if logits.ndim != 3 or labels.ndim != 1 or logits.shape[1] != labels.shape[0] or labels.numel() == 0:
+        raise ExitError(
+            f"expected logits (K, N, C) and labels (N,) with N >= 1, got {tuple(logits.shape)} and {tuple(labels.shape)}"
+        )
+    if exit_macs is not None and len(exit_macs) != logits.shape[0]:
+        raise ExitError(f"`exit_macs` needs one value per exit ({logits.shape[0]}), got {len(exit_macs)}")
+
+
+def _evaluate(conf, correct, thresholds, exit_macs, backbone_macs, fallback) -> dict[str, Any]:
+    exit_index, answer_index = decide(conf, thresholds, fallback)
+    cols = torch.arange(conf.shape[1])
+    right = correct[answer_index, cols]
+    k_exits = conf.shape[0]
+    counts = torch.bincount(exit_index, minlength=k_exits)
+    right_per = torch.bincount(exit_index, weights=right.double(), minlength=k_exits)
+    macs = torch.as_tensor(list(exit_macs), dtype=torch.float64)[exit_index].mean().item()
+    return {
+        "accuracy": right.double().mean().item(),
+        "mean_macs": macs,
+        "mean_macs_fraction": macs / backbone_macs,
+        "exit_rate": (counts.double() / conf.shape[1]).tolist(),
+        "exit_accuracy": [(r / c).item() if c else None for r, c in zip(right_per, counts)],
+    }
+
+
+def evaluate_thresholds(
+    logits: torch.Tensor,
+    labels: torch.Tensor,
+    thresholds: float | Sequence[float],
+    exit_macs: Sequence[float],
+    backbone_macs: float,
+    confidence: str | ConfidenceFn = "max_prob",
+    fallback: str = "most_confident",
+) -> dict[str, Any]:
+    """Accuracy, mean MACs and per-exit rates of the exit policy at the given thresholds.
+
+    Returns:
+        ``{"accuracy", "mean_macs", "mean_macs_fraction", "exit_rate": [K], "exit_accuracy": [K]}``;
+        ``exit_accuracy[k]`` is ``None`` when no sample stopped at exit ``k``.
+    """
+    _check_inputs(logits, labels, exit_macs)
+    conf = _confidences(logits, confidence)
+    correct = logits.argmax(-1) == labels[None]
+    return _evaluate(conf, correct, thresholds, exit_macs, backbone_macs, fallback)
+
+
+def fit_lossless_thresholds(
+    conf: torch.Tensor, correct: torch.Tensor, grid: Sequence[float] = LOSSLESS_GRID
+) -> list[float]:
+    """Lowest lossless threshold per early exit on one set of samples.
+
+    Exit ``k``'s threshold is the lowest ``t`` in ``grid`` such that, for ``t`` and every larger
+    grid value, the samples still running at exit ``k`` whose confidence exceeds the value are
+    answered correctly by exit ``k`` at least as often as by the final exit.
+
+    Args:
+        conf: ``(K, N)`` confidences, final exit last.
+        correct: ``(K, N)`` bool, whether each exit's prediction is right.
+        grid: candidate thresholds in [0, 1].
+    """
+    grid_t = torch.tensor(sorted(set(float(g) for g in grid) | {1.0}), dtype=conf.dtype)
+    check_thresholds(grid_t.tolist(), len(grid_t))
+    remaining = torch.ones(conf.shape[1], dtype=torch.bool)
+    final_right = correct[-1].long()
+    thresholds = []
+    for k in range(conf.shape[0] - 1):
+        sel = remaining[None] & (conf[k][None] > grid_t[:, None])  # (G, N)
+        gain = (sel.long() * (correct[k].long() - final_right)[None]).sum(dim=1)  # exit k right - final right
+        ok = gain >= 0
+        # lowest t such that every t' >= t is lossless: scan the suffix
+        suffix_ok = torch.flip(torch.cummin(torch.flip(ok.long(), [0]), 0).values, [0]).bool()
+        t = round(float(grid_t[suffix_ok.nonzero()[0, 0]]), 6)  # the float32 value, printable
+        thresholds.append(t)
+        remaining &= ~(conf[k] > t)
+    return thresholds
+
+
+def lossless_thresholds(
+    logits: torch.Tensor,
+    labels: torch.Tensor,
+    exit_macs: Sequence[float],
+    backbone_macs: float,
+    confidence: str | ConfidenceFn = "max_prob",
+    folds: int = 5,
+    seed: int = 0,
+    grid: Sequence[float] = LOSSLESS_GRID,
+) -> dict[str, Any]:
+    """Per-exit lossless thresholds by ``folds``-fold cross-validation (see the module docstring).
+
+    Everything here runs the policy with ``fallback="final"``: samples that pass no threshold are
+    answered by the final exit.
+
+    Returns:
+        ``{"thresholds", "fallback", "folds", "seed", "grid_size", "cv": [per fold],
+        "cv_accuracy_delta_mean", "accuracy", "final_accuracy", "mean_macs_fraction",
+        "exit_rate"}``; the last four measure the chosen thresholds on all the samples given.
+
+    Raises:
+        ExitError: ``folds`` < 2 or more folds than samples.
+    """
+    _check_inputs(logits, labels, exit_macs)
+    n = labels.shape[0]
+    if isinstance(folds, bool) or not isinstance(folds, int) or not 2 <= folds <= n:
+        raise ExitError(f"`folds` must be an int in [2, {n}] (the number of samples), got {folds!r}")
+    conf = _confidences(logits, confidence)
+    correct = logits.argmax(-1) == labels[None]
+    perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
+    parts = torch.tensor_split(perm, folds)
+    cv, fits = [], []
+    for f, held in enumerate(parts):
+        fit_idx = torch.cat([p for i, p in enumerate(parts) if i != f])
+        thr = fit_lossless_thresholds(conf[:, fit_idx], correct[:, fit_idx], grid)
+        fits.append(thr)
+        row = _evaluate(conf[:, held], correct[:, held], thr, exit_macs, backbone_macs, "final")
+        final = correct[-1, held].double().mean().item()
+        cv.append(
+            {
+                "fold": f,
+                "samples": int(held.numel()),
+                "thresholds": thr,
+                "accuracy": row["accuracy"],
+                "final_accuracy": final,
+                "mean_macs_fraction": row["mean_macs_fraction"],
+            }
+        )
+    chosen = [max(col) for col in zip(*fits)] if fits and fits[0] else []
+    overall = _evaluate(conf, correct, chosen, exit_macs, backbone_macs, "final")
+    return {
+        "thresholds": chosen,
+        "fallback": "final",
+        "folds": folds,
+        "seed": seed,
+        "grid_size": len(grid),
+        "cv": cv,
+        "cv_accuracy_delta_mean": sum(r["accuracy"] - r["final_accuracy"] for r in cv) / len(cv),
+        "accuracy": overall["accuracy"],
+        "final_accuracy": correct[-1].double().mean().item(),
+        "mean_macs_fraction": overall["mean_macs_fraction"],
+        "exit_rate": overall["exit_rate"],
+    }
+
+
+def exit_profile(
+    logits: torch.Tensor,
+    labels: torch.Tensor,
+    exit_macs: Sequence[float],
+    backbone_macs: float,
+    exit_names: Sequence[str] | None = None,
+    positions: Sequence[float] | None = None,
+    thresholds: Sequence[float] = DEFAULT_THRESHOLDS,
+    confidence: str | ConfidenceFn = "max_prob",
+    fallback: str = "most_confident",
+    at_thresholds: Sequence[float] | None = None,
+    at_fallback: str = "final",
+) -> dict[str, Any]:
+    """Per-exit accuracy, the threshold sweep and the overthinking rate (no fitting).
+
+    Args:
+        logits, labels: from :func:`collect_logits`.
+        exit_macs: MACs per sample of stopping at each exit (``MultiExitNetwork.exit_macs``).
+        backbone_macs: MACs per sample of the backbone alone (the reference for fractions).
+        exit_names, positions: names and tap MACs fractions of the early exits, for the report.
+        thresholds: the sweep; each value is used at every early exit.
+        confidence, fallback: the policy (:mod:`nestflex.deploy.exits`).
+        at_thresholds: also evaluate these per-exit thresholds (e.g. lossless ones fitted on the
+            validation split, applied to the test split); reported under ``"at_thresholds"``.
+        at_fallback: the fallback for ``at_thresholds`` (``final``, as lossless thresholds assume).
+
+    Raises:
+        ExitError: shapes that do not match, a threshold outside [0, 1], unknown confidence.
+    """
+    _check_inputs(logits, labels, exit_macs)
+    k_exits = logits.shape[0]
+    sweep_values = check_thresholds(list(thresholds), len(thresholds))
+    conf = _confidences(logits, confidence)
+    correct = logits.argmax(-1) == labels[None]
+    names = (
+        list(exit_names) if exit_names is not None else [f"exit{k}" for k in range(k_exits - 1)] + ["final"]
+    )
+    pos = list(positions) if positions is not None else [None] * (k_exits - 1)
+    if len(names) != k_exits or len(pos) != k_exits - 1:
+        raise ExitError(
+            f"`exit_names` needs {k_exits} entries and `positions` {k_exits - 1}, got {len(names)} and {len(pos)}"
+        )
+    exits = []
+    for k in range(k_exits):
+        exits.append(
+            {
+                "index": k,
+                "name": names[k],
+                "position": pos[k] if k < k_exits - 1 else 1.0,
+                "macs": int(exit_macs[k]),
+                "macs_fraction": exit_macs[k] / backbone_macs,
+                "accuracy": correct[k].double().mean().item(),
+            }
+        )
+    early_right = correct[:-1].any(dim=0) if k_exits > 1 else torch.zeros_like(correct[-1])
+    report: dict[str, Any] = {
+        "schema_version": SCHEMA_VERSION,
+        "samples": int(labels.shape[0]),
+        "num_classes": int(logits.shape[-1]),
+        "confidence": confidence
+        if isinstance(confidence, str)
+        else getattr(confidence, "__name__", "custom"),
+        "fallback": fallback,
+        "backbone_macs": int(backbone_macs),
+        "exits": exits,
+        "final_accuracy": correct[-1].double().mean().item(),
+        "oracle_accuracy": correct.any(dim=0).double().mean().item(),
+        "overthinking_rate": (early_right & ~correct[-1]).double().mean().item(),
+        "sweep": [
+            {"threshold": t, **_evaluate(conf, correct, t, exit_macs, backbone_macs, fallback)}
+            for t in sweep_values
+        ],
+    }
+    if at_thresholds is not None:
+        thr = check_thresholds(list(at_thresholds), k_exits - 1)
+        report["at_thresholds"] = {
+            "thresholds": thr,
+            "fallback": at_fallback,
+            **_evaluate(conf, correct, thr, exit_macs, backbone_macs, at_fallback),
+        }
+    return report
+
+
+def calibrate(
+    model: torch.nn.Module,
+    batches: Iterable,
+    thresholds: Sequence[float] = DEFAULT_THRESHOLDS,
+    confidence: str | ConfidenceFn = "max_prob",
+    fallback: str = "most_confident",
+    folds: int = 5,
+    max_samples: int | None = None,
+    seed: int = 0,
+) -> dict[str, Any]:
+    """Calibrate a :class:`~nestflex.exits.MultiExitNetwork` on a validation split.
+
+    Args:
+        model: the multi-exit network (its ``exit_macs``, ``backbone_macs``, ``exit_names`` and
+            ``positions`` label the report).
+        batches: validation batches ``(images, labels, ...)``; never the test split.
+        thresholds: the sweep (one value at every early exit).
+        confidence, fallback: the policy of the sweep.
+        folds: cross-validation folds for the lossless thresholds (always ``fallback="final"``).
+        max_samples: use at most this many samples.
+        seed: seed of the fold assignment.
+
+    Returns:
+        :func:`exit_profile`'s report plus ``"lossless"`` (:func:`lossless_thresholds`).
+
+    Example:
+        >>> from nestflex.exits import MultiExitNetwork
+        >>> from nestflex.models import create_model
+        >>> net = MultiExitNetwork(create_model("resnet20", width=0.25), positions=(0.3, 0.6))
+        >>> data = [(torch.randn(16, 3, 32, 32), torch.randint(0, 10, (16,)))]
+        >>> report = calibrate(net, data, folds=2)
+        >>> len(report["lossless"]["thresholds"]), report["samples"]
+        (2, 16)
+    """
+    for arg in ("exit_macs", "backbone_macs", "exit_names", "positions"):
+        if not hasattr(model, arg):
+            raise ExitError(
+                f"`model` must be a MultiExitNetwork (it has no `{arg}`), got {type(model).__name__}"
+            )
+    logits, labels = collect_logits(model, batches, max_samples)
+    report = exit_profile(
+        logits,
+        labels,
+        model.exit_macs,
+        model.backbone_macs,
+        model.exit_names,
+        model.positions,
+        thresholds,
+        confidence,
+        fallback,
+    )
+    report["lossless"] = lossless_thresholds(
+        logits, labels, model.exit_macs, model.backbone_macs, confidence, folds=folds, seed=seed
+    )
+    return report

@@ -1,0 +1,170 @@
+"""``MultiExitClassifier``: the LightningModule that trains a :class:`MultiExitNetwork`.
+
+Two modes:
+
+* ``joint`` (SPINN, SDN "SDN training"): backbone and heads trained together from scratch (or
+  from the backbone's current weights) with ``L = sum_i tau_i L_i``.
+* ``exits_only`` (SDN "IC-only"): the backbone is frozen (no gradients, and kept in eval mode so
+  its BatchNorm statistics do not move) and only the heads learn.
+
+The loss weights live in ``loss_weights`` (one per exit, final last; all 1 until something sets
+them); the :class:`~nestflex.exits.OverthinkingSchedule` callback sets them every step.
+Optimiser and learning-rate schedule are the baseline's (:class:`nestflex.training.ImageClassifier`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Sequence
+
+import pytorch_lightning as pl
+import torch
+from torch import nn
+from torchmetrics.classification import MulticlassAccuracy
+
+from nestflex.deploy.exits import ExitError
+from nestflex.exits.loss import multi_exit_loss
+from nestflex.exits.model import MultiExitNetwork
+from nestflex.exits.placement import DEFAULT_POSITIONS, Position
+from nestflex.models import create_model
+from nestflex.training import ImageClassifier
+
+__all__ = ["MODES", "MultiExitClassifier"]
+
+MODES: tuple[str, ...] = ("joint", "exits_only")
+
+
+class MultiExitClassifier(pl.LightningModule):
+    """Multi-exit training of a registry model (or a given backbone) with per-exit metrics.
+
+    Args:
+        model_name: backbone from :func:`nestflex.models.list_models` (or ``timm:<name>``); used
+            to rebuild the network from a checkpoint.
+        num_classes: classifier outputs.
+        width: channel multiplier of the backbone.
+        positions: exit positions (MACs fractions in (0, 1) and/or split point names).
+        head: exit head name (:func:`~nestflex.exits.heads.list_heads`); register custom heads by
+            name so checkpoints can rebuild them.
+        head_kwargs: extra head arguments.
+        mode: ``joint`` or ``exits_only``.
+        lr, momentum, weight_decay, max_epochs: as :class:`~nestflex.training.ImageClassifier`.
+        backbone: start from this module (e.g. a trained baseline) instead of a fresh
+            ``model_name``; it is used as is, not copied. Not saved in hyperparameters: loading a
+            checkpoint rebuilds ``model_name`` and then loads the weights.
+
+    Logged: ``train_loss``, ``train_loss_<exit>`` (unweighted, per exit), ``val_loss``,
+    ``val_acc`` (final exit), ``val_acc_<exit>`` per early exit, and the same for test.
+
+    Example:
+        >>> module = MultiExitClassifier("resnet20", width=0.25, positions=(0.3, 0.6), mode="exits_only")
+        >>> [tuple(z.shape) for z in module(torch.randn(2, 3, 32, 32))]
+        [(2, 10), (2, 10), (2, 10)]
+        >>> sum(p.requires_grad for p in module.model.backbone.parameters())
+        0
+    """
+
+    def __init__(
+        self,
+        model_name: str = "vgg16",
+        num_classes: int = 10,
+        width: float = 1.0,
+        positions: Sequence[Position] = DEFAULT_POSITIONS,
+        head: str = "sdn",
+        head_kwargs: Mapping[str, Any] | None = None,
+        mode: str = "joint",
+        lr: float = 0.05,
+        momentum: float = 0.9,
+        weight_decay: float = 5e-4,
+        max_epochs: int = 10,
+        backbone: nn.Module | None = None,
+    ) -> None:
+        super().__init__()
+        if mode not in MODES:
+            raise ExitError(
+                f"`mode` must be one of {', '.join(MODES)}, got {mode!r}. HINT: `exits_only` trains heads on a "
+                f"frozen pre-trained backbone, `joint` trains everything"
+            )
+        if not isinstance(head, str):
+            raise ExitError(
+                f"`head` must be a registered head name, got {type(head).__name__}. "
+                f"HINT: register it with `nestflex.exits.register_head(name)` so checkpoints can rebuild it"
+            )
+        for arg, value, ok in (
+            ("lr", lr, lr > 0),
+            ("momentum", momentum, 0 <= momentum < 1),
+            ("weight_decay", weight_decay, weight_decay >= 0),
+            ("max_epochs", max_epochs, isinstance(max_epochs, int) and max_epochs >= 1),
+        ):
+            if not ok:
+                raise ExitError(f"`{arg}` is out of range, got {value!r}")
+        self.save_hyperparameters(ignore=["backbone"])
+        if backbone is None:
+            backbone = create_model(model_name, num_classes=num_classes, width=width)
+        self.model = MultiExitNetwork(backbone, positions=positions, head=head, head_kwargs=head_kwargs)
+        if self.model.num_classes != num_classes:
+            raise ExitError(
+                f"`num_classes`={num_classes} but the backbone returns {self.model.num_classes} logits"
+            )
+        if mode == "exits_only":
+            self.model.backbone.requires_grad_(False)
+            self.model.backbone.eval()
+        self.loss_weights: list[float] = [1.0] * self.model.num_exits
+        self.val_acc = nn.ModuleList(
+            MulticlassAccuracy(num_classes, average="micro") for _ in range(self.model.num_exits)
+        )
+        self.test_acc = nn.ModuleList(
+            MulticlassAccuracy(num_classes, average="micro") for _ in range(self.model.num_exits)
+        )
+
+    @property
+    def exit_positions(self) -> list[float]:
+        """``C_i`` of each early exit: its tap's fraction of the backbone MACs."""
+        return list(self.model.positions)
+
+    @property
+    def exit_names(self) -> list[str]:
+        return list(self.model.exit_names)
+
+    def train(self, mode: bool = True) -> "MultiExitClassifier":
+        super().train(mode)
+        if self.hparams.mode == "exits_only":
+            self.model.backbone.eval()  # frozen BatchNorm statistics: the backbone is not trained
+        return self
+
+    def forward(self, x: torch.Tensor) -> list[torch.Tensor]:
+        return self.model(x)
+
+    def training_step(self, batch, batch_idx: int) -> torch.Tensor:
+        x, y = batch[0], batch[1]
+        loss, per_exit = multi_exit_loss(self.model(x), y, self.loss_weights)
+        self.log("train_loss", loss, prog_bar=True)
+        for name, value in zip(self.exit_names, per_exit):
+            self.log(f"train_loss_{name}", value, on_step=False, on_epoch=True, sync_dist=True)
+        return loss
+
+    def _eval_step(self, batch, metrics: nn.ModuleList, stage: str) -> None:
+        x, y = batch[0], batch[1]
+        logits = self.model(x)
+        loss, _ = multi_exit_loss(logits, y, self.loss_weights)
+        self.log(f"{stage}_loss", loss, prog_bar=True, sync_dist=True)
+        for k, (name, metric, z) in enumerate(zip(self.exit_names, metrics, logits)):
+            metric(z, y)
+            final = k == len(logits) - 1
+            self.log(
+                f"{stage}_acc" if final else f"{stage}_acc_{name}",
+                metric,
+                on_step=False,
+                on_epoch=True,
+                prog_bar=final,
+            )
+
+    def validation_step(self, batch, batch_idx: int) -> None:
+        self._eval_step(batch, self.val_acc, "val")
+
+    def test_step(self, batch, batch_idx: int) -> None:
+        self._eval_step(batch, self.test_acc, "test")
+
+    def configure_optimizers(self) -> dict[str, Any]:
+        # one optimiser definition for every nestflex stage: the baseline's (SGD + Nesterov,
+        # one-cycle cosine, no decay on BN/bias); frozen parameters never get a gradient, so SGD
+        # skips them
+        return ImageClassifier.configure_optimizers(self)

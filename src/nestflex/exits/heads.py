@@ -1,0 +1,152 @@
+"""Exit heads (internal classifiers) and their registry.
+
+A head factory is called as ``factory(in_shape, num_classes, **kwargs)`` with the per-sample
+shape ``(C, H, W)`` of the tapped feature map and returns an ``nn.Module`` mapping
+``(N, C, H, W)`` features to ``(N, num_classes)`` logits.
+
+Built in:
+
+* ``sdn`` (Shallow-Deep Networks, Kaya et al. 2019): the feature map is reduced to at most 4x4
+  by a learned mix of max and average pooling, ``a * maxpool + (1 - a) * avgpool`` with one
+  learnable scalar ``a`` (SDN initialises it at random; we start at 0.5 so runs are
+  reproducible without a seed), then flattened into one linear layer. Cheap: a few thousand MACs.
+* ``msdnet`` (MSDNet's classifier, which SPINN uses at every exit): two 3x3 stride-2 conv + BN +
+  ReLU blocks, global average pooling, linear. MSDNet uses 128 channels; here ``channels``
+  defaults to the tapped map's own channel count so a head never costs more than the narrow
+  backbones nestflex trains on CPU (pass ``channels=128`` for MSDNet's).
+
+Register your own with :func:`register_head`, or pass a factory callable wherever a head name is
+accepted.
+
+Example:
+    >>> import torch
+    >>> head = create_head("sdn", (16, 32, 32), num_classes=10)
+    >>> head(torch.randn(2, 16, 32, 32)).shape
+    torch.Size([2, 10])
+"""
+
+from __future__ import annotations
+
+import difflib
+from typing import Any, Callable, Union
+
+import torch
+from torch import nn
+
+from nestflex.deploy.exits import ExitError
+
+__all__ = ["HeadFactory", "register_head", "list_heads", "get_head", "create_head", "SDNHead", "MSDNetHead"]
+
+HeadFactory = Callable[..., nn.Module]
+_HEADS: dict[str, HeadFactory] = {}
+
+
+def register_head(name: str) -> Callable[[HeadFactory], HeadFactory]:
+    """Decorator that registers ``factory(in_shape, num_classes, **kwargs) -> nn.Module``.
+
+    Raises:
+        ExitError: ``name`` is already registered.
+    """
+
+    def wrap(factory: HeadFactory) -> HeadFactory:
+        if name in _HEADS:
+            raise ExitError(f"exit head `{name}` is already registered")
+        _HEADS[name] = factory
+        return factory
+
+    return wrap
+
+
+def list_heads() -> list[str]:
+    """Names accepted by :func:`get_head`, sorted."""
+    return sorted(_HEADS)
+
+
+def get_head(name: Union[str, HeadFactory]) -> HeadFactory:
+    """A head factory by name (a callable is returned as is).
+
+    Raises:
+        ExitError: unknown name; the message lists the registered heads.
+    """
+    if callable(name):
+        return name
+    if not isinstance(name, str) or name not in _HEADS:
+        close = difflib.get_close_matches(str(name), list(_HEADS), n=1)
+        hint = f"did you mean `{close[0]}`?" if close else "register your own with `register_head(name)`"
+        raise ExitError(f"unknown exit head `{name}`; choose from: {', '.join(list_heads())}. HINT: {hint}")
+    return _HEADS[name]
+
+
+def create_head(
+    name: Union[str, HeadFactory], in_shape: tuple[int, ...], num_classes: int, **kwargs: Any
+) -> nn.Module:
+    """Build a head for a feature map of per-sample shape ``in_shape`` (``(C, H, W)``).
+
+    Raises:
+        ExitError: unknown head, or ``in_shape`` is not a ``(C, H, W)`` feature map.
+    """
+    factory = get_head(name)
+    if len(in_shape) != 3:
+        raise ExitError(
+            f"exit heads attach to (C, H, W) feature maps, got a tensor of per-sample shape {tuple(in_shape)}. "
+            f"HINT: place exits at convolutional activations, not after flattening"
+        )
+    head = factory(tuple(in_shape), num_classes, **kwargs)
+    if not isinstance(head, nn.Module):
+        raise ExitError(f"exit head factory `{name}` returned {type(head).__name__}, not an nn.Module")
+    return head
+
+
+class SDNHead(nn.Module):
+    """SDN internal classifier: mixed max/avg pooling to at most ``pool_size`` squared, then linear."""
+
+    def __init__(self, in_shape: tuple[int, int, int], num_classes: int, pool_size: int = 4) -> None:
+        super().__init__()
+        if not isinstance(pool_size, int) or pool_size < 1:
+            raise ExitError(f"`pool_size` must be a positive int, got {pool_size!r}")
+        c, h, w = in_shape
+        self.out_hw = (min(h, pool_size), min(w, pool_size))
+        self.max_pool = nn.AdaptiveMaxPool2d(self.out_hw)
+        self.avg_pool = nn.AdaptiveAvgPool2d(self.out_hw)
+        self.alpha = nn.Parameter(torch.tensor(0.5))
+        self.linear = nn.Linear(c * self.out_hw[0] * self.out_hw[1], num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        mixed = self.alpha * self.max_pool(x) + (1 - self.alpha) * self.avg_pool(x)
+        return self.linear(torch.flatten(mixed, 1))
+
+
+class MSDNetHead(nn.Module):
+    """MSDNet classifier: 2 x (3x3 stride-2 conv, BN, ReLU), global average pooling, linear."""
+
+    def __init__(self, in_shape: tuple[int, int, int], num_classes: int, channels: int | None = None) -> None:
+        super().__init__()
+        c = in_shape[0]
+        channels = c if channels is None else channels
+        if not isinstance(channels, int) or channels < 1:
+            raise ExitError(f"`channels` must be a positive int or None, got {channels!r}")
+        self.features = nn.Sequential(
+            nn.Conv2d(c, channels, 3, 2, 1, bias=False),
+            nn.BatchNorm2d(channels),
+            nn.ReLU(inplace=True),
+            nn.Conv2d(channels, channels, 3, 2, 1, bias=False),
+            nn.BatchNorm2d(channels),
+            nn.ReLU(inplace=True),
+        )
+        self.pool = nn.AdaptiveAvgPool2d(1)
+        self.linear = nn.Linear(channels, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear(torch.flatten(self.pool(self.features(x)), 1))
+
+
+@register_head("sdn")
+def sdn(in_shape: tuple[int, int, int], num_classes: int, pool_size: int = 4) -> nn.Module:
+    """SDN head (mixed max/avg pooling + linear)."""
+    return SDNHead(in_shape, num_classes, pool_size=pool_size)
+
+
+@register_head("msdnet")
+def msdnet(in_shape: tuple[int, int, int], num_classes: int, channels: int | None = None) -> nn.Module:
+    """MSDNet-style conv head (SPINN's exits)."""
+    return MSDNetHead(in_shape, num_classes, channels=channels)
