@@ -50,7 +50,7 @@ def test_joint_training_then_calibration(tmp_path, capsys):
     assert train["epochs"] == 1 and train["train_samples"] == 300 and len(train["head_macs"]) == 3
     assert (out / train["checkpoint"]).exists() and (out / "logs" / "train" / "metrics.csv").exists()
     ex = on_disk["exits"]
-    assert ex["mode"] == "joint" and ex["head"] == "msdnet" and len(ex["layers"]) == 3
+    assert ex["mode"] == "joint" and ex["head"] == "sdn" and len(ex["layers"]) == 3
     assert len(ex["accuracy"]) == 4 and ex["backbone"]["macs"] == train["backbone_macs"]
     assert ex["sweep"][0]["threshold"] == 0.0 and ex["sweep"][-1]["threshold"] == 1.0
     assert (out / ex["calibration"]).exists() and (out / "exits_tradeoff.png").exists()

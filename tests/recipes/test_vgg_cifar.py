@@ -153,3 +153,28 @@ def test_exits_stage_trains_calibrates_and_reuses(tmp_path, capsys):
     with pytest.raises(SystemExit):
         recipe.main([*flags, "--exit-epochs", "0"])
     assert "--exit-epochs must be >= 1, got 0" in capsys.readouterr().err
+
+
+def test_exits_stage_resumes_after_a_kill(tmp_path, capsys, monkeypatch):
+    recipe = _recipe()
+    from nestflex.exits import MultiExitClassifier
+
+    out = tmp_path / "run"
+    flags = [*TINY, "--epochs", "1", "--exit-epochs", "2", "--exit-positions", "0.3,0.6", "--out", str(out)]
+    recipe.main([*flags, "--stages", "baseline"])
+
+    def crash(self):
+        if self.current_epoch == 1:
+            raise RuntimeError("simulated kill")
+
+    monkeypatch.setattr(MultiExitClassifier, "on_train_epoch_start", crash, raising=False)
+    with pytest.raises(RuntimeError, match="simulated kill"):
+        recipe.main([*flags, "--stages", "exits"])
+    assert (out / "exits" / "last.ckpt").exists() and not (out / "exits" / "model.ckpt").exists()
+    monkeypatch.undo()
+
+    capsys.readouterr()
+    summary = recipe.main([*flags, "--stages", "exits"])
+    assert "exits: resuming from" in capsys.readouterr().out
+    assert summary["exits"]["epochs"] == 2 and (out / "exits" / "model.ckpt").exists()
+    assert (out / "logs" / "exits-resume1" / "metrics.csv").exists()
