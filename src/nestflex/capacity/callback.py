@@ -30,7 +30,7 @@ from nestflex.capacity.nested import extract_level, is_nested, nest_, set_level
 from nestflex.errors import CapacityError
 from nestflex.graph import trace
 from nestflex.pruning.callback import _rng_state, _set_rng_state
-from nestflex.pruning.evaluate import accuracy
+from nestflex.pruning.evaluate import accuracy, trainer_eval_loader
 from nestflex.pruning.roadmap import Roadmap
 
 __all__ = ["FreezeAndGrow", "level_of_epoch"]
@@ -221,19 +221,7 @@ class FreezeAndGrow(Callback):
             })
 
     def _eval_loader(self, trainer: pl.Trainer):
-        if self.eval_dataloader is not None:
-            return self.eval_dataloader
-        if trainer.datamodule is not None:
-            return trainer.datamodule.val_dataloader()
-        if trainer.val_dataloaders is None:
-            trainer.fit_loop.epoch_loop.val_loop.setup_data()
-        loaders = trainer.val_dataloaders
-        if loaders is None or isinstance(loaders, (list, tuple, dict)):
-            raise CapacityError(
-                "FreezeAndGrow evaluates on one validation dataloader and found "
-                f"{'none' if loaders is None else type(loaders).__name__}. HINT: pass `eval_dataloader=`"
-            )
-        return loaders
+        return trainer_eval_loader(trainer, self.eval_dataloader, "FreezeAndGrow", CapacityError)
 
 
 def plan_to_dict(plan: LevelPlan) -> dict[str, Any]:

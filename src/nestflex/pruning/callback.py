@@ -36,7 +36,7 @@ from nestflex.errors import PruningError
 from nestflex.graph import StructureGraph, trace
 from nestflex.graph.surgery import resize_like
 from nestflex.pruning._optim import prune_with_optimizers
-from nestflex.pruning.evaluate import accuracy
+from nestflex.pruning.evaluate import accuracy, trainer_eval_loader
 from nestflex.pruning.importance import Importance, get_importance
 from nestflex.pruning.roadmap import Footprint, Roadmap
 from nestflex.pruning.sensitivity import allocation_weights, sensitivity_profile
@@ -419,19 +419,7 @@ class FilterPruning(Callback):
             return accuracy(model, self._eval_loader(trainer), max_batches=max_batches, **self._dist(trainer))
 
     def _eval_loader(self, trainer: pl.Trainer):
-        if self.eval_dataloader is not None:
-            return self.eval_dataloader
-        if trainer.datamodule is not None:
-            return trainer.datamodule.val_dataloader()
-        if trainer.val_dataloaders is None:
-            trainer.fit_loop.epoch_loop.val_loop.setup_data()
-        loaders = trainer.val_dataloaders
-        if loaders is None or isinstance(loaders, (list, tuple, dict)):
-            raise PruningError(
-                "FilterPruning evaluates on one validation dataloader and found "
-                f"{'none' if loaders is None else type(loaders).__name__}. HINT: pass `eval_dataloader=`"
-            )
-        return loaders
+        return trainer_eval_loader(trainer, self.eval_dataloader, "FilterPruning", PruningError)
 
 
 def _resize_before_load(module, state_dict, prefix, *_: Any) -> None:

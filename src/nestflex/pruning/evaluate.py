@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Callable, Iterable
+from typing import Any, Callable, Iterable
 
 import torch
 from torch import nn
 
 from nestflex.errors import PruningError
 
-__all__ = ["accuracy"]
+__all__ = ["accuracy", "trainer_eval_loader"]
 
 
 def accuracy(
@@ -57,3 +57,24 @@ def accuracy(
     if counts[1] == 0:
         raise PruningError("the evaluation dataloader yielded no samples. HINT: check the validation split")
     return float(counts[0] / counts[1])
+
+
+def trainer_eval_loader(trainer: Any, explicit: Any, owner: str, error: type[Exception] = PruningError):
+    """The loader a callback evaluates on: ``explicit`` if given, else the Trainer's validation one.
+
+    Raises:
+        ``error``: there is no single validation dataloader (none, or several).
+    """
+    if explicit is not None:
+        return explicit
+    if trainer.datamodule is not None:
+        return trainer.datamodule.val_dataloader()
+    if trainer.val_dataloaders is None:
+        trainer.fit_loop.epoch_loop.val_loop.setup_data()
+    loaders = trainer.val_dataloaders
+    if loaders is None or isinstance(loaders, (list, tuple, dict)):
+        raise error(
+            f"{owner} evaluates on one validation dataloader and found "
+            f"{'none' if loaders is None else type(loaders).__name__}. HINT: pass `eval_dataloader=`"
+        )
+    return loaders
