@@ -9,14 +9,13 @@ model is trained by the recipe's own baseline stage, not by a second training lo
 from __future__ import annotations
 
 import importlib.util
-import os
-import platform
 import sys
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from nestflex._machine import machine  # noqa: F401  (the benchmarks import it from here)
 from nestflex._io import read_json
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -73,19 +72,6 @@ def validation_loader(config: dict[str, Any], data_dir: str, batch_size: int = 1
     """The validation split the recipe held out for this model (synthetic unless CIFAR-10 was used)."""
     dm, message, synthetic = recipe_datamodule(config, data_dir, batch_size)
     return dm.val_dataloader(), message, synthetic
-
-
-def machine() -> dict[str, Any]:
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return {"cpu": cpu, "cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(), "torch": torch.__version__,
-            "python": platform.python_version()}
 
 
 def _recipe():

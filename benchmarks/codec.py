@@ -27,7 +27,6 @@ Example:
 from __future__ import annotations
 
 import argparse
-import os
 import platform
 import statistics
 import sys
@@ -35,6 +34,7 @@ from pathlib import Path
 
 import torch
 
+from nestflex._machine import machine
 from nestflex._io import read_json, write_json
 from nestflex.deploy.codec import decode, encode, fake_quantize
 from _timing import median_seconds  # benchmarks/ is on sys.path when run as a script
@@ -112,25 +112,8 @@ def _machine() -> dict:
     import numcodecs
     import numpy
 
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return {
-        "cpu": cpu,
-        "cpus": os.cpu_count(),
-        "torch_threads": torch.get_num_threads(),
-        "blosc_threads": 1,
-        "torch": torch.__version__,
-        "numpy": numpy.__version__,
-        "numcodecs": numcodecs.__version__,
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-    }
+    return {**machine(), "blosc_threads": 1, "numpy": numpy.__version__, "numcodecs": numcodecs.__version__,
+            "platform": platform.platform()}
 
 
 def _plots(out: Path, splits: list[dict]) -> None:

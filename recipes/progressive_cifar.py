@@ -22,16 +22,14 @@ checkpoints; a stage reuses what an earlier run with the same configuration left
 from __future__ import annotations
 
 import argparse
-import os
-import platform
 import sys
 import time
 from pathlib import Path
 from typing import Any, Callable
 
-import torch
 
 from nestflex._io import read_json, write_json
+from nestflex._machine import machine
 from nestflex.data import resolve_data
 from nestflex.exits import list_confidences, list_heads
 from nestflex.exits.placement import parse_positions
@@ -115,16 +113,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.max_train_samples < 0:
         p.error(f"--max-train-samples must be >= 0 (0: all), got {args.max_train_samples}")
     return args
-
-
-def machine() -> dict[str, Any]:
-    return {
-        "cpus": os.cpu_count(),
-        "torch_threads": torch.get_num_threads(),
-        "torch": torch.__version__,
-        "python": platform.python_version(),
-        "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
-    }
 
 
 @stage("train")

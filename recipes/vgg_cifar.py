@@ -26,8 +26,6 @@ and checkpoints.
 from __future__ import annotations
 
 import argparse
-import os
-import platform
 import shutil
 import sys
 import time
@@ -37,6 +35,7 @@ from typing import Any, Callable
 import torch
 
 from nestflex._io import read_json, write_json
+from nestflex._machine import machine
 from nestflex.data import resolve_data
 from nestflex.graph import trace
 from nestflex.models import list_models
@@ -134,16 +133,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.precision_threads < 0:
         p.error(f"--precision-threads must be >= 0, got {args.precision_threads}")
     return args
-
-
-def machine() -> dict[str, Any]:
-    return {
-        "cpus": os.cpu_count(),
-        "torch_threads": torch.get_num_threads(),
-        "torch": torch.__version__,
-        "python": platform.python_version(),
-        "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
-    }
 
 
 @stage("baseline")
