@@ -2,8 +2,10 @@
 """What TRR ranking costs: all filters of VGG-16 with 1,000 triplets vs L1 vs one forward pass.
 
 The forward pass runs over the same 3,000 images at the same batch size, with the same data
-loading, so the ratio isolates what TRR adds (hooks, the residual reduction). Weights are an
-untrained VGG-16: cost does not depend on them. Medians of ``--repeats`` after one warm-up.
+loading, so the ratio isolates what TRR adds (the interpreter, the residual reduction). Weights
+are an untrained VGG-16: cost does not depend on them. Medians of ``--repeats`` after one
+warm-up, TRR and the forward pass alternated within each repeat so a change in machine load
+hits both alike.
 
     python benchmarks/trr_cost.py --out runs/bench_trr_cost
 """
@@ -17,9 +19,10 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _timing import median_seconds  # noqa: E402
+from _timing import alternating_medians  # noqa: E402
 
 from nestflex._io import write_json  # noqa: E402
+from nestflex._machine import machine  # noqa: E402
 from nestflex.data import SyntheticShapes  # noqa: E402
 from nestflex.graph import trace  # noqa: E402
 from nestflex.models import create_model  # noqa: E402
@@ -33,7 +36,10 @@ def main(argv=None) -> dict:
     p.add_argument("--triplets", type=int, default=1000)
     p.add_argument("--batch", type=int, default=128, help="triplets per batch (3x images)")
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--threads", type=int, default=0, help="torch threads (0: keep torch's setting)")
     args = p.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     model = create_model("vgg16", width=args.width).eval()
     graph = trace(model)
@@ -47,9 +53,9 @@ def main(argv=None) -> dict:
                 idx = order[start : start + 3 * args.batch]
                 model(torch.stack([data[int(i)][0] for i in idx]))
 
-    t_trr = median_seconds(lambda: trr(model, graph, data=data), args.repeats)
-    t_fwd = median_seconds(forward, args.repeats)
-    t_l1 = median_seconds(lambda: get_importance("l1")(model, graph), args.repeats)
+    t = alternating_medians({"trr": lambda: trr(model, graph, data=data), "forward": forward,
+                             "l1": lambda: get_importance("l1")(model, graph)}, args.repeats)
+    t_trr, t_fwd, t_l1 = t["trr"], t["forward"], t["l1"]
     summary = {
         "model": {"name": "vgg16", "width": args.width, "macs": graph.macs(), "filters": sum(g.width for g in graph.prunable_groups)},
         "triplets": args.triplets,
@@ -59,8 +65,9 @@ def main(argv=None) -> dict:
         "trr_over_l1": round(t_trr / t_l1, 1),
         "target_trr_within_1.5x_forward": t_trr <= 1.5 * t_fwd,
         "repeats": args.repeats,
-        "machine": {"torch_threads": torch.get_num_threads(), "torch": torch.__version__},
-        "note": "medians after one warm-up; the machine was shared with other jobs, so absolute times are noisy",
+        "machine": machine(),
+        "note": "medians after one warm-up, TRR and forward alternated in each repeat; the 2-core machine was "
+                "shared with other jobs, so absolute times are noisy and the ratio is the figure to read",
     }
     write_json(Path(args.out) / "summary.json", summary)
     _plot(summary, Path(args.out) / "trr_cost.png")

@@ -97,6 +97,27 @@ def test_depthwise_conv_joins_its_input_group():
     assert ("blocks.1.0.conv_dw", "depthwise") in roles and ("blocks.1.0.conv_pwl", "in") in roles
 
 
+class _ScaledByParams(nn.Module):
+    """A learned 0-d scale and a per-channel (C, 1, 1) gain on the same activation."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv, self.fc = nn.Conv2d(3, 8, 3), nn.Linear(8, 4)
+        self.scale = nn.Parameter(torch.tensor(2.0))
+        self.gain = nn.Parameter(torch.ones(8, 1, 1))
+
+    def forward(self, x):
+        y = torch.relu(self.conv(x)) * self.scale
+        return self.fc((y * self.gain).mean((2, 3)))
+
+
+def test_zero_dim_scale_passes_and_per_channel_gain_locks_the_group():
+    g = trace(_ScaledByParams(), input_shape=(3, 16, 16))
+    group = g.group("conv")
+    # the 0-d scale carries no channels; the (8, 1, 1) gain does, and the graph cannot slice it
+    assert "mul" in group.nodes and not group.prunable and "mul_1" in group.reason
+
+
 def test_flatten_of_spatial_map_maps_channels_to_feature_blocks():
     model = nn.Sequential(nn.Conv2d(3, 6, 3, padding=1), nn.ReLU(), nn.MaxPool2d(4), nn.Flatten(), nn.Linear(6 * 64, 5))
     model.eval()

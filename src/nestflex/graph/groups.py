@@ -275,16 +275,25 @@ def _reshape(node: fx.Node, src: fx.Node, src_info: _Info, shape: tuple[int, ...
     return None
 
 
+def _broadcast_channels(operand: tuple[int, ...], out: tuple[int, ...]) -> int:
+    """Size of ``operand``'s dim that broadcasting aligns with ``out``'s channel dim (1 if none).
+
+    Shapes align from the right, so a 0-d scale or a shorter operand may have no such dim.
+    """
+    i = len(operand) - len(out) + 1
+    return operand[i] if 0 <= i < len(operand) else 1
+
+
 def _join(node: fx.Node, info: dict, uf: _UnionFind, shape: tuple[int, ...]) -> _Info | None:
     """Elementwise op: tensors of equal channel count share one space; broadcast ones pass."""
     srcs = [a for a in node.all_input_nodes if info.get(a) is not None]
     if not srcs:
         return None
-    full = [a for a in srcs if a.meta["shape"][1] == shape[1] and len(a.meta["shape"]) == len(shape)]
+    full = [a for a in srcs if len(a.meta["shape"]) == len(shape) and a.meta["shape"][1] == shape[1]]
     if not full or any(info[a].factor != info[full[0]].factor for a in full):
         return None
     for a in srcs:
-        if a not in full and a.meta["shape"][1] != 1:
+        if a not in full and _broadcast_channels(a.meta["shape"], shape) != 1:
             return None
     space = info[full[0]].space
     for a in full[1:]:

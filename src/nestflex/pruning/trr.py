@@ -14,7 +14,8 @@ every block, so its TRR sums over every block's output activation.
 **Cost.** The paper calls TRR far costlier than L1. Here it is one forward pass over the 3T
 triplet images, in batches: every layer's response is reduced in place as the fx interpreter
 produces it (nothing but the per-channel sums is kept), and the residual difference uses
-``|a-n|^2 - |a-p|^2 = (p-n) * (2a-p-n)``: one product per element, vectorised over channels.
+two subtractions into reused buffers and one per-channel dot product each, vectorised over
+channels.
 ``benchmarks/trr_cost.py`` measures it against a plain forward pass.
 """
 
@@ -118,20 +119,30 @@ def sample_triplets(targets: torch.Tensor, count: int, seed: int = 0) -> torch.T
 
 
 class _ResidualReducer(fx.Interpreter):
-    """Runs the traced model and folds each watched node's output into per-channel TRR sums."""
+    """Runs the traced model and folds each watched node's output into per-channel TRR sums.
 
-    def __init__(self, gm: fx.GraphModule, watch: dict[str, torch.Tensor], triplets: int) -> None:
+    ``scratch`` is a pair of flat float32 buffers reused by every watched node and batch: fresh
+    temporaries the size of an early VGG activation are large enough for the allocator to map
+    and fault in new pages every time, which cost more than the arithmetic itself.
+    """
+
+    def __init__(self, gm: fx.GraphModule, watch: dict[str, torch.Tensor], triplets: int,
+                 scratch: list[torch.Tensor]) -> None:
         super().__init__(gm)
-        self.watch, self.t = watch, triplets
+        self.watch, self.t, self.scratch = watch, triplets, scratch
 
     def run_node(self, n: fx.Node) -> Any:
         out = super().run_node(n)
         acc = self.watch.get(n.name)
         if acc is not None:
-            a, p, neg = out.float().split(self.t)
-            # |a-n|^2 - |a-p|^2 == (p-n)(2a-p-n): one product per element
-            r = (p - neg).mul_(2 * a - p - neg)
-            acc += r.sum(0).reshape(r.shape[1], -1).sum(1).double().cpu()
+            a, p, neg = out.float().reshape(*out.shape[:2], -1).split(self.t)  # (T, C, H*W) each
+            if self.scratch[0].numel() < a.numel() or self.scratch[0].device != a.device:
+                self.scratch[:] = [torch.empty(a.numel(), device=a.device) for _ in range(2)]
+            q = torch.sub(a, neg, out=self.scratch[0][: a.numel()].view(a.shape))
+            y = torch.sub(a, p, out=self.scratch[1][: a.numel()].view(a.shape))
+            # |a-n|^2 - |a-p|^2 per channel: two reductions over contiguous rows, no temporaries
+            r = torch.linalg.vecdot(q, q).sum(0, dtype=torch.float64) - torch.linalg.vecdot(y, y).sum(0, dtype=torch.float64)
+            acc += r.cpu()
         return out
 
 
@@ -186,11 +197,12 @@ class TRR(Importance):
         try:
             with torch.random.fork_rng(devices=[]), torch.no_grad():
                 torch.manual_seed(self.seed)
+                scratch = [torch.empty(0), torch.empty(0)]
                 for start in range(0, trip.shape[0], self.batch_size):
                     chunk = trip[start : start + self.batch_size]
                     # (a_1..a_B, p_1..p_B, n_1..n_B): the reducer splits the batch in three
                     images = torch.stack([dataset[int(i)][0] for i in chunk.t().flatten()])
-                    _ResidualReducer(graph.gm, watch, chunk.shape[0]).run(images.to(param.device, param.dtype))
+                    _ResidualReducer(graph.gm, watch, chunk.shape[0], scratch).run(images.to(param.device, param.dtype))
         finally:
             for m, flag in was_training.items():
                 m.train(flag)
