@@ -53,6 +53,22 @@ from nestflex.exits.heads import create_head, get_head, list_heads, register_hea
 from nestflex.exits.loss import WEIGHTINGS, loss_weights, multi_exit_loss, tau_schedule
 from nestflex.exits.model import MultiExitNetwork
 from nestflex.exits.placement import DEFAULT_POSITIONS, resolve_positions
+from nestflex.exits.fine_grained import (
+    CompactHead,
+    FilterSubsetExit,
+    RankedDropout,
+    exit_filter_counts,
+    fine_grained_exit,
+)
+from nestflex.exits.plan import InsertionPlan, insertion_plan, subset_cost
+from nestflex.exits.flexdnn import (
+    FlexDNNConfig,
+    FlexDNNResult,
+    build_flex_network,
+    evaluate_flex,
+    flexdnn,
+    operating_points,
+)
 
 _LAZY = {
     "MultiExitClassifier": "nestflex.exits.classifier",
@@ -88,6 +104,20 @@ __all__ = [
     "lossless_thresholds",
     "exit_profile",
     "calibrate",
+    "FilterSubsetExit",
+    "RankedDropout",
+    "CompactHead",
+    "exit_filter_counts",
+    "fine_grained_exit",
+    "InsertionPlan",
+    "insertion_plan",
+    "subset_cost",
+    "FlexDNNConfig",
+    "FlexDNNResult",
+    "flexdnn",
+    "evaluate_flex",
+    "build_flex_network",
+    "operating_points",
     *_LAZY,
 ]
 

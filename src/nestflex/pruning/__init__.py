@@ -2,6 +2,14 @@
 
 from nestflex.errors import PruningError
 from nestflex.pruning.callback import FilterPruning, load_pruned
+from nestflex.pruning.collective import (
+    CollectiveImportance,
+    CollectiveRanking,
+    collective_ranking,
+    exit_accuracy_curve,
+    min_filters,
+    pooled_responses,
+)
 from nestflex.pruning.evaluate import accuracy
 from nestflex.pruning.importance import (
     Importance,
@@ -32,6 +40,12 @@ __all__ = [
     "WeightNorm",
     "RandomImportance",
     "TRR",
+    "CollectiveImportance",
+    "CollectiveRanking",
+    "collective_ranking",
+    "exit_accuracy_curve",
+    "min_filters",
+    "pooled_responses",
     "get_importance",
     "list_importances",
     "register_importance",

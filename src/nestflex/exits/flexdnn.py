@@ -1,0 +1,273 @@
+"""FlexDNN end to end: rank, search, plan, and emit a standard multi-exit network.
+
+:func:`flexdnn` runs on a trained, frozen backbone:
+
+1. collective ranking of the filters at each candidate location (:mod:`nestflex.pruning.collective`),
+   and the minimum filter count for an exit to match the all-filter one;
+2. the exit architecture search (:mod:`~nestflex.exits.search`): ``M`` over-parameterised
+   fine-grained exits per location, trained with ranked dropout, then pruned while their exit
+   rate holds; per location the exit with the lowest standalone mean MACs is kept as candidate;
+3. the insertion plan (:mod:`~nestflex.exits.plan`) over those candidates;
+4. the result as a :class:`~nestflex.exits.MultiExitNetwork` whose heads are
+   :class:`~nestflex.exits.fine_grained.FilterSubsetExit` modules: the same module, calibration,
+   policy (:mod:`nestflex.deploy.exits`) and bundle path as progressive exits; plus the
+   accuracy-resource profile (operating points) for runtime adaptation.
+
+Everything is decided on the validation split; a test split is only ever measured.
+:func:`build_flex_network` rebuilds the network from the JSON spec, for loading a ``state_dict``.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Iterable, Sequence
+
+import torch
+from torch import nn
+
+from nestflex.deploy.exits import ExitError, get_confidence
+from nestflex.exits.calibration import DEFAULT_THRESHOLDS, collect_logits, exit_profile
+from nestflex.exits.fine_grained import CompactHead, FilterSubsetExit
+from nestflex.exits.model import MultiExitNetwork, _head_macs
+from nestflex.exits.placement import DEFAULT_POSITIONS, Position, resolve_positions
+from nestflex.exits.plan import insertion_plan, subset_cost
+from nestflex.exits.search import (
+    build_candidates,
+    collect_exit_features,
+    location_groups,
+    prune_candidate,
+    train_candidates,
+)
+from nestflex.graph import trace
+
+__all__ = ["FlexDNNConfig", "FlexDNNResult", "flexdnn", "evaluate_flex", "build_flex_network", "operating_points"]
+
+
+@dataclass(frozen=True)
+class FlexDNNConfig:
+    """Settings of :func:`flexdnn` (defaults: minutes on 2 CPU cores for a 0.25-width VGG-16).
+
+    Attributes:
+        locations: candidate exit locations (MACs fractions or split point names).
+        exits_per_location: ``M`` over-parameterised exits per location.
+        base_width, blocks: first-block filters and block count of each over-parameterised exit.
+        p_max: ranked dropout of the lowest-ranked filter.
+        epochs, lr: joint training of the exits (Adam) on the frozen backbone.
+        rate_tolerance: exit rate an exit may lose while it is pruned.
+        confidence: confidence measure (FlexDNN: ``entropy``).
+        rank_samples: samples per split for the collective ranking.
+        fit_samples: training samples whose pooled features refit pruned exits' classifiers.
+        min_filters_tolerance: accuracy an exit on the top filters may lose and still "match".
+        pool: per-filter pooling of the ranking probe.
+        seed: seed of exit initialisation and training.
+    """
+
+    locations: tuple[Position, ...] = DEFAULT_POSITIONS
+    exits_per_location: int = 3
+    base_width: int = 8
+    blocks: int = 4
+    p_max: float = 0.5
+    epochs: int = 2
+    lr: float = 3e-3
+    rate_tolerance: float = 0.02
+    confidence: str = "entropy"
+    rank_samples: int = 1000
+    fit_samples: int = 2000
+    min_filters_tolerance: float = 0.0
+    pool: int = 2
+    seed: int = 0
+
+
+@dataclass
+class FlexDNNResult:
+    """What :func:`flexdnn` returns.
+
+    Attributes:
+        network: the planned exits on the backbone (``None`` when the plan keeps no exit).
+        spec: JSON spec of the exits (:func:`build_flex_network`).
+        report: JSON-ready ranking, search, plan and profile records.
+    """
+
+    network: MultiExitNetwork | None
+    spec: dict[str, Any]
+    report: dict[str, Any] = field(default_factory=dict)
+
+
+class _Prebuilt:
+    """A head 'factory' handing out already-built exits in order (MultiExitNetwork builds heads
+    in execution order), so the planned exits enter the standard module unchanged."""
+
+    def __init__(self, heads: Sequence[nn.Module]) -> None:
+        self.heads = list(heads)
+
+    def __call__(self, in_shape, num_classes, **_: Any) -> nn.Module:
+        return self.heads.pop(0)
+
+
+def operating_points(sweep: Sequence[dict[str, Any]], extra: Sequence[dict[str, Any]] = ()) -> list[dict[str, Any]]:
+    """The accuracy-resource profile: Pareto-optimal (accuracy up, MACs down) points, by MACs.
+
+    Each point keeps its ``threshold`` (or ``thresholds``), ``accuracy``, ``mean_macs`` and
+    ``mean_macs_fraction``; at run time the cheapest point whose accuracy meets the need is used.
+    """
+    rows = [r for r in list(sweep) + list(extra)]
+    rows.sort(key=lambda r: (r["mean_macs"], -r["accuracy"]))
+    out, best = [], -1.0
+    for r in rows:
+        if r["accuracy"] > best:
+            keys = ("threshold", "thresholds", "accuracy", "mean_macs", "mean_macs_fraction", "exit_rate")
+            out.append({k: r[k] for k in keys if k in r})
+            best = r["accuracy"]
+    return out
+
+
+def build_flex_network(backbone: nn.Module, spec: dict[str, Any]) -> MultiExitNetwork:
+    """Rebuild the planned network from its spec (weights not loaded: use ``load_state_dict``).
+
+    Raises:
+        ExitError: a spec without exits.
+    """
+    exits = spec.get("exits") or []
+    if not exits:
+        raise ExitError("the FlexDNN spec has no exits (the plan kept none). HINT: use the backbone alone")
+    heads = [
+        FilterSubsetExit(e["filters"], CompactHead(len(e["filters"]), e["widths"], spec["num_classes"], tuple(e["in_hw"])))
+        for e in exits
+    ]
+    return MultiExitNetwork(backbone, positions=[e["location"] for e in exits], head=_Prebuilt(heads),
+                            input_shape=tuple(spec["input_shape"])).eval()
+
+
+def flexdnn(
+    backbone: nn.Module,
+    train_batches: Iterable,
+    val_batches: Iterable,
+    config: FlexDNNConfig = FlexDNNConfig(),
+    num_classes: int = 10,
+    input_shape: tuple[int, ...] = (3, 32, 32),
+) -> FlexDNNResult:
+    """Rank, search and plan FlexDNN exits on a frozen ``backbone`` (see the module docstring).
+
+    Args:
+        backbone: a trained classifier (left unchanged; put in eval mode).
+        train_batches: re-iterable training batches ``(x, y)`` (a DataLoader).
+        val_batches: re-iterable validation batches: every decision is made on them.
+        config: :class:`FlexDNNConfig`.
+        num_classes: classes of the backbone.
+        input_shape: per-sample input shape.
+
+    Raises:
+        ExitError: a location with fewer filters than ``M``, an empty validation split, ...
+        PruningError: an empty ranking split.
+    """
+    from nestflex.pruning.collective import collective_ranking, min_filters, pooled_responses
+
+    backbone.eval()
+    for p in backbone.parameters():
+        p.requires_grad_(False)
+    timings: dict[str, float] = {}
+    start = time.perf_counter()
+    graph = trace(backbone, input_shape=input_shape)
+    points = resolve_positions(graph, list(config.locations))
+    groups = location_groups(graph, points)
+    fx, fy = pooled_responses(backbone, graph, groups, train_batches, pool=config.pool,
+                              max_samples=config.rank_samples, name="fit")
+    vx, vy = pooled_responses(backbone, graph, groups, val_batches, pool=config.pool,
+                              max_samples=config.rank_samples, name="validation")
+    rankings, ranking_report = [], []
+    for p, g in zip(points, groups):
+        t0 = time.perf_counter()
+        r = collective_ranking(fx[g.id], fy, vx[g.id], vy, num_classes=num_classes)
+        rankings.append(r)
+        ranking_report.append({
+            "location": p.name, "filters": g.width, "seconds": round(time.perf_counter() - t0, 4), "fits": r.fits,
+            "all_filters_accuracy": float(r.kept_accuracy[-1]),
+            "min_filters": min_filters(r.kept_accuracy, config.min_filters_tolerance),
+            "order": r.order.tolist(),
+        })
+    timings["rank"] = time.perf_counter() - start
+
+    torch.manual_seed(config.seed)
+    cands = build_candidates(points, [r.order for r in rankings], num_classes, config.exits_per_location,
+                             config.base_width, config.blocks, config.p_max)
+    t0 = time.perf_counter()
+    trained = train_candidates(graph, cands, train_batches, config.epochs, config.lr, config.seed)
+    timings["train"] = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    fit = collect_exit_features(graph, cands, train_batches, config.fit_samples, name="fit")
+    val = collect_exit_features(graph, cands, val_batches, final=True, name="validation")
+    searched = []
+    for i, c in enumerate(cands):
+        part = lambda d: {"features": d["features"][i], "labels": d["labels"], "final_logits": d["final_logits"]}  # noqa: E731
+        searched.append(prune_candidate(c, part(fit), part(val), num_classes, config.rate_tolerance, config.confidence))
+    timings["prune"] = time.perf_counter() - t0
+
+    backbone_macs = graph.macs()
+    conf_fn = get_confidence(config.confidence)
+    final_logits, labels = val["final_logits"], val["labels"]
+    final_conf, final_right = conf_fn(final_logits).double(), final_logits.argmax(1) == labels
+    search_report, best = [], {}
+    for s in searched:
+        shape = next(sh for n, sh in s.point.tensors if n == s.point.node)
+        head_macs = _head_macs(s.module, tuple(shape))
+        conf = torch.stack([conf_fn(s.val_logits).double(), final_conf])
+        right = torch.stack([s.val_logits.argmax(1) == labels, final_right])
+        cost = subset_cost([0], conf, right, [s.point.macs_before], [head_macs], backbone_macs)["mean_macs"]
+        search_report.append({"location": s.point.name, "k": s.k, "filters": len(s.filters), "depth": s.depth,
+                              "widths": s.widths, "head_macs": head_macs, "exit_rate": s.rate,
+                              "full_exit_rate": s.full_rate, "standalone_mean_macs": cost, "history": s.history})
+        if s.location not in best or cost < best[s.location][0]:
+            best[s.location] = (cost, s, head_macs)
+    chosen = [best[loc] for loc in sorted(best)]
+    conf = torch.stack([conf_fn(s.val_logits).double() for _, s, _ in chosen] + [final_conf])
+    right = torch.stack([s.val_logits.argmax(1) == labels for _, s, _ in chosen] + [final_right])
+    plan = insertion_plan(conf, right, [s.point.macs_before for _, s, _ in chosen],
+                          [h for _, _, h in chosen], backbone_macs)
+    kept = [chosen[i][1] for i in plan.kept]
+    spec = {
+        "schema_version": 1, "num_classes": num_classes, "input_shape": list(input_shape),
+        "confidence": config.confidence, "thresholds": plan.thresholds, "fallback": "final",
+        "exits": [{"location": s.point.name, "filters": s.filters, "widths": s.widths,
+                   "in_hw": list(s.module.head.in_hw)} for s in kept],
+    }
+    network = None
+    if kept:
+        network = MultiExitNetwork(backbone, positions=[s.point.name for s in kept],
+                                   head=_Prebuilt([s.module for s in kept]), input_shape=input_shape).eval()
+    timings["total"] = time.perf_counter() - start
+    report = {
+        "config": {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(config).items()},
+        "backbone_macs": backbone_macs,
+        "ranking": ranking_report,
+        "training": trained,
+        "search": search_report,
+        "candidates": [{"location": s.point.name, "k": s.k, "head_macs": h, "standalone_mean_macs": c}
+                       for c, s, h in chosen],
+        "plan": {**plan.to_dict(), "kept_locations": [s.point.name for s in kept],
+                 "mean_macs_fraction": plan.mean_macs / backbone_macs},
+        "seconds": {k: round(v, 2) for k, v in timings.items()},
+    }
+    if network is not None:
+        logits, lab = collect_logits(network, val_batches)
+        prof = exit_profile(logits, lab, network.exit_macs, network.backbone_macs, network.exit_names,
+                            network.positions, DEFAULT_THRESHOLDS, config.confidence, "final",
+                            at_thresholds=plan.thresholds)
+        lossless = {**prof["at_thresholds"]}
+        report["profile"] = {"split": "validation", "exit_macs": network.exit_macs,
+                             "operating_points": operating_points(prof["sweep"], [lossless])}
+    return FlexDNNResult(network=network, spec=spec, report=report)
+
+
+def evaluate_flex(network: MultiExitNetwork, spec: dict[str, Any], batches: Iterable) -> dict[str, Any]:
+    """Accuracy and mean MACs of the planned network at the plan's thresholds on ``batches``."""
+    logits, labels = collect_logits(network, batches)
+    prof = exit_profile(logits, labels, network.exit_macs, network.backbone_macs, network.exit_names,
+                        network.positions, DEFAULT_THRESHOLDS, spec["confidence"], "final",
+                        at_thresholds=spec["thresholds"])
+    at = prof["at_thresholds"]
+    return {"accuracy": at["accuracy"], "mean_macs": at["mean_macs"], "mean_macs_fraction": at["mean_macs_fraction"],
+            "exit_rate": at["exit_rate"], "final_accuracy": prof["final_accuracy"], "sweep": prof["sweep"],
+            "samples": prof["samples"]}
+

@@ -1,0 +1,87 @@
+"""FlexDNN end to end on a tiny VGG: valid under the shared runtime policy, rebuildable, errors."""
+
+import pytest
+import torch
+
+from nestflex.errors import NestflexError
+from nestflex.exits import (
+    FlexDNNConfig,
+    apply_policy,
+    build_flex_network,
+    calibrate,
+    evaluate_flex,
+    flexdnn,
+    operating_points,
+)
+from nestflex.exits.search import build_candidates
+from nestflex.graph import trace
+from nestflex.models import create_model
+from tests.conftest import settle_batchnorm
+
+CONFIG = FlexDNNConfig(locations=(0.3, 0.6), exits_per_location=2, epochs=1, rank_samples=64, fit_samples=64)
+
+
+def _batches(n: int, seed: int):
+    g = torch.Generator().manual_seed(seed)
+    return [(torch.randn(32, 3, 32, 32, generator=g), torch.randint(0, 10, (32,), generator=g)) for _ in range(n)]
+
+
+@pytest.fixture(scope="module")
+def result():
+    torch.manual_seed(0)
+    backbone = settle_batchnorm(create_model("vgg11", width=0.125)).eval()
+    return flexdnn(backbone, _batches(3, 0), _batches(3, 1), CONFIG)
+
+
+def test_searched_exits_run_under_the_shared_policy(result):
+    net, spec = result.network, result.spec
+    assert net is not None and len(spec["exits"]) == net.num_exits - 1
+    x = torch.randn(16, 3, 32, 32)
+    batched = net.early_exit(x, spec["thresholds"], confidence="entropy", fallback="final")
+    reference = apply_policy(net(x), spec["thresholds"], confidence="entropy", fallback="final")
+    assert torch.equal(batched.exit_index, reference.exit_index)
+    torch.testing.assert_close(batched.logits, reference.logits)
+    report = calibrate(net, _batches(1, 2), confidence="entropy", folds=2)
+    assert len(report["lossless"]["thresholds"]) == net.num_exits - 1
+
+
+def test_plan_and_profile_are_reported(result):
+    plan = result.report["plan"]
+    assert plan["mean_macs"] <= plan["all_candidates_macs"]
+    assert plan["mean_macs"] < result.report["backbone_macs"] or not plan["kept"]
+    points = result.report["profile"]["operating_points"]
+    assert [p["mean_macs"] for p in points] == sorted(p["mean_macs"] for p in points)
+    assert all(b["accuracy"] > a["accuracy"] for a, b in zip(points, points[1:]))
+    for row in result.report["search"]:
+        assert row["exit_rate"] >= row["full_exit_rate"] - CONFIG.rate_tolerance
+        assert 0 <= row["depth"] <= CONFIG.blocks
+    val = evaluate_flex(result.network, result.spec, _batches(3, 1))
+    assert val["accuracy"] == pytest.approx(plan["accuracy"])
+    assert val["mean_macs"] == pytest.approx(plan["mean_macs"])
+
+
+def test_rebuilt_from_spec_gives_the_same_outputs(result):
+    net = result.network
+    copy = build_flex_network(create_model("vgg11", width=0.125), result.spec)
+    copy.load_state_dict(net.state_dict())
+    x = torch.randn(4, 3, 32, 32)
+    for a, b in zip(net(x), copy.eval()(x)):
+        torch.testing.assert_close(a, b)
+
+
+def test_operating_points_keep_the_pareto_front():
+    rows = [{"threshold": t, "accuracy": a, "mean_macs": m, "mean_macs_fraction": m / 10}
+            for t, a, m in [(0.1, 0.5, 2), (0.2, 0.4, 3), (0.3, 0.7, 5), (0.4, 0.7, 6)]]
+    assert [p["threshold"] for p in operating_points(rows)] == [0.1, 0.3]
+
+
+def test_bad_input_errors():
+    backbone = create_model("vgg11", width=0.125).eval()
+    with pytest.raises(NestflexError, match=r"the validation split is empty \(0 samples\)"):
+        flexdnn(backbone, _batches(1, 0), [], CONFIG)
+    graph = trace(backbone)
+    point = graph.split_points[0]  # 8 filters at width 0.125
+    with pytest.raises(NestflexError, match=r"location `features.relu1`: a layer with 8 filters cannot feed M=9"):
+        build_candidates([point], [torch.arange(8)], 10, exits_per_location=9)
+    with pytest.raises(NestflexError, match=r"the FlexDNN spec has no exits.*HINT"):
+        build_flex_network(backbone, {"exits": []})

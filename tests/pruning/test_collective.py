@@ -1,0 +1,133 @@
+"""Collective importance (FlexDNN sequential backward selection) against reference behaviour."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from nestflex.errors import NestflexError, PruningError
+from nestflex.graph import trace
+from nestflex.pruning import (
+    CollectiveImportance,
+    collective_ranking,
+    exit_accuracy_curve,
+    get_importance,
+    list_importances,
+    min_filters,
+)
+from nestflex.pruning.collective import _RidgePath
+
+COPIES = (0, 1, 2, 3)  # four copies of the one filter that sees channel 0
+OTHER = 4  # sees channel 1 (a second, different cue)
+NOISE = 5  # sees channel 2 (no cue)
+
+
+def _toy(n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """4 classes: channel 0 lights up for classes {1, 3}, channel 1 for {2, 3}; channel 2 is noise."""
+    g = torch.Generator().manual_seed(seed)
+    y = torch.randint(0, 4, (n,), generator=g)
+    x = 0.6 * torch.randn(n, 3, 8, 8, generator=g)
+    x[:, 0] += 1.5 * (y % 2 == 1).float()[:, None, None]
+    x[:, 1] += 1.5 * (y >= 2).float()[:, None, None]
+    return x, y
+
+
+def _toy_layer() -> nn.Module:
+    model = nn.Sequential(nn.Conv2d(3, 6, 1), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(6, 4))
+    with torch.no_grad():
+        w = torch.zeros(6, 3, 1, 1)
+        w[list(COPIES), 0] = 1.0
+        w[OTHER, 1] = 1.0
+        w[NOISE, 2] = 1.0
+        model[0].weight.copy_(w)
+        model[0].bias.zero_()
+    return model
+
+
+def test_registered_by_name():
+    assert "collective" in list_importances()
+    assert isinstance(get_importance("collective"), CollectiveImportance)
+
+
+def test_keeps_one_copy_and_ranks_duplicates_low_where_l2_ties():
+    model = _toy_layer()
+    graph = trace(model, input_shape=(3, 8, 8))
+    group = graph.prunable_groups[0]
+    fit, val = _toy(600, 0), _toy(400, 1)
+    crit = get_importance("collective", stop_fraction=0.0, pool=1)
+    scores = crit(model, graph, [group], data=([fit], [val]))[group.id]
+    order = crit.rankings[group.id].order.tolist()
+    # the two distinct cues lead: exactly one copy of the channel-0 filter, and the channel-1 filter
+    top = set(order[:2])
+    assert OTHER in top and len(top & set(COPIES)) == 1
+    kept_copy = (top & set(COPIES)).pop()
+    assert all(scores[c] < scores[kept_copy] for c in COPIES if c != kept_copy)
+    # three duplicates are redundant once one copy stays: they rank below the informative pair
+    assert all(scores[c] < scores[OTHER] for c in COPIES if c != kept_copy)
+    # L2 cannot tell the copies apart: identical weights, identical norms
+    l2 = get_importance("l2")(model, graph, [group])[group.id]
+    assert torch.equal(l2[list(COPIES)], l2[COPIES[0]].expand(len(COPIES)))
+
+
+def test_block_removal_equals_refitting_from_scratch():
+    g = torch.Generator().manual_seed(0)
+    fx, fy = torch.randn(80, 5, 2, generator=g, dtype=torch.float64), torch.randint(0, 3, (80,), generator=g)
+    vx, vy = torch.randn(30, 5, 2, generator=g, dtype=torch.float64), torch.randint(0, 3, (30,), generator=g)
+    path = _RidgePath(fx, fy, vx, vy, 3, 1e-2)
+    path.remove(1)
+    path.remove(3)
+    keep = [0, 2, 4]
+    # the reference: standardise on all filters (as the path does), then fit on the kept blocks only
+    mean, std = fx.mean(0, keepdim=True), fx.std(0, keepdim=True, unbiased=False)
+    x = torch.cat([((fx - mean) / std)[:, keep].reshape(80, -1), torch.ones(80, 1, dtype=torch.float64)], 1)
+    xv = torch.cat([((vx - mean) / std)[:, keep].reshape(30, -1), torch.ones(30, 1, dtype=torch.float64)], 1)
+    a = x.T @ x + 1e-2 * 80 * torch.eye(x.shape[1], dtype=torch.float64)
+    w = torch.linalg.solve(a, x.T @ torch.nn.functional.one_hot(fy, 3).double())
+    torch.testing.assert_close(path.logits, xv @ w)
+
+
+def test_candidates_match_one_refit_per_dropped_filter():
+    g = torch.Generator().manual_seed(1)
+    fx, fy = torch.randn(60, 4, 1, generator=g, dtype=torch.float64), torch.randint(0, 2, (60,), generator=g)
+    vx, vy = torch.randn(40, 4, 1, generator=g, dtype=torch.float64), torch.randint(0, 2, (40,), generator=g)
+    alive, acc, _ = _RidgePath(fx, fy, vx, vy, 2, 1e-3).candidates()
+    for i, f in enumerate(alive.tolist()):
+        ref = _RidgePath(fx, fy, vx, vy, 2, 1e-3)
+        ref.remove(f)
+        assert acc[i].item() == pytest.approx(ref.accuracy())
+
+
+def test_min_filters_and_curve():
+    fit, val = _toy(600, 0), _toy(400, 1)
+    model = _toy_layer()
+    graph = trace(model, input_shape=(3, 8, 8))
+    from nestflex.pruning import pooled_responses
+
+    (fx,), fy = pooled_responses(model, graph, graph.prunable_groups, [fit], pool=1)[0].values(), fit[1]
+    (vx,), vy = pooled_responses(model, graph, graph.prunable_groups, [val], pool=1)[0].values(), val[1]
+    r = collective_ranking(fx, fy, vx, vy, stop_fraction=0.0)
+    curve = exit_accuracy_curve(fx, fy, vx, vy, r.order)
+    torch.testing.assert_close(curve, r.kept_accuracy)
+    assert min_filters(curve, tolerance=0.01) == 2  # one copy + the channel-1 filter suffice
+    assert r.fits == sum(range(2, 7))
+
+
+def test_errors_name_the_problem():
+    x, y = torch.randn(4, 3, 1), torch.randint(0, 2, (4,))
+    with pytest.raises(PruningError, match=r"the validation split is empty \(0 samples\).*HINT"):
+        collective_ranking(x, y, x[:0], y[:0])
+    with pytest.raises(NestflexError, match=r"`stop_fraction` must be in \[0, 1\), got 1.5.*HINT"):
+        CollectiveImportance(stop_fraction=1.5)
+    with pytest.raises(PruningError, match=r"`pool` must be a positive int, got 0"):
+        CollectiveImportance(pool=0)
+    model = _toy_layer()
+    graph = trace(model, input_shape=(3, 8, 8))
+    with pytest.raises(PruningError, match=r"the validation split is empty \(0 samples\)"):
+        get_importance("collective")(model, graph, data=([_toy(8, 0)], torch.utils.data.TensorDataset(*_toy(0, 1))))
+    with pytest.raises(PruningError, match=r"needs labelled data.*HINT: pass data=\(fit, validation\)"):
+        get_importance("collective")(model, graph)
+    with pytest.raises(PruningError, match=r"`order` must be a permutation of the 3 filters"):
+        exit_accuracy_curve(x, y, x, y, [0, 0, 1])
+    with pytest.raises(PruningError, match=r"`tolerance` is an accuracy fraction"):
+        min_filters(torch.ones(3), tolerance=2)
