@@ -9,8 +9,13 @@ configuration), so an interrupted run resumes where it stopped:
 
     baseline   train the network (Lightning: progress bar, CSV logs, checkpoints)
     prune      NestDNN filter pruning (TRR) of the baseline: roadmap.json and the seed model
-    exits      early exits (SPINN/SDN) on the baseline: heads trained on the frozen network (or
-               jointly), calibrated on the validation split, accuracy vs MACs reported on test
+    exits      early exits (SPINN/SDN): heads trained on the frozen network (or jointly), calibrated
+               on the validation split, accuracy vs MACs reported on test; the network is the
+               grow stage's largest level when grow ran (so the bundle stores its weights once),
+               else the baseline
+    flex       FlexDNN on the baseline: collective filter ranking, fine-grained exit search (M
+               exits per location, ranked dropout, pruning while the exit rate holds), greedy
+               insertion plan; plan MACs/accuracy on test and the operating points
     profile    split quantisation profile: accuracy, bytes and codec time per <split, bitwidth>;
                per-layer precision profile (float32 / bfloat16 / int8) and the fastest
                assignment within --precision-budget accuracy points
@@ -18,7 +23,9 @@ configuration), so an interrupted run resumes where it stopped:
     grow       NestDNN freeze-&-grow from the prune stage's roadmap: one multi-capacity model with
                nested levels; per-level profiles, memory and switching costs
 
-Later nestflex releases add flex and export to this same list.
+    export     the deployment bundle ``--out/bundle.nfx``: manifest, weights once (safetensors, nested
+               order), ONNX graphs, profiles; ``nestflex.deploy.load`` opens it (docs/deploy.md)
+
 Everything lands in ``--out``: ``summary.json`` (documented in docs/recipes.md), plots, logs
 and checkpoints.
 """
@@ -41,7 +48,7 @@ from nestflex.graph import trace
 from nestflex.models import list_models
 
 #: summary.json key of each stage's results, where it differs from the stage name
-SUMMARY_KEYS = {"profile": "quantization", "prune": "pruning"}
+SUMMARY_KEYS = {"profile": "quantization", "prune": "pruning", "flex": "flexdnn"}
 STAGES: dict[str, Callable[[argparse.Namespace, dict[str, Any]], dict[str, Any]]] = {}
 
 
@@ -109,6 +116,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="grow stage: where grown filters start (their footprint's values by default)")
     p.add_argument("--grow-train-samples", type=int, default=None, help="grow stage: train on a seeded subset")
     p.add_argument("--grow-latency-repeats", type=int, default=10, help="grow stage: timed runs per latency")
+    p.add_argument("--flex-positions", default="0.15,0.3,0.45,0.6,0.75,0.9",
+                   help="flex stage: candidate exit locations (MACs fractions and/or split point names)")
+    p.add_argument("--flex-exits-per-location", type=int, default=3,
+                   help="flex stage: M over-parameterised exits per location (exit k takes the top ceil(kN/M) filters)")
+    p.add_argument("--flex-base-width", type=int, default=8, help="flex stage: filters of each exit's first block")
+    p.add_argument("--flex-epochs", type=int, default=2, help="flex stage: joint training epochs of the exits")
+    p.add_argument("--flex-train-samples", type=int, default=5000,
+                   help="flex stage: training samples (seeded subset) the exits train on")
+    p.add_argument("--flex-val-samples", type=int, default=2000,
+                   help="flex stage: validation samples for ranking, pruning, thresholds and the plan")
+    p.add_argument("--flex-rate-tolerance", type=float, default=0.02,
+                   help="flex stage: exit rate an exit may lose while its layers and filters are pruned")
     p.add_argument("--stages", default="all", help=f"comma list of {', '.join(STAGES)}, or all")
     args = p.parse_args(argv)
     names = list(STAGES) if args.stages == "all" else [s.strip() for s in args.stages.split(",") if s.strip()]
@@ -124,6 +143,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--prune-epochs-per-step and --prune-max-steps must be >= 1")
     if args.grow_levels < 2 or args.grow_epochs_per_level < 1 or args.grow_latency_repeats < 1:
         p.error("--grow-levels must be >= 2, --grow-epochs-per-level and --grow-latency-repeats >= 1")
+    if args.flex_epochs < 1 or args.flex_exits_per_location < 1 or args.flex_base_width < 1:
+        p.error("--flex-epochs, --flex-exits-per-location and --flex-base-width must be >= 1")
+    if args.flex_train_samples < 1 or args.flex_val_samples < 1:
+        p.error("--flex-train-samples and --flex-val-samples must be >= 1")
+    if not 0 <= args.flex_rate_tolerance < 1:
+        p.error(f"--flex-rate-tolerance is a share of samples in [0, 1), got {args.flex_rate_tolerance}")
     if args.exit_epochs < 1:
         p.error(f"--exit-epochs must be >= 1, got {args.exit_epochs}")
     if not args.precision_budget >= 0:
@@ -402,9 +427,14 @@ def run_exits(args: argparse.Namespace, ctx: dict[str, Any]) -> dict[str, Any]:
     from nestflex.exits.report import evaluate_exits, exits_summary, plot_tradeoff
 
     base = _baseline_module(args, ctx)
+    grown = _grown_module(args, ctx)
     dm = ctx["datamodule"]
     out = Path(args.out) / "exits"
-    config = {"baseline": read_json(Path(args.out) / "baseline" / "config.json"),
+    # Heads on the grown model's largest level when the grow stage ran: the bundle then stores the
+    # backbone once (the multi-capacity weights) plus the heads (docs/architecture.md).
+    source = ({"grow": read_json(Path(args.out) / "grow" / "config.json"), "level": "largest"} if grown is not None
+              else "baseline")
+    config = {"baseline": read_json(Path(args.out) / "baseline" / "config.json"), "backbone": source,
               "positions": parse_positions(args.exit_positions), "head": args.exit_head, "mode": args.exit_mode,
               "epochs": args.exit_epochs, "lr": args.exit_lr, "batch_size": args.batch_size, "seed": args.seed}
     same = (out / "config.json").exists() and read_json(out / "config.json") == config
@@ -415,11 +445,17 @@ def run_exits(args: argparse.Namespace, ctx: dict[str, Any]) -> dict[str, Any]:
         trained = read_json(out / "train.json")
     else:
         pl.seed_everything(args.seed, workers=True)
-        # a copy: exits_only freezes the backbone, and later stages need the baseline as it was
+        # a copy: exits_only freezes the backbone, and later stages need the baseline as it was;
+        # extract_level returns a plain copy of the largest level (vanilla shapes, nested channel order)
+        if grown is not None:
+            from nestflex.capacity import extract_level, num_levels
+
+            backbone = extract_level(grown.model.cpu(), num_levels(grown.model) - 1)
+        else:
+            backbone = copy.deepcopy(base.model).cpu()
         module = MultiExitClassifier(args.model, num_classes=dm.num_classes, width=args.width,
                                      positions=config["positions"], head=args.exit_head, mode=args.exit_mode,
-                                     lr=args.exit_lr, max_epochs=args.exit_epochs,
-                                     backbone=copy.deepcopy(base.model).cpu())
+                                     lr=args.exit_lr, max_epochs=args.exit_epochs, backbone=backbone)
         last = out / "last.ckpt"
         resume = last if last.exists() and same else None
         write_json(out / "config.json", config)
@@ -446,7 +482,9 @@ def run_exits(args: argparse.Namespace, ctx: dict[str, Any]) -> dict[str, Any]:
                                        fallback=args.exit_fallback)
     write_json(out / "calibration.json", calibration)
     write_json(out / "test.json", test)
-    summary = {"head": args.exit_head, "mode": args.exit_mode, **trained, **exits_summary(net, calibration, test),
+    summary = {"head": args.exit_head, "mode": args.exit_mode,
+               "backbone_source": "grow (largest level)" if grown is not None else "baseline",
+               **trained, **exits_summary(net, calibration, test),
                "calibration": "exits/calibration.json", "test_profile": "exits/test.json",
                "checkpoint": str(final.relative_to(args.out))}
     marks = {"lossless thresholds (validation), fallback final": test["at_thresholds"]}
@@ -457,6 +495,77 @@ def run_exits(args: argparse.Namespace, ctx: dict[str, Any]) -> dict[str, Any]:
                   Path(args.out) / "exits_tradeoff.png", f"{args.model} x{args.width}: early exits",
                   synthetic=ctx["data"]["synthetic"], marks=marks)
     return {"summary": summary, "module": module}
+
+
+@stage("flex")
+def run_flex(args: argparse.Namespace, ctx: dict[str, Any]) -> dict[str, Any]:
+    """FlexDNN exits on the frozen baseline: rank, search, plan; measured on test."""
+    import copy
+
+    from safetensors.torch import load_file, save_file
+    from torch.utils.data import DataLoader, Subset
+
+    from nestflex.exits import FlexDNNConfig, build_flex_network, evaluate_flex, flexdnn
+    from nestflex.exits.placement import parse_positions
+
+    base = _baseline_module(args, ctx)
+    dm = ctx["datamodule"]
+    dm.setup("fit")
+    out = Path(args.out) / "flex"
+    config = {"baseline": read_json(Path(args.out) / "baseline" / "config.json"),
+              "positions": parse_positions(args.flex_positions), "exits_per_location": args.flex_exits_per_location,
+              "base_width": args.flex_base_width, "epochs": args.flex_epochs, "train_samples": args.flex_train_samples,
+              "val_samples": args.flex_val_samples, "rate_tolerance": args.flex_rate_tolerance, "seed": args.seed}
+    backbone = copy.deepcopy(base.model).cpu().eval()  # flexdnn freezes it; later stages need the baseline
+    gen = torch.Generator().manual_seed(args.seed)
+
+    def subset(ds, n):
+        return Subset(ds, torch.randperm(len(ds), generator=gen)[: min(n, len(ds))].tolist())
+
+    same = (out / "config.json").exists() and read_json(out / "config.json") == config
+    if same and (out / "model.safetensors").exists() and (out / "report.json").exists():
+        print(f"flex: reusing {out / 'model.safetensors'} (same configuration)")
+        spec, report = read_json(out / "spec.json"), read_json(out / "report.json")
+        net = build_flex_network(backbone, spec) if spec["exits"] else None
+        if net is not None:
+            net.load_state_dict(load_file(out / "model.safetensors"))
+    else:
+        train = DataLoader(subset(dm.train_dataset, args.flex_train_samples), batch_size=args.batch_size, shuffle=True,
+                           generator=torch.Generator().manual_seed(args.seed))
+        val = DataLoader(subset(dm.val_dataset, args.flex_val_samples), batch_size=args.batch_size)
+        cfg = FlexDNNConfig(locations=tuple(config["positions"]), exits_per_location=args.flex_exits_per_location,
+                            base_width=args.flex_base_width, epochs=args.flex_epochs,
+                            rate_tolerance=args.flex_rate_tolerance, rank_samples=min(1000, args.flex_val_samples),
+                            fit_samples=min(2000, args.flex_train_samples), seed=args.seed)
+        result = flexdnn(backbone, train, val, cfg, num_classes=dm.num_classes)
+        net, spec, report = result.network, result.spec, result.report
+        out.mkdir(parents=True, exist_ok=True)
+        if net is not None:
+            # safetensors: data only, no pickle (invariant 7); written beside, then renamed
+            tmp = out / "model.safetensors.tmp"
+            save_file({k: v.contiguous() for k, v in net.state_dict().items()}, str(tmp))
+            tmp.replace(out / "model.safetensors")
+        write_json(out / "spec.json", spec)
+        write_json(out / "report.json", report)
+        write_json(out / "config.json", config)
+    plan = report["plan"]
+    summary: dict[str, Any] = {
+        "kept_locations": plan["kept_locations"], "thresholds": plan["thresholds"], "confidence": spec["confidence"],
+        "candidates": [c["location"] for c in report["candidates"]],
+        "validation": {"accuracy": plan["accuracy"], "mean_macs": plan["mean_macs"],
+                       "mean_macs_fraction": plan["mean_macs_fraction"]},
+        "backbone_macs": report["backbone_macs"],
+        "min_filters": {r["location"]: {"filters": r["filters"], "min_filters": r["min_filters"]}
+                        for r in report["ranking"]},
+        "operating_points": len(report.get("profile", {}).get("operating_points", [])),
+        "seconds": report["seconds"], "spec": "flex/spec.json", "report": "flex/report.json",
+    }
+    if net is not None:
+        test = evaluate_flex(net, spec, dm.test_dataloader())
+        summary.update(accuracy=test["accuracy"], mean_macs=test["mean_macs"],
+                       mean_macs_fraction=test["mean_macs_fraction"], backbone_accuracy=test["final_accuracy"],
+                       exit_rate=test["exit_rate"], checkpoint="flex/model.safetensors")
+    return {"summary": summary}
 
 
 @stage("profile")
@@ -529,6 +638,62 @@ def _profile_precision(args: argparse.Namespace, ctx: dict[str, Any], module, ou
         "fallback": a["fallback"], "profile": "profile/layer_precision.json",
     }
     return {"summary": summary, "profile": profile}
+
+
+@stage("export")
+def run_export(args: argparse.Namespace, ctx: dict[str, Any]) -> dict[str, Any]:
+    """The deployment bundle: multi-capacity levels (or the baseline), exits, profiles, ONNX."""
+    from nestflex.export import export_bundle
+
+    out = Path(args.out)
+    grown = _grown_module(args, ctx)
+    if grown is not None:
+        model = grown.model.cpu()
+        levels = read_json(out / "grow" / "profile.json")["levels"]  # test-split profile rows of the grow stage
+    else:
+        model, levels = _baseline_module(args, ctx).model.cpu(), None
+    exits = calibration = None
+    if (out / "exits" / "model.ckpt").exists() and (out / "exits" / "calibration.json").exists():
+        if "exits" in ctx:
+            exits = ctx["exits"]["module"].model.cpu()
+        else:
+            from nestflex.exits import MultiExitClassifier
+
+            exits = MultiExitClassifier.load_from_checkpoint(out / "exits" / "model.ckpt", map_location="cpu",
+                                                             weights_only=True).model
+        calibration = read_json(out / "exits" / "calibration.json")
+    profiles = {name: read_json(out / "profile" / f"{name}.json") if (out / "profile" / f"{name}.json").exists() else None
+                for name in ("split_quantization", "layer_precision")}
+    dm = ctx["datamodule"]
+    policy = {}
+    if calibration is not None:  # the lossless thresholds were calibrated under their own fallback
+        policy = {"confidence": calibration["confidence"], "fallback": calibration["lossless"]["fallback"]}
+    info = export_bundle(out / "bundle.nfx", model, exits=exits, levels=levels, mean=dm.mean, std=dm.std,
+                         classes=dm.classes, calibration=calibration, split_profile=profiles["split_quantization"],
+                         precision_profile=profiles["layer_precision"], **policy)
+    summary = {"bundle": "bundle.nfx", **{k: v for k, v in info.items() if k != "bundle"}}
+    return {"summary": summary}
+
+
+def _grown_module(args: argparse.Namespace, ctx: dict[str, Any]):
+    """The grow stage's multi-capacity module from this run or from --out; ``None`` if grow never ran."""
+    if "grow" in ctx:
+        return ctx["grow"]["module"]
+    out = Path(args.out) / "grow"
+    if not all((out / f).exists() for f in ("model.ckpt", "result.json", "config.json")):
+        return None
+    from nestflex.callbacks import FreezeAndGrow
+    from nestflex.capacity import set_level
+    from nestflex.training import ImageClassifier
+
+    config = read_json(out / "config.json")
+    module = ImageClassifier(**dict(_baseline_module(args, ctx).hparams))
+    grower = FreezeAndGrow(Path(args.out) / "prune" / "roadmap.json", levels=config["levels"],
+                           epochs_per_level=config["epochs_per_level"], init=config["init"], dirpath=out)
+    grower.build(module)
+    module.load_state_dict(torch.load(out / "model.ckpt", map_location="cpu", weights_only=True)["state_dict"])
+    set_level(module, config["levels"] - 1)
+    return module
 
 
 def _baseline_module(args: argparse.Namespace, ctx: dict[str, Any]):
@@ -633,6 +798,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         ll = e["lossless"]
         print(f"  exits     lossless thresholds: accuracy {ll['accuracy']:.4f} at {ll['macs_fraction']:.2f} of the "
               f"backbone's MACs (backbone alone {e['backbone']['accuracy']:.4f}){tag}")
+    if "flexdnn" in summary:
+        f = summary["flexdnn"]
+        if "accuracy" in f:
+            print(f"  flex      plan {f['kept_locations']}: test accuracy {f['accuracy']:.4f} at {f['mean_macs_fraction']:.2f} "
+                  f"of the backbone's MACs (backbone alone {f['backbone_accuracy']:.4f}){tag}")
+        else:
+            print("  flex      the insertion plan kept no exit: the backbone alone is cheapest")
     if "quantization" in summary:
         for split, q in summary["quantization"]["splits"].items():
             print(f"  profile   {split:<18} lowest bits within 1 pt: {q['bits']}  ratio {q['compression_ratio']}x{tag}")
@@ -641,6 +813,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             counts = ", ".join(f"{n} {p}" for p, n in pr["counts"].items() if n)
             print(f"  precision layers {counts} within {pr['budget_points']:g} pt: measured drop {pr['drop_points']:.2f} pt, "
                   f"{pr['speedup']}x faster than float32 at batch {pr['batch_size']}{tag}")
+    if "export" in summary:
+        x = summary["export"]
+        print(f"  export    {x['levels']} level(s), exits backbone {x['exits_backbone']}: {x['bytes']:,} bytes "
+              f"({x['weights_bytes']:,} weights, {x['onnx_bytes']:,} ONNX; largest level {x['largest_level_bytes']:,})")
+        print(f"bundle: {out / x['bundle']}")
     return summary
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from nestflex.capacity.callback import FreezeAndGrow
 from nestflex.exits.callback import OverthinkingSchedule
+from nestflex.export.callback import BundleExporter
 from nestflex.pruning import FilterPruning
 
-__all__: list[str] = ["FilterPruning", "FreezeAndGrow", "OverthinkingSchedule"]
+__all__: list[str] = ["BundleExporter", "FilterPruning", "FreezeAndGrow", "OverthinkingSchedule"]

@@ -178,3 +178,42 @@ def test_exits_stage_resumes_after_a_kill(tmp_path, capsys, monkeypatch):
     assert "exits: resuming from" in capsys.readouterr().out
     assert summary["exits"]["epochs"] == 2 and (out / "exits" / "model.ckpt").exists()
     assert (out / "logs" / "exits-resume1" / "metrics.csv").exists()
+
+
+def test_export_stage_without_grow_or_exits_bundles_the_baseline(tmp_path, capsys):
+    import nestflex.deploy as nd
+
+    recipe = _recipe()
+    out = tmp_path / "run"
+    summary = recipe.main([*TINY, "--epochs", "1", "--out", str(out), "--stages", "baseline,export"])
+    assert capsys.readouterr().out.rstrip().splitlines()[-1] == f"bundle: {out / 'bundle.nfx'}"
+    x = summary["export"]
+    assert x["levels"] == 1 and x["exits_backbone"] is None and x["exit_heads_bytes"] == 0
+    bundle = nd.load(out / x["bundle"])
+    assert bundle.levels[0]["macs"] == summary["baseline"]["macs"] and bundle.exits is None
+    assert x["weights_bytes"] <= 1.1 * x["largest_level_bytes"]
+
+
+@pytest.mark.slow
+def test_export_stage_writes_a_bundle_with_exits_on_the_grown_model(tmp_path, capsys):
+    import nestflex.deploy as nd
+
+    recipe = _recipe()
+    out = tmp_path / "run"
+    flags = [*TINY, "--epochs", "1", "--out", str(out), "--prune-max-drop", "50", "--grow-levels", "3",
+             "--grow-latency-repeats", "1", "--exit-epochs", "1", "--exit-positions", "0.3,0.6"]
+    summary = recipe.main([*flags, "--stages", "baseline,prune,grow,exits,export"])
+    printed = capsys.readouterr().out
+    assert printed.rstrip().splitlines()[-1] == f"bundle: {out / 'bundle.nfx'}"
+    assert summary["exits"]["backbone_source"] == "grow (largest level)"
+    x = json.loads((out / "summary.json").read_text())["export"]
+    assert x["bundle"] == "bundle.nfx" and x["levels"] == 3 and x["exits_backbone"] == "shared"
+    assert x["bytes"] == x["weights_bytes"] + x["onnx_bytes"] + x["metadata_bytes"] and x["onnx_bytes"] > 0
+    assert x["weights_bytes"] <= 1.1 * (x["largest_level_bytes"] + x["exit_heads_bytes"])
+    bundle = nd.load(out / x["bundle"])
+    assert [r["macs"] for r in bundle.levels] == [lv["macs"] for lv in summary["levels"]]
+    assert bundle.exits["thresholds"] == json.loads((out / "exits" / "calibration.json").read_text())["lossless"]["thresholds"]
+    assert set(bundle.manifest["profiles"]) == {"exit_calibration"}  # the profile stage did not run
+    # a later run rebuilds the grown model from --out for the export stage alone
+    again = recipe.main([*flags, "--stages", "export"])
+    assert again["export"]["weights_bytes"] == x["weights_bytes"] and again["export"]["exits_backbone"] == "shared"

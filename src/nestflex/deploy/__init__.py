@@ -1,9 +1,11 @@
 """The light runtime: loads nestflex bundles and runs them under schedulers.
 
 Invariant (DESIGN.md 6): importing this package pulls in no training dependency (Lightning,
-timm, torchmetrics, onnx). The bundle loader and schedulers land here in later releases;
-the split-tensor codec (:mod:`nestflex.deploy.codec`) and the early-exit confidence measures
-and policy (:mod:`nestflex.deploy.exits`) are here now.
+timm, torchmetrics, onnx). Here: the bundle loader (:func:`load`, :mod:`nestflex.deploy.bundle`),
+the multi-capacity and progressive runtimes (:mod:`nestflex.deploy.runtime`), the CLI
+(``nestflex`` / ``python -m nestflex.deploy``), the split-tensor codec
+(:mod:`nestflex.deploy.codec`) and the early-exit confidence measures and policy
+(:mod:`nestflex.deploy.exits`).
 """
 
 from nestflex.deploy.codec import (
@@ -22,6 +24,7 @@ from nestflex.deploy.codec import (
     list_codecs,
     register_codec,
 )
+from nestflex.deploy.bundle import SCHEMA_VERSION, Bundle, BundleError, load
 from nestflex.deploy.exits import (
     ExitError,
     ExitResult,
@@ -30,6 +33,16 @@ from nestflex.deploy.exits import (
     get_confidence,
     list_confidences,
     register_confidence,
+)
+from nestflex.deploy.runtime import CapacityRuntime, PagingReport, ProgressiveRuntime
+from nestflex.deploy.scheduler import (
+    AppProfile,
+    Decision,
+    SchedulerError,
+    get_scheduler,
+    knee_level,
+    list_schedulers,
+    register_scheduler,
 )
 from nestflex.errors import NestflexError
 
@@ -57,4 +70,21 @@ __all__ = [
     "get_confidence",
     "apply_policy",
     "early_exit",
+    # bundles: loader and runtimes (nestflex.deploy.bundle, nestflex.deploy.runtime)
+    "SCHEMA_VERSION",
+    "Bundle",
+    "BundleError",
+    "load",
+    "CapacityRuntime",
+    "ProgressiveRuntime",
+    "PagingReport",
+    # NestDNN's resource-aware scheduler (nestflex.deploy.scheduler); the multi-tenant
+    # simulation is nestflex.deploy.simulation (imported on demand: `nestflex simulate`)
+    "SchedulerError",
+    "AppProfile",
+    "Decision",
+    "knee_level",
+    "register_scheduler",
+    "list_schedulers",
+    "get_scheduler",
 ]

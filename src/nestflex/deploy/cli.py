@@ -1,0 +1,190 @@
+"""The ``nestflex`` command: inspect and benchmark bundles, run the deployment simulation.
+
+    nestflex inspect runs/vgg_cifar/bundle.nfx          # levels, exits, splits, sizes
+    nestflex bench runs/vgg_cifar/bundle.nfx --repeats 20
+    nestflex simulate ...                               # forwarded to nestflex.deploy.simulation
+    python -m nestflex.deploy inspect ...               # the same without the console script
+
+Light on purpose: it imports the deploy runtime only (DESIGN invariant 6).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import statistics
+import sys
+import time
+from typing import Any, Callable, Sequence
+
+__all__ = ["main", "inspect_table", "bench_bundle"]
+
+
+def _table(header: Sequence[str], rows: list[Sequence[Any]]) -> str:
+    cells = [[str(c) for c in header]] + [["-" if c is None else str(c) for c in r] for r in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in cells]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def _mb(n: int | None) -> str:
+    return "-" if n is None else f"{n / 1e6:.3f}"
+
+
+def inspect_table(bundle) -> str:
+    """The bundle as text tables: levels, exits, split points, files."""
+    m = bundle.manifest
+    p = m["producer"]
+    out = [f"bundle {bundle.path}  (schema {m['schema_version']}, nestflex {p['version']}, torch {p.get('torch', '?')})",
+           f"input {m['input']['dtype']} {m['input']['layout']} {m['input']['shape']}  mean {m['input']['mean']}  "
+           f"std {m['input']['std']}  classes {m['num_classes']}", ""]
+    rows = [[r["level"], r.get("accuracy"), f"{r['params']:,}", f"{r['macs']:,}", _mb(r.get("weight_bytes")),
+             (r.get("latency_ms") or {}).get("1")] for r in bundle.levels]
+    out += [f"levels ({bundle.num_levels}, nested={m['capacity']['nested']})",
+            _table(["level", "accuracy", "params", "MACs", "weights MB", "latency ms (batch 1)"], rows), ""]
+    ex = bundle.exits
+    if ex:
+        thr = [*ex["thresholds"], None]
+        rows = [[k, n, f"{pos:.3f}" if pos is not None else "1.000", f"{mac:,}", thr[k]]
+                for k, (n, pos, mac) in enumerate(zip(ex["names"], [*ex["positions"], None], ex["macs"]))]
+        out += [f"exits ({len(ex['names'])}, backbone {ex['backbone']}, confidence {ex['confidence']}, "
+                f"fallback {ex['fallback']})", _table(["exit", "name", "MACs fraction", "MACs", "threshold"], rows), ""]
+    else:
+        out += ["exits: none", ""]
+    rows = []
+    for s in bundle.splits:
+        q = s.get("quantization") or {}
+        bits = (q.get("lowest_bits") or {}).get("1")
+        rows.append([s["name"], " + ".join("x".join(map(str, shape)) for _, shape in s["tensors"]),
+                     f"{s['float32_bytes']:,}", f"{s['macs_fraction']:.3f}", bits])
+    out += [f"split points ({len(rows)})",
+            _table(["split", "tensors", "float32 bytes/sample", "MACs fraction", "lowest bits (1 pt)"], rows), ""]
+    files = m["files"]
+    groups: dict[str, int] = {}
+    for rel, f in files.items():
+        groups[rel.split("/")[0] if "/" in rel else rel] = groups.get(rel.split("/")[0] if "/" in rel else rel, 0) + f["bytes"]
+    total = sum(groups.values()) + (bundle.path / "manifest.json").stat().st_size
+    rows = [[k, f"{v:,}"] for k, v in sorted(groups.items())] + [["manifest.json", f"{(bundle.path / 'manifest.json').stat().st_size:,}"],
+                                                                ["total", f"{total:,}"]]
+    out += [f"sizes (largest level {m['capacity']['largest_level_bytes']:,} weight bytes)", _table(["files", "bytes"], rows)]
+    return "\n".join(out)
+
+
+def _median_ms(fn: Callable[[], object], repeats: int) -> float:
+    fn()  # warm-up: lazy allocations are not what is measured
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return 1e3 * statistics.median(times)
+
+
+def bench_bundle(bundle, batch_size: int = 1, repeats: int = 20, seed: int = 0) -> dict[str, Any]:
+    """Median latency (ms) per level and per exit, and the time of each level switch, on this machine."""
+    import torch
+
+    from nestflex._machine import machine
+
+    x = torch.randn(batch_size, *bundle.input_spec["shape"], generator=torch.Generator().manual_seed(seed))
+    rt = bundle.capacity(level=0)
+    levels = []
+    for k in range(bundle.num_levels):
+        report = rt.set_level(k)
+        levels.append({"level": k, "latency_ms": round(_median_ms(lambda: rt(x), repeats), 4),
+                       "resident_bytes": report.resident_bytes})
+    switches = []
+    for a in range(bundle.num_levels):
+        for b in range(bundle.num_levels):
+            if a != b:
+                rt.set_level(a)
+                r = rt.set_level(b)
+                switches.append({"from": a, "to": b, "page_in_bytes": r.page_in_bytes,
+                                 "page_out_bytes": r.page_out_bytes, "ms": round(1e3 * r.seconds, 4)})
+    exits = []
+    if bundle.exits:
+        prog = bundle.progressive(rt)
+        for k in range(prog.num_exits):
+            exits.append({"exit": k, "name": bundle.exits["names"][k],
+                          "latency_ms": round(_median_ms(lambda k=k: prog.exit_logits(x, k), repeats), 4)})
+    return {"bundle": str(bundle.path), "batch_size": batch_size, "repeats": repeats, "levels": levels,
+            "exits": exits, "switches": switches, "machine": machine(),
+            "note": "medians of repeated runs after one warm-up; a switch is timed once per ordered pair"}
+
+
+def _cmd_inspect(args: argparse.Namespace) -> int:
+    from nestflex.deploy.bundle import load
+
+    bundle = load(args.bundle)
+    print(json.dumps(bundle.manifest, indent=2) if args.json else inspect_table(bundle))
+    return 0
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    from nestflex.deploy.bundle import load
+
+    if args.repeats < 1 or args.batch_size < 1:
+        print(f"error: --repeats and --batch-size must be >= 1, got {args.repeats} and {args.batch_size}", file=sys.stderr)
+        return 2
+    result = bench_bundle(load(args.bundle), args.batch_size, args.repeats)
+    if args.json:
+        from nestflex._io import write_json
+
+        write_json(args.json, result)
+    print(f"bundle {result['bundle']}  batch {args.batch_size}  median of {args.repeats}  "
+          f"({result['machine']['cpus']} cpus, {result['machine']['torch_threads']} torch threads)")
+    print(_table(["level", "latency ms", "resident MB"],
+                 [[r["level"], r["latency_ms"], _mb(r["resident_bytes"])] for r in result["levels"]]))
+    if result["exits"]:
+        print()
+        print(_table(["exit", "name", "latency ms"], [[e["exit"], e["name"], e["latency_ms"]] for e in result["exits"]]))
+    print()
+    print(_table(["switch", "page in bytes", "page out bytes", "ms"],
+                 [[f"{s['from']} -> {s['to']}", f"{s['page_in_bytes']:,}", f"{s['page_out_bytes']:,}", s["ms"]]
+                  for s in result["switches"]]))
+    return 0
+
+
+def _cmd_simulate(argv: list[str]) -> int:
+    try:
+        simulation = importlib.import_module("nestflex.deploy.simulation")
+    except ModuleNotFoundError as e:
+        if e.name != "nestflex.deploy.simulation":
+            raise
+        print("error: `nestflex simulate` needs nestflex.deploy.simulation, which this nestflex installation does not "
+              "have. HINT: upgrade nestflex to a release with the deployment simulation", file=sys.stderr)
+        return 2
+    result = simulation.main(argv)
+    return result if isinstance(result, int) else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``nestflex`` and ``python -m nestflex.deploy``; returns the exit status."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["simulate"]:  # everything after `simulate` belongs to the simulation's own parser
+        return _cmd_simulate(argv[1:])
+    parser = argparse.ArgumentParser(prog="nestflex", description="Inspect, benchmark and simulate nestflex bundles.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("inspect", help="levels, exits, split points and sizes of a bundle")
+    p.add_argument("bundle")
+    p.add_argument("--json", action="store_true", help="print the whole manifest as JSON")
+    p = sub.add_parser("bench", help="median latency per level and per exit on this machine")
+    p.add_argument("bundle")
+    p.add_argument("--batch-size", type=int, default=1)
+    p.add_argument("--repeats", type=int, default=20)
+    p.add_argument("--json", default=None, help="also write the results to this JSON file")
+    sub.add_parser("simulate", help="run the deployment simulation (nestflex.deploy.simulation; see its --help)")
+    args = parser.parse_args(argv)
+    from nestflex.errors import NestflexError
+
+    try:
+        return {"inspect": _cmd_inspect, "bench": _cmd_bench}[args.command](args)
+    except NestflexError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,506 @@
+"""Runtimes for a loaded bundle: multi-capacity (paged levels) and progressive (batched early exit).
+
+Backend: **torch eager over a small op program** read from the manifest. Each component
+(backbone, exit head) is a list of nodes (``conv2d``, ``batch_norm``, ``relu``, pools, ``linear``,
+``flatten``, ``add``/``sub``/``mul``, ``param``) whose weights are safetensors tensors. A nested
+layer's weight is one full tensor in nested order; level ``k`` computes with a prefix of it (the
+``regions`` table of the manifest gives the prefix shape per level, ``null`` when a level does
+not use a tensor at all, e.g. another level's BatchNorm). This is why the runtime can page:
+
+* :meth:`CapacityRuntime.set_level` keeps exactly the tensor entries the new level uses. An
+  upgrade reads from the (memory-mapped) safetensors file only the entries the new level adds
+  (the prefix box minus the resident one, as at most one box per dimension); a downgrade copies
+  the smaller prefix and drops the rest. It reports page-in/page-out bytes (the same accounting as
+  :func:`nestflex.capacity.profile.paging_bytes`) and the seconds it took.
+* Resident weight memory is the active level's own bytes, so it never exceeds the largest level.
+
+ONNX files in the bundle serve other runtimes (onnxruntime, TensorRT, ...); an ONNX session
+cannot share weights between levels or page a delta, so it is not the default here.
+
+Example::
+
+    import nestflex.deploy as nd
+    rt = nd.load("bundle.nfx").capacity(level=0)
+    report = rt.set_level(2); report.page_in_bytes
+    logits = rt(x)
+"""
+
+from __future__ import annotations
+
+import operator
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Sequence
+
+import torch
+import torch.nn.functional as F
+
+from nestflex.deploy.bundle import Bundle, BundleError
+from nestflex.deploy.exits import ConfidenceFn, ExitResult, early_exit
+
+__all__ = ["OPS", "PagingReport", "CapacityRuntime", "ProgressiveRuntime", "run_program", "cut_program"]
+
+Node = Mapping[str, Any]
+Region = Sequence[int] | None
+
+
+@dataclass(frozen=True)
+class PagingReport:
+    """What one :meth:`CapacityRuntime.set_level` call moved.
+
+    Attributes:
+        from_level: level resident before (``None`` on the first load).
+        to_level: level resident after.
+        page_in_bytes: bytes read from the bundle (entries the new level uses and the old did not).
+        page_out_bytes: bytes released (entries the old level used and the new does not).
+        seconds: wall time of the switch.
+        resident_bytes: weight bytes resident after the switch.
+    """
+
+    from_level: int | None
+    to_level: int
+    page_in_bytes: int
+    page_out_bytes: int
+    seconds: float
+    resident_bytes: int
+
+
+# --------------------------------------------------------------------------------------------
+# the op program
+
+
+def _arg(a: Any, env: Mapping[str, Any]) -> Any:
+    return env[a] if isinstance(a, str) else a
+
+
+def _conv2d(node: Node, x: torch.Tensor, w: Mapping[str, torch.Tensor]) -> torch.Tensor:
+    at = node["attrs"]
+    weight = w["weight"]
+    groups = weight.shape[0] if at.get("depthwise") else at["groups"]
+    return F.conv2d(x, weight, w.get("bias"), at["stride"], at["padding"], at["dilation"], groups)
+
+
+def _batch_norm(node: Node, x: torch.Tensor, w: Mapping[str, torch.Tensor]) -> torch.Tensor:
+    return F.batch_norm(x, w["running_mean"], w["running_var"], w.get("weight"), w.get("bias"), False, 0.0,
+                        node["attrs"]["eps"])
+
+
+def _max_pool(node: Node, x: torch.Tensor, w) -> torch.Tensor:
+    at = node["attrs"]
+    return F.max_pool2d(x, at["kernel_size"], at["stride"], at["padding"], at["dilation"], at["ceil_mode"])
+
+
+def _avg_pool(node: Node, x: torch.Tensor, w) -> torch.Tensor:
+    at = node["attrs"]
+    return F.avg_pool2d(x, at["kernel_size"], at["stride"], at["padding"], at["ceil_mode"], at["count_include_pad"],
+                        at.get("divisor_override"))
+
+
+def _size(v: Any) -> Any:
+    return tuple(v) if isinstance(v, list) else v
+
+
+#: op name -> fn(node, first input, weights of this node) for ops with one tensor input
+OPS: dict[str, Callable[..., torch.Tensor]] = {
+    "conv2d": _conv2d,
+    "linear": lambda node, x, w: F.linear(x, w["weight"], w.get("bias")),
+    "batch_norm": _batch_norm,
+    "relu": lambda node, x, w: F.relu(x),
+    "relu6": lambda node, x, w: F.hardtanh(x, 0.0, 6.0),
+    "identity": lambda node, x, w: x,
+    "max_pool2d": _max_pool,
+    "avg_pool2d": _avg_pool,
+    "adaptive_avg_pool2d": lambda node, x, w: F.adaptive_avg_pool2d(x, _size(node["attrs"]["output_size"])),
+    "adaptive_max_pool2d": lambda node, x, w: F.adaptive_max_pool2d(x, _size(node["attrs"]["output_size"])),
+    "flatten": lambda node, x, w: torch.flatten(x, node["attrs"]["start_dim"], node["attrs"]["end_dim"]),
+}
+_BINARY = {"add": operator.add, "sub": operator.sub, "mul": operator.mul}
+
+
+def _node_weights(node: Node, tensors: Mapping[str, torch.Tensor], level: int) -> dict[str, torch.Tensor]:
+    per_level = node.get("params_per_level")
+    params = per_level[level if len(per_level) > 1 else 0] if per_level else node.get("params", {})
+    return {role: tensors[name] for role, name in params.items()}
+
+
+def run_program(nodes: Sequence[Node], env: dict[str, Any], tensors: Mapping[str, torch.Tensor], level: int = 0) -> Any:
+    """Run ``nodes`` in order; ``env`` holds the inputs by node name and receives every result.
+
+    Returns the ``output`` node's value (a tensor or a tuple), or ``None`` if ``nodes`` has none.
+    """
+    for node in nodes:
+        op = node["op"]
+        if op == "input":
+            continue
+        if op == "output":
+            args = [_arg(a, env) for a in node["args"]]
+            return args[0] if len(args) == 1 else tuple(args)
+        if op == "param":
+            env[node["name"]] = tensors[node["params"]["value"]]
+        elif op in _BINARY:
+            a, b = (_arg(x, env) for x in node["args"])
+            env[node["name"]] = _BINARY[op](a, b)
+        else:
+            fn = OPS.get(op)
+            if fn is None:
+                raise BundleError(f"the bundle uses op {op!r} (node {node['name']!r}), which this runtime does not "
+                                  f"know; known: {', '.join(sorted([*OPS, *_BINARY, 'param']))}. HINT: upgrade nestflex")
+            env[node["name"]] = fn(node, _arg(node["args"][0], env), _node_weights(node, tensors, level))
+    return None
+
+
+def cut_program(nodes: Sequence[Node], cuts: Sequence[str]) -> list[tuple[list[str], list[Node], list[str]]]:
+    """Cut a program after each node named in ``cuts`` (in execution order).
+
+    Returns one ``(inputs, nodes, outputs)`` per stage: stage ``k`` takes the values named by
+    ``inputs`` (the program input for stage 0), runs ``nodes`` and returns the values named by
+    ``outputs``: the cut node first, then every other value a later stage still needs (skip
+    connections), in definition order; the last stage returns the program output.
+
+    Raises:
+        BundleError: a cut names no node of the program, or cuts are out of order.
+    """
+    index = {n["name"]: i for i, n in enumerate(nodes)}
+    for c in cuts:
+        if c not in index:
+            raise BundleError(f"cut point {c!r} is not a node of the program. HINT: the manifest is inconsistent")
+    positions = [index[c] for c in cuts]
+    if positions != sorted(positions) or len(set(positions)) != len(positions):
+        raise BundleError(f"cut points {list(cuts)} are not in execution order")
+    last_use: dict[str, int] = {}
+    for i, n in enumerate(nodes):
+        for a in n.get("args", []):
+            if isinstance(a, str):
+                last_use[a] = i
+    inputs = [n["name"] for n in nodes if n["op"] == "input"]
+    stages, start = [], 0
+    params = {n["name"]: n for n in nodes if n["op"] == "param"}
+    for c, p in zip([*cuts, None], [*positions, len(nodes) - 1]):
+        body = list(nodes[start : p + 1])
+        # a `param` node defined in an earlier stage is repeated where used: weights never cross a cut
+        own = {n["name"] for n in body}
+        used = [a for n in body for a in n.get("args", []) if isinstance(a, str) and a in params and a not in own]
+        body = [params[a] for a in dict.fromkeys(used)] + body
+        if c is None:
+            outputs: list[str] = []
+        else:
+            live = [n["name"] for n in nodes[: p + 1] if n["op"] != "param" and last_use.get(n["name"], -1) > p]
+            outputs = [c, *[name for name in live if name != c]]
+        stages.append((inputs, body, outputs))
+        inputs, start = outputs, p + 1
+    return stages
+
+
+# --------------------------------------------------------------------------------------------
+# weights resident in memory, paged per level
+
+
+def _delta_boxes(inter: Sequence[int], new: Sequence[int]) -> list[tuple[slice, ...]]:
+    """Disjoint boxes that cover the prefix box ``new`` minus the prefix box ``inter``."""
+    boxes = []
+    for d in range(len(new)):
+        if inter[d] >= new[d]:
+            continue
+        box = tuple([slice(0, inter[i]) for i in range(d)] + [slice(inter[d], new[d])]
+                    + [slice(0, new[i]) for i in range(d + 1, len(new))])
+        if all(s.stop > s.start for s in box):
+            boxes.append(box)
+    return boxes
+
+
+class _Store:
+    """The tensors one level uses, read from the bundle's safetensors file on demand."""
+
+    def __init__(self, bundle: Bundle, names: Sequence[str], regions: Mapping[str, Sequence[Region]], levels: int) -> None:
+        from safetensors import safe_open
+
+        table = bundle.manifest["weights"]["tensors"]
+        missing = [n for n in names if n not in table]
+        if missing:
+            raise BundleError(f"bundle {str(bundle.path)!r}: the program uses tensors {missing[:5]} that the weights "
+                              f"do not hold. HINT: the manifest is inconsistent; export the bundle again")
+        self.file = safe_open(str(bundle.weights_path), framework="pt")
+        self.dtypes = {n: getattr(torch, table[n]["dtype"]) for n in names}
+        self.regions = {n: [None if r is None else list(r) for r in regions[n]] if n in regions
+                        else [list(table[n]["shape"])] * levels for n in names}
+        self.tensors: dict[str, torch.Tensor] = {}
+        self.level: int | None = None
+
+    def level_bytes(self, level: int) -> int:
+        total = 0
+        for n, regs in self.regions.items():
+            if regs[level] is not None:
+                numel = 1
+                for s in regs[level]:
+                    numel *= s
+                total += numel * self.dtypes[n].itemsize
+        return total
+
+    @property
+    def resident_bytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.tensors.values())
+
+    def page(self, level: int) -> tuple[int, int]:
+        page_in = page_out = 0
+        for name, regs in self.regions.items():
+            old = self.tensors.get(name)
+            new_shape = regs[level]
+            size = self.dtypes[name].itemsize
+            if new_shape is None:
+                if old is not None:
+                    page_out += old.numel() * size
+                    del self.tensors[name]
+                continue
+            if old is not None and list(old.shape) == new_shape:
+                continue
+            if not new_shape:  # a scalar
+                self.tensors[name] = self.file.get_tensor(name)
+                page_in += size
+                continue
+            inter = [min(a, b) for a, b in zip(old.shape, new_shape)] if old is not None else [0] * len(new_shape)
+            region = tuple(slice(0, s) for s in inter)
+            if old is not None and inter == new_shape:  # a pure downgrade: keep a compact copy of the prefix
+                fresh = old[region].clone()
+            else:
+                fresh = torch.empty(new_shape, dtype=self.dtypes[name])
+                if old is not None:
+                    fresh[region] = old[region]
+                view = self.file.get_slice(name)
+                for box in _delta_boxes(inter, new_shape):
+                    part = view[box]
+                    fresh[box] = part
+                    page_in += part.numel() * size
+            if old is not None:
+                kept = 1
+                for s in inter:
+                    kept *= s
+                page_out += (old.numel() - kept) * size
+            self.tensors[name] = fresh
+        self.level = level
+        return page_in, page_out
+
+
+def _program_tensors(nodes: Sequence[Node]) -> list[str]:
+    names: list[str] = []
+    for n in nodes:
+        for params in [n.get("params", {}), *n.get("params_per_level", [])]:
+            names += [t for t in params.values() if t not in names]
+    return names
+
+
+def _check_input(x: torch.Tensor, spec: Mapping[str, Any], where: str) -> None:
+    shape = list(spec["shape"])
+    if not isinstance(x, torch.Tensor) or x.dim() != len(shape) + 1 or list(x.shape[1:]) != shape:
+        got = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
+        raise BundleError(f"{where}: `x` must be a float tensor of shape (N, {', '.join(map(str, shape))}), got {got}. "
+                          f"HINT: normalise with the bundle's input mean/std (manifest['input']) and batch it")
+
+
+class CapacityRuntime:
+    """Runs the multi-capacity backbone at one level; :meth:`set_level` pages only the delta.
+
+    Args:
+        bundle: a loaded :class:`~nestflex.deploy.bundle.Bundle`.
+        level: the level to make resident first.
+
+    Attributes:
+        level: the resident level.
+        num_levels: levels in the bundle.
+        last_report: the :class:`PagingReport` of the latest switch (the initial load included).
+
+    Example::
+
+        rt = bundle.capacity(level=0)
+        rt.set_level(1).page_in_bytes
+    """
+
+    def __init__(self, bundle: Bundle, level: int) -> None:
+        cap = bundle.manifest["capacity"]
+        self.bundle = bundle
+        self.num_levels = int(cap["num_levels"])
+        self.nodes: list[Node] = cap["program"]
+        self._store = _Store(bundle, _program_tensors(self.nodes), cap.get("regions", {}), self.num_levels)
+        self.level: int | None = None
+        self.last_report: PagingReport | None = None
+        self.set_level(level)
+
+    def level_bytes(self, level: int) -> int:
+        """Weight bytes level ``level`` keeps resident."""
+        self._check_level(level)
+        return self._store.level_bytes(level)
+
+    @property
+    def resident_bytes(self) -> int:
+        """Weight bytes resident now."""
+        return self._store.resident_bytes
+
+    def _check_level(self, level: int) -> None:
+        if isinstance(level, bool) or not isinstance(level, int) or not 0 <= level < self.num_levels:
+            raise BundleError(f"`level` must be an int in [0, {self.num_levels - 1}] (the bundle's levels), got "
+                              f"{level!r}. HINT: bundle.levels lists them, smallest first")
+
+    def set_level(self, level: int) -> PagingReport:
+        """Make ``level`` resident: read the entries it adds, release the ones it drops.
+
+        Returns:
+            a :class:`PagingReport` (bytes in/out, seconds, resident bytes after).
+
+        Raises:
+            BundleError: ``level`` outside ``[0, num_levels)``.
+        """
+        self._check_level(level)
+        start = time.perf_counter()
+        page_in, page_out = self._store.page(level)
+        seconds = time.perf_counter() - start
+        self.last_report = PagingReport(self.level, level, page_in, page_out, seconds, self._store.resident_bytes)
+        self.level = level
+        return self.last_report
+
+    @torch.no_grad()
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        """Logits of the resident level for a normalised batch ``(N, *input shape)``."""
+        _check_input(x, self.bundle.input_spec, "CapacityRuntime")
+        return run_program(self.nodes, {self.nodes[0]["name"]: x}, self._store.tensors, self.level)
+
+    def split(self, name: str) -> tuple[Callable[..., tuple[torch.Tensor, ...]], Callable[..., torch.Tensor]]:
+        """Head and tail of the resident level cut at split point ``name`` (a node or layer name).
+
+        ``tail(*head(x))`` equals ``self(x)``; the head returns every tensor that crosses the cut.
+
+        Raises:
+            BundleError: no such split point.
+        """
+        split = next((s for s in self.bundle.splits if name in (s["name"], s["node"])), None)
+        if split is None:
+            raise BundleError(f"no split point {name!r} in the bundle; split points: "
+                              f"{', '.join(s['name'] for s in self.bundle.splits)}")
+        (ins, head_nodes, outs), (_, tail_nodes, _) = cut_program(self.nodes, [split["node"]])
+        return self._stage(ins, head_nodes, outs), self._stage(outs, tail_nodes, [])
+
+    def _stage(self, inputs: list[str], nodes: list[Node], outputs: list[str]) -> Callable[..., Any]:
+        @torch.no_grad()
+        def run(*values: torch.Tensor) -> Any:
+            env = dict(zip(inputs, values))
+            result = run_program(nodes, env, self._store.tensors, self.level)
+            return tuple(env[o] for o in outputs) if outputs else result
+
+        return run
+
+
+class ProgressiveRuntime:
+    """Batched early exit over the bundle's exits, with the shared policy of :mod:`nestflex.deploy.exits`.
+
+    When the manifest says ``exits.backbone == "shared"`` the heads sit on the multi-capacity
+    backbone's largest level (one copy of the weights); with ``"own"`` the progressive network's
+    backbone is its own component.
+
+    Args:
+        bundle: a loaded bundle with exits.
+        capacity: for a shared backbone, the :class:`CapacityRuntime` to run on (switched to the
+            largest level); a new one if ``None``.
+
+    Raises:
+        BundleError: the bundle has no exits.
+    """
+
+    def __init__(self, bundle: Bundle, capacity: CapacityRuntime | None = None) -> None:
+        ex = bundle.exits
+        if not ex:
+            raise BundleError(f"bundle {str(bundle.path)!r} has no exits. HINT: export it with a MultiExitNetwork "
+                              f"(`exits=`) or run the recipe's exits stage before export")
+        self.bundle, self.exits = bundle, ex
+        self.thresholds: list[float] = list(ex["thresholds"])
+        self.confidence: str = ex["confidence"]
+        self.fallback: str = ex["fallback"]
+        if ex["backbone"] == "shared":
+            self.capacity = capacity if capacity is not None else bundle.capacity(bundle.num_levels - 1)
+            if self.capacity.level != bundle.num_levels - 1:
+                self.capacity.set_level(bundle.num_levels - 1)
+            self._level = bundle.num_levels - 1
+            nodes, store = self.capacity.nodes, self.capacity._store
+        else:
+            self.capacity = None
+            self._level = 0
+            nodes = ex["program"]
+            store = _Store(bundle, _program_tensors(nodes), {}, 1)
+            store.page(0)
+        self._backbone_store = store
+        self._heads = [h["program"] for h in ex["heads"]]
+        self._head_store = _Store(bundle, [t for h in self._heads for t in _program_tensors(h)], {}, 1)
+        self._head_store.page(0)
+        stages = cut_program(nodes, ex["taps"])
+        self._stages = [self._make_stage(*s) for s in stages]
+
+    @property
+    def num_exits(self) -> int:
+        return len(self._heads) + 1
+
+    @property
+    def resident_bytes(self) -> int:
+        """Weight bytes resident: backbone (the active level if shared) plus heads."""
+        return self._backbone_store.resident_bytes + self._head_store.resident_bytes
+
+    def _make_stage(self, inputs: list[str], nodes: list[Node], outputs: list[str]) -> Callable[..., Any]:
+        def run(*values: torch.Tensor) -> tuple[torch.Tensor, ...]:
+            env = dict(zip(inputs, values))
+            result = run_program(nodes, env, self._backbone_store.tensors, self._level)
+            return tuple(env[o] for o in outputs) if outputs else (result,)
+
+        return run
+
+    def _head_fns(self) -> list[Callable[[tuple[torch.Tensor, ...]], torch.Tensor]]:
+        def head(program: list[Node]) -> Callable[[tuple[torch.Tensor, ...]], torch.Tensor]:
+            return lambda state: run_program(program, {program[0]["name"]: state[0]}, self._head_store.tensors, 0)
+
+        return [head(p) for p in self._heads] + [lambda state: state[0]]
+
+    def _ready(self, x: torch.Tensor) -> None:
+        _check_input(x, self.bundle.input_spec, "ProgressiveRuntime")
+        if self.capacity is not None and self.capacity.level != self._level:
+            raise BundleError(f"the exits sit on level {self._level}, but the shared CapacityRuntime is at level "
+                              f"{self.capacity.level}. HINT: call capacity.set_level({self._level}) first")
+
+    @torch.no_grad()
+    def all_exits(self, x: torch.Tensor) -> list[torch.Tensor]:
+        """Logits of every exit for the whole batch (no early exit), final exit last."""
+        self._ready(x)
+        heads, state, out = self._head_fns(), (x,), []
+        for stage, head in zip(self._stages, heads):
+            state = stage(*state)
+            out.append(head(state))
+        return out
+
+    @torch.no_grad()
+    def exit_logits(self, x: torch.Tensor, k: int) -> torch.Tensor:
+        """Logits of exit ``k`` alone, running only the stages before it (what stopping there costs).
+
+        Raises:
+            BundleError: ``k`` outside ``[0, num_exits)``.
+        """
+        if isinstance(k, bool) or not isinstance(k, int) or not 0 <= k < self.num_exits:
+            raise BundleError(f"`k` must be an exit index in [0, {self.num_exits - 1}], got {k!r}")
+        self._ready(x)
+        state: tuple[torch.Tensor, ...] = (x,)
+        for stage in self._stages[: k + 1]:
+            state = stage(*state)
+        return self._head_fns()[k](state)
+
+    @torch.no_grad()
+    def __call__(
+        self,
+        x: torch.Tensor,
+        thresholds: float | Sequence[float] | None = None,
+        confidence: str | ConfidenceFn | None = None,
+        fallback: str | None = None,
+    ) -> ExitResult:
+        """Batched early exit (:func:`nestflex.deploy.exits.early_exit`): exited samples leave the batch.
+
+        Args:
+            x: normalised input batch.
+            thresholds, confidence, fallback: override the bundle's calibrated values.
+        """
+        self._ready(x)
+        return early_exit(self._stages, self._head_fns(), x,
+                          self.thresholds if thresholds is None else thresholds,
+                          self.confidence if confidence is None else confidence,
+                          self.fallback if fallback is None else fallback)

@@ -1,0 +1,401 @@
+"""Write a nestflex bundle: :func:`export_bundle`.
+
+The bundle layout and the manifest keys are defined by the deploy side
+(:mod:`nestflex.deploy.bundle`, docs/deploy.md); this module only writes them. The bundle is
+built in a temporary directory next to the target and moved into place with ``os.replace``, so a
+crash leaves the previous bundle (or none), never a half-written one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import shutil
+import tempfile
+import time
+import warnings
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import torch
+from torch import nn
+
+from nestflex import __version__
+from nestflex._io import atomic_write_bytes, write_json
+from nestflex.capacity.nested import extract_level, is_nested, nested_modules, num_levels
+from nestflex.deploy.bundle import FORMAT, MANIFEST, SCHEMA_VERSION, WEIGHTS, file_digest, manifest_digest
+from nestflex.deploy.exits import FALLBACKS, check_thresholds, list_confidences
+from nestflex.export._program import ExportError, Program, build_program
+from nestflex.graph import trace
+
+__all__ = ["ExportError", "export_bundle", "BUNDLE_SUFFIX"]
+
+#: suffix of bundle directories, by convention
+BUNDLE_SUFFIX = ".nfx"
+_ONNX_OPSET = 17
+
+
+def _state_bytes(tensors: Mapping[str, torch.Tensor]) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors.values())
+
+
+def _shared_backbone(exits: nn.Module, largest: nn.Module) -> bool:
+    """Whether the exits' backbone holds exactly the largest level's tensors (same names, values)."""
+    mine = {k: v for k, v in exits.backbone.state_dict().items() if not k.endswith("num_batches_tracked")}
+    theirs = {k: v for k, v in largest.state_dict().items() if not k.endswith("num_batches_tracked")}
+    return mine.keys() == theirs.keys() and all(
+        mine[k].shape == theirs[k].shape and torch.equal(mine[k].cpu(), theirs[k].cpu()) for k in mine
+    )
+
+
+def _export_onnx(module: nn.Module, example: tuple[torch.Tensor, ...], path: Path, inputs: list[str],
+                 outputs: list[str]) -> None:
+    from torch import onnx  # training side only: the runtime never needs the exporter
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    buf = io.BytesIO()
+    with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+        warnings.simplefilter("ignore")  # the TorchScript exporter's deprecation notice, once per file
+        # the TorchScript exporter: the dynamo one needs onnxscript, which the train extra does not pin
+        onnx.export(module, example, buf, input_names=inputs, output_names=outputs, opset_version=_ONNX_OPSET,
+                    dynamic_axes={n: {0: "batch"} for n in [*inputs, *outputs]}, dynamo=False)
+    path.write_bytes(buf.getvalue())
+
+
+def _plain_level_row(model: nn.Module, input_shape: tuple[int, ...]) -> dict[str, Any]:
+    graph = trace(model, input_shape)
+    return {"level": 0, "accuracy": None, "params": graph.params(), "macs": graph.macs(),
+            "memory_mb": round(_state_bytes(model.state_dict()) / 1e6, 4), "latency_ms": None}
+
+
+def _splits(graph, split_profile: Mapping[str, Any] | None) -> list[dict[str, Any]]:
+    rows = {r["name"]: r for r in (split_profile or {}).get("splits", [])}
+    out = []
+    for s in graph.split_points:
+        entry = {"name": s.name, "node": s.node, "tensors": [[n, list(shape)] for n, shape in s.tensors],
+                 "numel": s.numel, "float32_bytes": s.numel * 4, "macs_before": s.macs_before,
+                 "macs_fraction": round(s.macs_fraction, 6)}
+        row = rows.get(s.name)
+        if row is not None:
+            entry["quantization"] = {
+                "lowest_bits": row.get("lowest_bits"), "fixed_range": row.get("fixed_range"),
+                "per_bits": [{k: r[k] for k in ("bits", "accuracy", "bytes_mean", "ratio") if k in r}
+                             for r in row.get("per_bits", [])],
+            }
+        out.append(entry)
+    return out
+
+
+def export_bundle(
+    path: str | os.PathLike,
+    model: nn.Module,
+    *,
+    exits: nn.Module | None = None,
+    levels: Sequence[Mapping[str, Any]] | None = None,
+    input_shape: Sequence[int] = (3, 32, 32),
+    mean: Sequence[float] | None = None,
+    std: Sequence[float] | None = None,
+    classes: Sequence[str] | None = None,
+    thresholds: float | Sequence[float] | None = None,
+    confidence: str = "max_prob",
+    fallback: str = "most_confident",
+    calibration: Mapping[str, Any] | None = None,
+    split_profile: Mapping[str, Any] | None = None,
+    precision_profile: Mapping[str, Any] | None = None,
+    onnx: bool = True,
+    overwrite: bool = True,
+) -> dict[str, Any]:
+    """Write ``model`` (multi-capacity or plain) and optionally its exits as one bundle directory.
+
+    Args:
+        path: the bundle directory to write (``*.nfx`` by convention).
+        model: a multi-capacity network (:func:`~nestflex.capacity.nest_`) or a plain one (one level).
+        exits: a :class:`~nestflex.exits.MultiExitNetwork`. If its backbone equals the largest level
+            (same tensors, e.g. heads trained ``exits_only`` on ``extract_level(model, K-1)``), only
+            the heads are stored and ``manifest["exits"]["backbone"] == "shared"``; otherwise its
+            backbone is stored as its own component (``"own"``).
+        levels: per-level profile rows (:func:`~nestflex.capacity.profile.profile_levels`); if
+            ``None``, params/MACs/memory are computed and accuracy/latency left ``None``.
+        input_shape: per-sample input shape.
+        mean, std: per-channel normalisation the caller must apply (recorded, not applied).
+        classes: class names.
+        thresholds: one per early exit (default: the lossless thresholds of ``calibration``, else 1.0).
+        confidence, fallback: the exit policy (:mod:`nestflex.deploy.exits`).
+        calibration: the exits calibration (:func:`~nestflex.exits.calibrate` output), shipped in
+            ``profiles/exit_calibration.json``.
+        split_profile, precision_profile: the profiling stage's JSON, shipped in ``profiles/``.
+        onnx: also write ONNX graphs (levels, backbone stages, exit heads).
+        overwrite: replace an existing bundle at ``path``.
+
+    Returns:
+        sizes: ``bundle``, ``bytes`` (all files), ``weights_bytes``, ``onnx_bytes``,
+        ``metadata_bytes`` (manifest and profiles), ``largest_level_bytes``, ``exit_heads_bytes``,
+        ``exits_backbone`` and ``files``.
+
+    Raises:
+        ExportError: bad arguments, an existing bundle with ``overwrite=False``, or a layer the
+            bundle program cannot express.
+
+    Example:
+        >>> from nestflex.models import create_model
+        >>> import tempfile, nestflex.deploy
+        >>> d = tempfile.mkdtemp()
+        >>> info = export_bundle(f"{d}/m.nfx", create_model("vgg11", width=0.125).eval(), onnx=False)
+        >>> nestflex.deploy.load(info["bundle"]).num_levels
+        1
+    """
+    target = Path(path)
+    input_shape = tuple(int(s) for s in input_shape)
+    if target.exists() and not overwrite:
+        raise ExportError(f"`path` {str(target)!r} already exists. HINT: pass overwrite=True or choose another path")
+    if target.exists() and not (target / MANIFEST).exists():
+        raise ExportError(f"`path` {str(target)!r} exists and is not a bundle; refusing to replace it. HINT: choose "
+                          f"another path (bundles are directories ending in {BUNDLE_SUFFIX})")
+    if (mean is None) != (std is None) or (mean is not None and (len(mean) != input_shape[0] or len(std) != input_shape[0])):
+        raise ExportError(f"`mean` and `std` must both be given with one value per input channel ({input_shape[0]}), "
+                          f"got {mean!r} and {std!r}")
+    if confidence not in list_confidences():
+        raise ExportError(f"`confidence` must be a registered name ({', '.join(list_confidences())}), got {confidence!r}")
+    if fallback not in FALLBACKS:
+        raise ExportError(f"`fallback` must be one of {', '.join(FALLBACKS)}, got {fallback!r}")
+
+    was_training = model.training
+    model.eval()
+    if exits is not None:
+        exits_was = exits.training
+        exits.eval()
+    try:
+        return _write(target, model, exits, levels, input_shape, mean, std, classes, thresholds, confidence, fallback,
+                      calibration, split_profile, precision_profile, onnx)
+    finally:
+        model.train(was_training)
+        if exits is not None:
+            exits.train(exits_was)
+
+
+def _write(target: Path, model, exits, levels, input_shape, mean, std, classes, thresholds, confidence, fallback,
+           calibration, split_profile, precision_profile, onnx) -> dict[str, Any]:
+    nested = is_nested(model)
+    K = num_levels(model) if nested else 1
+    largest = extract_level(model, K - 1) if nested else model
+    largest.eval()
+    backbone = build_program(largest, "backbone.", nested=model if nested else None, num_levels=K)
+    tensors: dict[str, torch.Tensor] = dict(backbone.tensors)
+    level_bytes = [sum(_region_bytes(backbone, n, k) for n in backbone.tensors) for k in range(K)]
+
+    rows = [dict(r) for r in levels] if levels is not None else None
+    if rows is None:
+        if nested:
+            from nestflex.capacity.profile import profile_levels
+
+            rows = profile_levels(model, None, batch_sizes=(), repeats=1, input_shape=input_shape)
+            for r in rows:
+                r["latency_ms"] = None
+        else:
+            rows = [_plain_level_row(model, input_shape)]
+    if len(rows) != K or [r.get("level") for r in rows] != list(range(K)):
+        raise ExportError(f"`levels` must hold one profile row per level 0..{K - 1} in order, got levels "
+                          f"{[r.get('level') for r in rows]}. HINT: pass profile_levels(model, ...) of this model")
+    widths = [{} for _ in range(K)]
+    if nested:
+        for name, m in nested_modules(model):
+            if not hasattr(m, "levels"):  # convs and linears: their output width per level
+                for k in range(K):
+                    widths[k][name] = int(m.nest_out[k])
+    else:
+        for name, m in model.named_modules():
+            if isinstance(m, (nn.Conv2d, nn.Linear)):
+                widths[0][name] = int(m.weight.shape[0])
+    for k, r in enumerate(rows):
+        r.update(widths=widths[k], weight_bytes=level_bytes[k])
+
+    graph = trace(largest, input_shape)
+    exits_entry, heads_bytes = None, 0
+    if exits is not None:
+        exits_entry, head_tensors = _exits_entry(exits, largest, K, thresholds, confidence, fallback, calibration)
+        heads_bytes = _state_bytes({k: v for k, v in head_tensors.items() if k.startswith("exits.")})
+        tensors.update(head_tensors)
+
+    manifest: dict[str, Any] = {
+        "format": FORMAT,
+        "schema_version": SCHEMA_VERSION,
+        "producer": {"name": "nestflex", "version": __version__, "torch": torch.__version__},
+        "created_unix": int(time.time()),
+        "input": {"shape": list(input_shape), "dtype": "float32", "layout": "NCHW",
+                  "mean": list(map(float, mean)) if mean is not None else None,
+                  "std": list(map(float, std)) if std is not None else None,
+                  "note": "the caller normalises: x = (pixel / 255 - mean) / std"},
+        "num_classes": int(graph.gm(torch.zeros(1, *input_shape)).shape[-1]) if classes is None else len(classes),
+        "classes": list(classes) if classes is not None else None,
+        "levels": rows,
+        "capacity": {"nested": nested, "num_levels": K, "level_bytes": level_bytes,
+                     "largest_level_bytes": level_bytes[-1], "program": backbone.nodes, "regions": backbone.regions},
+        "exits": exits_entry,
+        "splits": _splits(graph, split_profile),
+        "profiles": {},
+        "weights": {"file": WEIGHTS, "tensors": {n: {"shape": list(t.shape), "dtype": str(t.dtype).removeprefix("torch.")}
+                                                 for n, t in tensors.items()}},
+        "onnx": [],
+    }
+    if precision_profile is not None:
+        a = precision_profile.get("assignment", {})
+        manifest["precision"] = {"assignment": a.get("layers", a.get("assignment")), "counts": a.get("counts"),
+                                 "budget_points": a.get("budget_points"), "file": "profiles/layer_precision.json"}
+
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp"))
+    try:
+        from safetensors.torch import save_file
+
+        save_file(tensors, str(tmp / WEIGHTS), metadata={"format": FORMAT, "schema_version": str(SCHEMA_VERSION)})
+        for name, obj in (("split_quantization", split_profile), ("layer_precision", precision_profile),
+                          ("exit_calibration", calibration)):
+            if obj is not None:
+                write_json(tmp / "profiles" / f"{name}.json", obj)
+                manifest["profiles"][name] = f"profiles/{name}.json"
+        if onnx:
+            manifest["onnx"] = _write_onnx(tmp, model, largest, exits, K, input_shape, nested)
+        files = sorted(p for p in tmp.rglob("*") if p.is_file())
+        manifest["files"] = {p.relative_to(tmp).as_posix(): {"bytes": p.stat().st_size, "sha256": file_digest(p)}
+                             for p in files}
+        manifest["integrity"] = {"manifest_sha256": manifest_digest(manifest)}
+        # compact JSON: the programs make an indented manifest ~1.5x larger; `nestflex inspect`
+        # (or `python -m json.tool`) shows it readably
+        text = json.dumps(manifest, separators=(",", ":"), allow_nan=False) + "\n"
+        atomic_write_bytes(tmp / MANIFEST, text.encode("utf-8"))
+        os.chmod(tmp, 0o755)  # mkdtemp makes 0700; a bundle should read like any other directory
+        _move_into_place(tmp, target)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    sizes = {p: m["bytes"] for p, m in manifest["files"].items()}
+    onnx_bytes = sum(b for p, b in sizes.items() if p.startswith("onnx/"))
+    weights_bytes = sizes[WEIGHTS]
+    total = sum(sizes.values()) + (target / MANIFEST).stat().st_size
+    return {"bundle": str(target), "bytes": total, "weights_bytes": weights_bytes, "onnx_bytes": onnx_bytes,
+            "metadata_bytes": total - weights_bytes - onnx_bytes, "largest_level_bytes": level_bytes[-1],
+            "exit_heads_bytes": heads_bytes, "exits_backbone": exits_entry["backbone"] if exits_entry else None,
+            "levels": K, "files": len(sizes) + 1}
+
+
+def _move_into_place(tmp: Path, target: Path) -> None:
+    """``os.replace`` cannot replace a non-empty directory: move the old bundle aside first."""
+    old = None
+    if target.exists():
+        old = target.with_name(f".{target.name}.old-{os.getpid()}-{time.monotonic_ns()}")
+        os.replace(target, old)
+    try:
+        os.replace(tmp, target)
+    except BaseException:
+        if old is not None:
+            os.replace(old, target)  # put the previous bundle back
+        raise
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def _region_bytes(prog: Program, name: str, level: int) -> int:
+    t = prog.tensors[name]
+    regions = prog.regions.get(name)
+    if regions is None:
+        return t.numel() * t.element_size()
+    shape = regions[level]
+    if shape is None:
+        return 0
+    n = 1
+    for s in shape:
+        n *= s
+    return n * t.element_size()
+
+
+def _exits_entry(exits, largest, K, thresholds, confidence, fallback, calibration) -> tuple[dict[str, Any], dict]:
+    for attr in ("backbone", "exits", "points", "stages"):
+        if not hasattr(exits, attr):
+            raise ExportError(f"`exits` must be a nestflex.exits.MultiExitNetwork, got {type(exits).__name__} "
+                              f"(no `{attr}`)")
+    num_early = len(exits.exits)
+    if thresholds is None:
+        lossless = (calibration or {}).get("lossless", {})
+        thresholds = lossless.get("thresholds", 1.0)
+    try:
+        thr = check_thresholds(thresholds, num_early)
+    except Exception as e:  # ExitError: re-raise as an export problem, same message
+        raise ExportError(str(e)) from None
+    shared = _shared_backbone(exits, largest)
+    tensors: dict[str, torch.Tensor] = {}
+    entry: dict[str, Any] = {
+        "backbone": "shared" if shared else "own",
+        "level": K - 1 if shared else None,
+        "note": ("heads sit on the multi-capacity backbone's largest level (weights stored once)" if shared else
+                 "the progressive network's backbone differs from the largest level (joint training, or no grow "
+                 "stage): stored as its own component under progressive.backbone.*"),
+        "names": list(exits.exit_names),
+        "positions": [round(float(p), 6) for p in exits.positions],
+        "macs": [int(m) for m in exits.exit_macs],
+        "backbone_macs": int(exits.backbone_macs),
+        "thresholds": thr,
+        "confidence": confidence,
+        "fallback": fallback,
+    }
+    if shared:
+        program_nodes = {n["name"] for n in build_program(largest, "backbone.").nodes}
+    else:
+        own = build_program(exits.backbone, "progressive.backbone.")
+        tensors.update(own.tensors)
+        entry["program"] = own.nodes
+        program_nodes = {n["name"] for n in own.nodes}
+    entry["taps"] = [p.node for p in exits.points]
+    missing = [t for t in entry["taps"] if t not in program_nodes]
+    if missing:
+        raise ExportError(f"exit taps {missing} are not nodes of the backbone program. HINT: trace names differ "
+                          f"between the exit network's backbone and the exported model; rebuild the exits on it")
+    heads = []
+    for k, head in enumerate(exits.exits):
+        prog = build_program(head, f"exits.{k}.")
+        tensors.update(prog.tensors)
+        heads.append({"name": exits.exit_names[k], "program": prog.nodes})
+    entry["heads"] = heads
+    if calibration is not None:
+        entry["calibration"] = {
+            "file": "profiles/exit_calibration.json", "split": calibration.get("split"),
+            "samples": calibration.get("samples"), "final_accuracy": calibration.get("final_accuracy"),
+            "lossless": {k: calibration.get("lossless", {}).get(k) for k in ("thresholds", "fallback", "accuracy",
+                                                                               "mean_macs_fraction", "exit_rate")},
+            "exits": calibration.get("exits"),
+        }
+    return entry, tensors
+
+
+def _write_onnx(root: Path, model, largest, exits, K, input_shape, nested) -> list[dict[str, Any]]:
+    entries = []
+    x = torch.zeros(2, *input_shape)
+    for k in range(K):
+        plain = extract_level(model, k).eval() if nested else largest
+        rel = f"onnx/level_{k}.onnx"
+        _export_onnx(plain, (x,), root / rel, ["input"], ["logits"])
+        entries.append({"file": rel, "kind": "level", "level": k, "inputs": [["input", list(input_shape)]],
+                        "outputs": [["logits", None]]})
+    if exits is not None:
+        state: tuple[torch.Tensor, ...] = (x,)
+        with torch.no_grad():
+            for k, stage in enumerate(exits.stages):
+                ins = ["input"] if k == 0 else [f"in_{i}" for i in range(len(state))]
+                in_shapes = [list(t.shape[1:]) for t in state]
+                out = stage(*state)
+                out = out if isinstance(out, tuple) else (out,)
+                outs = [f"out_{i}" for i in range(len(out))] if k < len(exits.exits) else ["logits"]
+                rel = f"onnx/stage_{k}.onnx"
+                _export_onnx(stage, state, root / rel, ins, outs)
+                entries.append({"file": rel, "kind": "stage", "stage": k, "inputs": [list(p) for p in zip(ins, in_shapes)],
+                                "outputs": [[n, list(t.shape[1:])] for n, t in zip(outs, out)],
+                                "tap_output": exits._taps[k] if k < len(exits.exits) else None})
+                if k < len(exits.exits):
+                    tap = out[exits._taps[k]]
+                    rel = f"onnx/exit_{k}.onnx"
+                    _export_onnx(exits.exits[k], (tap,), root / rel, ["features"], ["logits"])
+                    entries.append({"file": rel, "kind": "exit", "exit": k, "inputs": [["features", list(tap.shape[1:])]],
+                                    "outputs": [["logits", None]]})
+                state = out
+    return entries

@@ -1,0 +1,149 @@
+import json
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+import torch
+from torch import nn
+
+import nestflex.deploy as nd
+from nestflex.capacity import extract_level
+from nestflex.capacity.profile import state_bytes
+from nestflex.export import ExportError, export_bundle
+from nestflex.export import bundle as bundle_mod
+from nestflex.models import create_model
+from tests.export.bundles import LEVELS, nested_vgg, own_backbone_exits, write_bundle
+
+
+@pytest.fixture(scope="module")
+def written(tmp_path_factory):
+    return write_bundle(tmp_path_factory.mktemp("bundle"))
+
+
+def test_manifest_describes_the_bundle(written):
+    info, net, exits = written
+    root = info["bundle"]
+    m = json.loads(open(f"{root}/manifest.json").read())
+    assert m["format"] == "nestflex-bundle" and m["schema_version"] == nd.SCHEMA_VERSION
+    assert m["producer"]["name"] == "nestflex" and m["input"]["shape"] == [3, 32, 32]
+    assert m["input"]["mean"] == [0.5] * 3 and m["classes"][0] == "c0" and m["num_classes"] == 10
+    # one profile row per level with the profile_levels keys, widths growing with the level
+    assert [r["level"] for r in m["levels"]] == list(range(LEVELS))
+    for r in m["levels"]:
+        assert {"level", "accuracy", "params", "macs", "memory_mb", "latency_ms", "widths", "weight_bytes"} <= set(r)
+    assert [r["macs"] for r in m["levels"]] == sorted(r["macs"] for r in m["levels"])
+    assert m["levels"][-1]["weight_bytes"] == m["capacity"]["largest_level_bytes"] == info["largest_level_bytes"]
+    assert m["levels"][-1]["weight_bytes"] == state_bytes(extract_level(net, LEVELS - 1)) - 8 * 9  # no BN counters
+    # exits share the backbone: only heads are stored besides it
+    ex = m["exits"]
+    assert ex["backbone"] == "shared" and ex["level"] == LEVELS - 1 and ex["thresholds"] == [0.5, 0.6]
+    assert ex["names"] == exits.exit_names and len(ex["heads"]) == 2 and "program" not in ex
+    assert not any(n.startswith("progressive.") for n in m["weights"]["tensors"])
+    # split points with their tensors
+    assert m["splits"] and all(s["float32_bytes"] == 4 * s["numel"] for s in m["splits"])
+    # every file listed with its size and checksum
+    from pathlib import Path
+
+    on_disk = {p.relative_to(root).as_posix() for p in Path(root).rglob("*") if p.is_file()} - {"manifest.json"}
+    assert on_disk == set(m["files"]) and all(len(f["sha256"]) == 64 for f in m["files"].values())
+    assert sum(f["bytes"] for f in m["files"].values()) + Path(root, "manifest.json").stat().st_size == info["bytes"]
+
+
+def test_weights_are_stored_once(written):
+    info, net, exits = written
+    # nested weights once (largest level + the smaller levels' own BatchNorms) plus the heads
+    heads = sum(state_bytes(h) for h in exits.exits)
+    assert info["exit_heads_bytes"] == heads
+    assert info["weights_bytes"] <= 1.1 * (info["largest_level_bytes"] + heads)
+    assert info["bytes"] - info["onnx_bytes"] <= 1.15 * (info["largest_level_bytes"] + heads)
+
+
+def test_onnx_exports_agree_under_onnxruntime(written):
+    info, net, exits = written
+    m = json.loads(open(f"{info['bundle']}/manifest.json").read())
+    x = torch.randn(3, 3, 32, 32)
+
+    def run(rel, *inputs):
+        s = ort.InferenceSession(f"{info['bundle']}/{rel}", providers=["CPUExecutionProvider"])
+        return s.run(None, {i.name: t.numpy() for i, t in zip(s.get_inputs(), inputs)})
+
+    levels = [e for e in m["onnx"] if e["kind"] == "level"]
+    assert len(levels) == LEVELS
+    for e in levels:
+        want = extract_level(net, e["level"])(x).detach().numpy()
+        np.testing.assert_allclose(run(e["file"], x)[0], want, atol=1e-4)
+    state, want_all = (x,), exits(x)
+    stages = [e for e in m["onnx"] if e["kind"] == "stage"]
+    heads = {e["exit"]: e for e in m["onnx"] if e["kind"] == "exit"}
+    assert len(stages) == 3 and len(heads) == 2
+    for k, e in enumerate(stages):
+        out = [torch.from_numpy(a) for a in run(e["file"], *state)]
+        if k < 2:
+            logits = run(heads[k]["file"], out[e["tap_output"]])[0]
+        else:
+            logits = out[0].numpy()
+        np.testing.assert_allclose(logits, want_all[k].detach().numpy(), atol=1e-4)
+        state = tuple(out)
+
+
+def test_a_failed_write_leaves_no_half_bundle(tmp_path, monkeypatch):
+    info, net, exits = write_bundle(tmp_path, onnx=False)
+    before = open(f"{info['bundle']}/manifest.json").read()
+
+    def crash(*args, **kwargs):
+        raise OSError("disk full (simulated)")
+
+    monkeypatch.setattr(bundle_mod, "_write_onnx", crash)  # after the weights, before the manifest
+    with pytest.raises(OSError, match="disk full"):
+        export_bundle(tmp_path / "model.nfx", net, exits=exits)
+    with pytest.raises(OSError, match="disk full"):
+        export_bundle(tmp_path / "fresh.nfx", net)
+    assert open(f"{info['bundle']}/manifest.json").read() == before  # the old bundle is intact
+    nd.load(info["bundle"])
+    assert not (tmp_path / "fresh.nfx").exists()
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temp directories left
+
+
+def test_exits_on_another_backbone_are_stored_as_their_own_component(tmp_path):
+    net = nested_vgg(tmp_path)
+    joint = own_backbone_exits(net)
+    info = export_bundle(tmp_path / "joint.nfx", net, exits=joint, onnx=False)
+    assert info["exits_backbone"] == "own"
+    b = nd.load(info["bundle"])
+    assert b.exits["backbone"] == "own" and "own component" in b.exits["note"]
+    assert any(n.startswith("progressive.backbone.") for n in b.manifest["weights"]["tensors"])
+    x = torch.randn(4, 3, 32, 32)
+    got = b.progressive().all_exits(x)
+    for a, w in zip(got, joint(x)):
+        torch.testing.assert_close(a, w, atol=1e-5, rtol=0)
+
+
+def test_a_plain_model_is_a_one_level_bundle(tmp_path):
+    net = create_model("resnet20", width=0.25).eval()
+    info = export_bundle(tmp_path / "plain.nfx", net, onnx=False)
+    b = nd.load(info["bundle"])
+    assert b.num_levels == 1 and b.exits is None and b.levels[0]["params"] == sum(p.numel() for p in net.parameters())
+    x = torch.randn(2, 3, 32, 32)
+    torch.testing.assert_close(b.capacity()(x), net(x), atol=1e-5, rtol=0)
+
+
+def test_bad_exports_are_explained(tmp_path):
+    net = create_model("vgg11", width=0.125).eval()
+    (tmp_path / "taken").mkdir()
+    with pytest.raises(ExportError, match=r"`path` .*taken' exists and is not a bundle; refusing to replace it"):
+        export_bundle(tmp_path / "taken", net, onnx=False)
+    export_bundle(tmp_path / "m.nfx", net, onnx=False)
+    with pytest.raises(ExportError, match=r"`path` .*m.nfx' already exists. HINT: pass overwrite=True"):
+        export_bundle(tmp_path / "m.nfx", net, onnx=False, overwrite=False)
+    with pytest.raises(ExportError, match=r"`mean` and `std` must both be given with one value per input channel \(3\)"):
+        export_bundle(tmp_path / "x.nfx", net, mean=(0.5,), std=(0.2,))
+    with pytest.raises(ExportError, match=r"`confidence` must be a registered name \(entropy, max_prob\), got 'nope'"):
+        export_bundle(tmp_path / "x.nfx", net, confidence="nope")
+    with pytest.raises(ExportError, match=r"`fallback` must be one of most_confident, final, got 'first'"):
+        export_bundle(tmp_path / "x.nfx", net, fallback="first")
+    gelu = nn.Sequential(nn.Conv2d(3, 4, 3), nn.GELU(), nn.Flatten(), nn.Linear(4 * 30 * 30, 10)).eval()
+    with pytest.raises(ExportError, match=r"layer `1` \(GELU\) has no bundle op. HINT: the bundle runtime supports"):
+        export_bundle(tmp_path / "g.nfx", gelu, onnx=False)
+    with pytest.raises(ExportError, match=r"`levels` must hold one profile row per level 0..0"):
+        export_bundle(tmp_path / "l.nfx", net, levels=[{"level": 0}, {"level": 1}], onnx=False)
+    assert not (tmp_path / "x.nfx").exists() and not (tmp_path / "g.nfx").exists()

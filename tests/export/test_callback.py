@@ -1,0 +1,53 @@
+import pytest
+import pytorch_lightning as pl
+import torch
+
+import nestflex.deploy as nd
+from nestflex.callbacks import BundleExporter
+from nestflex.data import SyntheticDataModule
+from nestflex.exits import MultiExitClassifier
+from nestflex.export import ExportError
+from nestflex.training import ImageClassifier
+
+
+def _fit(module, tmp_path, exporter):
+    dm = SyntheticDataModule(batch_size=16, train_size=64, test_size=32, val_size=16)
+    trainer = pl.Trainer(fast_dev_run=True, accelerator="cpu", callbacks=[exporter], default_root_dir=tmp_path,
+                         logger=False, enable_progress_bar=False, enable_model_summary=False)
+    trainer.fit(module, datamodule=dm)
+    return dm
+
+
+def test_bundle_exporter_writes_a_loadable_bundle_at_fit_end(tmp_path):
+    module = ImageClassifier("vgg11", width=0.125, max_epochs=1)
+    exporter = BundleExporter(filename="plain", onnx=False)
+    dm = _fit(module, tmp_path, exporter)
+    assert exporter.result["bundle"] == str(tmp_path / "plain.nfx")
+    b = nd.load(exporter.result["bundle"])
+    assert b.manifest["input"]["mean"] == list(dm.mean) and b.manifest["classes"] == list(dm.classes)
+    x = torch.randn(2, 3, 32, 32)
+    torch.testing.assert_close(b.capacity()(x), module.model.eval()(x), atol=1e-5, rtol=0)
+
+
+def test_bundle_exporter_takes_the_exits_of_a_multi_exit_classifier(tmp_path):
+    module = MultiExitClassifier("vgg11", width=0.125, positions=(0.5,), mode="joint", max_epochs=1)
+    exporter = BundleExporter(dirpath=tmp_path / "out", onnx=False, thresholds=0.7)
+    _fit(module, tmp_path, exporter)
+    b = nd.load(tmp_path / "out" / "model.nfx")
+    assert b.exits["backbone"] == "shared" and b.exits["thresholds"] == [0.7]  # a plain backbone is its own level
+    x = torch.randn(3, 3, 32, 32)
+    for got, want in zip(b.progressive().all_exits(x), module.model.eval()(x)):
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
+
+
+def test_bad_arguments_are_explained():
+    with pytest.raises(ExportError, match=r"`filename` must be a plain directory name such as 'model.nfx', got 'a/b'"):
+        BundleExporter(filename="a/b")
+    with pytest.raises(ExportError, match=r"`confidence` must be one of entropy, max_prob, got 'x'"):
+        BundleExporter(confidence="x")
+    with pytest.raises(ExportError, match=r"`fallback` must be one of most_confident, final, got 'x'"):
+        BundleExporter(fallback="x")
+    from nestflex.export.callback import bundle_arguments
+
+    with pytest.raises(ExportError, match=r"`attr`='net': ImageClassifier has no nn.Module attribute 'net'"):
+        bundle_arguments(ImageClassifier("vgg11", width=0.125), attr="net")
