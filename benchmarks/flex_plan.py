@@ -1,11 +1,17 @@
 #!/usr/bin/env python
-"""Mean MACs per sample: FlexDNN plan vs SPINN-style equal-MAC exits vs the backbone.
+"""Mean MACs per sample at matched accuracy: FlexDNN plan vs SPINN-style equal-MAC exits.
 
-Both exit sets sit on the same frozen, trained recipe backbone and train on the same subset for
-the same epochs (FlexDNN: its searched exits; SPINN: ``sdn`` heads at 15%, ..., 90% of the MACs).
-Thresholds are chosen on the validation split (lossless, FlexDNN's entropy confidence, final-exit
-fallback for both) and everything is measured on the test split. "Equal accuracy": from the
-SPINN test sweep, the cheapest point at least as accurate as the FlexDNN plan on test.
+Both exit sets sit on the same frozen, trained recipe backbone and train on the same images for
+the same epochs with the same optimiser (FlexDNN: its searched exits; SPINN: ``sdn`` heads at
+15%, ..., 90% of the MACs). Both are then evaluated by the same threshold sweep (one entropy
+confidence threshold at every exit, final-exit fallback) on the validation and test splits:
+
+* primary: MACs at matched test accuracy (backbone test accuracy minus ``--drops`` points), by
+  linear interpolation along each method's Pareto front (accuracy vs mean MACs) on test;
+* held-out: per target, the cheapest threshold reaching it on validation, applied to test;
+* each method's lossless point (thresholds fitted on validation).
+
+``--protocol v1`` reproduces the first, underpowered run (3,000 images, 2 epochs).
 
     python benchmarks/flex_plan.py --out runs/bench_flex_plan
 """
@@ -15,6 +21,7 @@ from __future__ import annotations
 import argparse
 import copy
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -26,11 +33,51 @@ from _recipe_model import load_model, recipe_datamodule  # noqa: E402
 from nestflex._io import write_json  # noqa: E402
 from nestflex._machine import machine  # noqa: E402
 from nestflex.exits import (  # noqa: E402
-    DEFAULT_POSITIONS, FlexDNNConfig, MultiExitNetwork, collect_logits, evaluate_flex, exit_profile, flexdnn,
+    DEFAULT_POSITIONS, FlexDNNConfig, MultiExitNetwork, collect_logits, exit_profile, flexdnn,
     lossless_thresholds,
 )
 from nestflex.exits.search import Candidate, train_candidates  # noqa: E402
 from nestflex.graph import trace  # noqa: E402
+
+
+#: the sweep: one threshold at every exit, fine enough that curves are resolved
+GRID = tuple(round(0.01 * i, 2) for i in range(101))
+
+
+def pareto(points: list[dict]) -> list[dict]:
+    """Points no other point beats on both accuracy and MACs, by increasing MACs and accuracy."""
+    out: list[dict] = []
+    for r in sorted(points, key=lambda r: (r["mean_macs"], -r["accuracy"])):
+        if not out or r["accuracy"] > out[-1]["accuracy"]:
+            out.append(r)
+    return out
+
+
+def macs_at(points: list[dict], accuracy: float) -> float | None:
+    """Mean MACs at ``accuracy`` by linear interpolation along the Pareto front (``None``: never reached)."""
+    front = pareto(points)
+    for a, b in zip(front, front[1:]):
+        if a["accuracy"] <= accuracy <= b["accuracy"]:
+            w = (accuracy - a["accuracy"]) / (b["accuracy"] - a["accuracy"])
+            return a["mean_macs"] + w * (b["mean_macs"] - a["mean_macs"])
+    if front and front[0]["accuracy"] >= accuracy:
+        return front[0]["mean_macs"]
+    return None
+
+
+def _curves(net, val, test, lossless=None):
+    out = {}
+    for name, data in (("val", val), ("test", test)):
+        logits, labels = collect_logits(net, data)
+        if name == "val" and lossless is None:
+            lossless = lossless_thresholds(logits, labels, net.exit_macs, net.backbone_macs, "entropy")["thresholds"]
+        prof = exit_profile(logits, labels, net.exit_macs, net.backbone_macs, thresholds=GRID, confidence="entropy",
+                            fallback="final", at_thresholds=lossless)
+        keep = ("threshold", "accuracy", "mean_macs", "mean_macs_fraction")
+        out[name] = {"backbone_accuracy": prof["final_accuracy"], "sweep": [{k: r[k] for k in keep} for r in prof["sweep"]],
+                     "lossless": {k: prof["at_thresholds"][k] for k in ("thresholds", "accuracy", "mean_macs",
+                                                                       "mean_macs_fraction", "exit_rate")}}
+    return out
 
 
 def main(argv=None) -> dict:
@@ -38,11 +85,16 @@ def main(argv=None) -> dict:
     p.add_argument("--out", default="runs/bench_flex_plan")
     p.add_argument("--checkpoint", type=Path, default=None)
     p.add_argument("--data-dir", default="data")
-    p.add_argument("--train-samples", type=int, default=5000)
-    p.add_argument("--val-samples", type=int, default=2000)
-    p.add_argument("--test-samples", type=int, default=2000)
-    p.add_argument("--epochs", type=int, default=2)
+    p.add_argument("--protocol", choices=["v1", "v2"], default="v2")
+    p.add_argument("--train-samples", type=int, default=10000)
+    p.add_argument("--val-samples", type=int, default=5000)
+    p.add_argument("--test-samples", type=int, default=10000)
+    p.add_argument("--epochs", type=int, default=8)
+    p.add_argument("--drops", type=float, nargs="+", default=[0.005, 0.01, 0.02],
+                   help="accuracy targets: backbone accuracy minus these")
     args = p.parse_args(argv)
+    if args.protocol == "v1":
+        args.train_samples, args.val_samples, args.test_samples, args.epochs = 3000, 2000, 2000, 2
     model, config, source = load_model(args.checkpoint, Path(args.out), args.data_dir)
     dm, message, synthetic = recipe_datamodule(config, args.data_dir)
     gen = torch.Generator().manual_seed(0)
@@ -52,65 +104,92 @@ def main(argv=None) -> dict:
     val = DataLoader(sub(dm.val_dataset, args.val_samples), batch_size=256)
     test = DataLoader(sub(dm.test_dataset, args.test_samples), batch_size=256)
 
-    flex = flexdnn(copy.deepcopy(model), train, val, FlexDNNConfig(epochs=args.epochs))
-    flex_test = evaluate_flex(flex.network, flex.spec, test)
+    t0 = time.perf_counter()
+    # the pruned exits refit their classifiers on every training image the joint training saw
+    fit_samples = 2000 if args.protocol == "v1" else args.train_samples
+    flex = flexdnn(copy.deepcopy(model), train, val, FlexDNNConfig(epochs=args.epochs, fit_samples=fit_samples))
+    flex_seconds = time.perf_counter() - t0
+    flex_curves = _curves(flex.network, val, test, lossless=flex.spec["thresholds"])
 
+    t0 = time.perf_counter()
     torch.manual_seed(0)
     spinn = MultiExitNetwork(copy.deepcopy(model).eval(), DEFAULT_POSITIONS, head="sdn").eval()
     for prm in spinn.backbone.parameters():
         prm.requires_grad_(False)
     graph = trace(spinn.backbone)
-    train_candidates(graph, [Candidate(pt, i, 0, h) for i, (pt, h) in enumerate(zip(spinn.points, spinn.exits))],
-                     train, args.epochs, 3e-3)
-    vl, vy = collect_logits(spinn, val)
-    ll = lossless_thresholds(vl, vy, spinn.exit_macs, spinn.backbone_macs, "entropy")
-    tl, ty = collect_logits(spinn, test)
-    sp = exit_profile(tl, ty, spinn.exit_macs, spinn.backbone_macs, confidence="entropy", fallback="final",
-                      at_thresholds=ll["thresholds"])
-    target = flex_test["accuracy"]
-    same = [r for r in sp["sweep"] + [sp["at_thresholds"]] if r["accuracy"] >= target - 1e-12]
-    spinn_equal = min(same, key=lambda r: r["mean_macs"]) if same else None
+    spinn_training = train_candidates(
+        graph, [Candidate(pt, i, 0, h) for i, (pt, h) in enumerate(zip(spinn.points, spinn.exits))], train,
+        args.epochs, FlexDNNConfig().lr)
+    spinn_seconds = time.perf_counter() - t0
+    spinn_curves = _curves(spinn, val, test)
+
     backbone_macs = spinn.backbone_macs
+    backbone_point = lambda split: {"threshold": None, "accuracy": flex_curves[split]["backbone_accuracy"],  # noqa: E731
+                                    "mean_macs": float(backbone_macs), "mean_macs_fraction": 1.0}
+    methods = {"flexdnn": flex_curves, "spinn": spinn_curves}
+    # the backbone without exits is an operating point either method can fall back to
+    points = {m: {sp: c[sp]["sweep"] + [c[sp]["lossless"], backbone_point(sp)] for sp in ("val", "test")}
+              for m, c in methods.items()}
+    base_test, base_val = flex_curves["test"]["backbone_accuracy"], flex_curves["val"]["backbone_accuracy"]
+    matched = []
+    for drop in args.drops:
+        row = {"drop": drop, "test_accuracy": base_test - drop}
+        for m in methods:
+            row[f"{m}_macs"] = macs_at(points[m]["test"], base_test - drop)
+        f, sp_ = row["flexdnn_macs"], row["spinn_macs"]
+        row["flex_saving"] = (1 - f / sp_) if f is not None and sp_ is not None else None
+        held = {}
+        for m, c in methods.items():
+            ok = [i for i, r in enumerate(c["val"]["sweep"]) if r["accuracy"] >= base_val - drop - 1e-12]
+            i = min(ok, key=lambda i: c["val"]["sweep"][i]["mean_macs"]) if ok else len(GRID) - 1
+            held[m] = {"threshold": GRID[i], "val_accuracy": c["val"]["sweep"][i]["accuracy"],
+                       **{k: c["test"]["sweep"][i][k] for k in ("accuracy", "mean_macs", "mean_macs_fraction")}}
+        row["val_chosen"] = held
+        matched.append(row)
+        print(row, flush=True)
+    savings = [r["flex_saving"] for r in matched if r["flex_saving"] is not None]
     summary = {
-        "model": source, "data": message, "synthetic": synthetic,
+        "protocol": args.protocol, "model": source, "data": message, "synthetic": synthetic,
         "samples": {"train": args.train_samples, "val": args.val_samples, "test": args.test_samples},
-        "epochs": args.epochs, "backbone": {"accuracy": flex_test["final_accuracy"], "mean_macs": backbone_macs},
-        "flexdnn": {"kept_locations": flex.report["plan"]["kept_locations"], "thresholds": flex.spec["thresholds"],
-                    "accuracy": flex_test["accuracy"], "mean_macs": flex_test["mean_macs"],
-                    "mean_macs_fraction": flex_test["mean_macs_fraction"], "seconds": flex.report["seconds"],
-                    "search": flex.report["search"], "plan": flex.report["plan"]},
-        "spinn_lossless": {"accuracy": sp["at_thresholds"]["accuracy"], "mean_macs": sp["at_thresholds"]["mean_macs"],
-                           "mean_macs_fraction": sp["at_thresholds"]["mean_macs_fraction"]},
-        "spinn_at_flex_accuracy": spinn_equal,
-        "flex_macs_saving_vs_spinn_lossless": 1 - flex_test["mean_macs"] / sp["at_thresholds"]["mean_macs"],
-        "flex_macs_saving_vs_spinn_equal_accuracy": (1 - flex_test["mean_macs"] / spinn_equal["mean_macs"]) if spinn_equal else None,
-        "target_15pct": None,
+        "epochs": args.epochs, "threshold_grid_step": 0.01,
+        "backbone": {"test_accuracy": base_test, "val_accuracy": base_val, "mean_macs": backbone_macs},
+        "flexdnn": {"kept_locations": flex.report["plan"]["kept_locations"], "spec": flex.spec,
+                    "search": flex.report["search"], "plan": flex.report["plan"], "ranking_seconds": flex.report["seconds"],
+                    "seconds": round(flex_seconds, 1), "curves": flex_curves},
+        "spinn": {"positions": list(DEFAULT_POSITIONS), "exit_macs": spinn.exit_macs, "training": spinn_training,
+                  "seconds": round(spinn_seconds, 1), "curves": spinn_curves},
+        "matched_accuracy": matched,
+        "lossless": {m: c["test"]["lossless"] for m, c in methods.items()},
+        "target_15pct": bool(savings) and min(savings) >= 0.15,
         "machine": machine(),
     }
-    s = summary["flex_macs_saving_vs_spinn_equal_accuracy"]
-    summary["target_15pct"] = bool(s is not None and s >= 0.15)
     out = Path(args.out)
     write_json(out / "summary.json", summary)
-    print({k: summary[k] for k in ("backbone", "spinn_lossless", "flex_macs_saving_vs_spinn_lossless",
-                                   "flex_macs_saving_vs_spinn_equal_accuracy")}, summary["flexdnn"]["accuracy"],
-          summary["flexdnn"]["mean_macs"])
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(5.5, 4))
-    ax.plot([r["mean_macs"] / backbone_macs for r in sp["sweep"]], [r["accuracy"] for r in sp["sweep"]], ".-",
-            label="SPINN equal-MAC exits (sweep)")
-    ax.plot([r["mean_macs"] / backbone_macs for r in flex_test["sweep"]], [r["accuracy"] for r in flex_test["sweep"]],
-            ".-", label="FlexDNN plan (sweep)")
-    ax.plot([flex_test["mean_macs_fraction"]], [flex_test["accuracy"]], "r*", ms=12, label="FlexDNN lossless")
-    ax.plot([sp["at_thresholds"]["mean_macs_fraction"]], [sp["at_thresholds"]["accuracy"]], "ks", label="SPINN lossless")
-    ax.plot([1.0], [flex_test["final_accuracy"]], "g^", label="backbone")
+    fig, ax = plt.subplots(figsize=(6, 4.2))
+    for m, label, style in (("spinn", "SPINN equal-MAC exits", "s"), ("flexdnn", "FlexDNN plan", "o")):
+        front = pareto(points[m]["test"])
+        allp = sorted(points[m]["test"], key=lambda r: r["mean_macs"])
+        line, = ax.plot([r["mean_macs"] / backbone_macs for r in front], [r["accuracy"] for r in front], "-",
+                        label=f"{label} (test Pareto front)")
+        ax.plot([r["mean_macs"] / backbone_macs for r in allp], [r["accuracy"] for r in allp], ".", ms=3,
+                color=line.get_color(), alpha=0.5)
+        ll = methods[m]["test"]["lossless"]
+        ax.plot([ll["mean_macs_fraction"]], [ll["accuracy"]], style, color=line.get_color(), ms=8,
+                label=f"{label} lossless (val thresholds)")
+    for r in matched:
+        ax.axhline(r["test_accuracy"], color="grey", lw=0.6, ls=":")
+    ax.plot([1.0], [base_test], "g^", label="backbone")
     ax.set_xlabel("mean MACs / backbone MACs")
     ax.set_ylabel("test accuracy")
-    ax.set_title("exits on the recipe VGG" + (" (synthetic)" if synthetic else ""))
-    ax.legend(fontsize=7)
+    ax.set_ylim(base_test - 0.06, base_test + 0.01)
+    ax.set_title(f"exits on the recipe VGG, {args.train_samples} imgs x {args.epochs} ep"
+                 + (" (synthetic)" if synthetic else ""))
+    ax.legend(fontsize=7, loc="lower right")
     ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(out / "flex_plan.png", dpi=120)

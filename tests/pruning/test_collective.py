@@ -111,6 +111,31 @@ def test_min_filters_and_curve():
     torch.testing.assert_close(curve, r.kept_accuracy)
     assert min_filters(curve, tolerance=0.01) == 2  # one copy + the channel-1 filter suffice
     assert r.fits == sum(range(2, 7))
+    again, correct = exit_accuracy_curve(fx, fy, vx, vy, r.order, return_correct=True)
+    torch.testing.assert_close(again, curve)
+    assert correct.shape == (6, vy.shape[0]) and correct.dtype == torch.bool
+    torch.testing.assert_close(correct.double().mean(1), curve)
+
+
+def test_min_filters_rules_differ_only_on_dips():
+    dip = torch.tensor([0.5, 0.9, 0.9, 0.88, 0.9])  # flat from 2 filters, one dip at 4
+    assert min_filters(dip, 0.005) == 5  # the literal rule: the dip at 4 blocks every smaller count
+    assert min_filters(dip, 0.005, rule="first") == 2
+    rising = torch.tensor([0.5, 0.7, 0.85, 0.9, 0.9])
+    assert min_filters(rising, 0.005) == min_filters(rising, 0.005, rule="first") == 4
+    with pytest.raises(PruningError, match=r"`rule` must be 'all_larger' or 'first', got 'any'.*HINT"):
+        min_filters(dip, rule="any")
+
+
+@pytest.mark.parametrize("n, survivors", [(16, 3), (20, 3), (128, 25), (5, 1), (4, 1)])
+def test_stop_rule_keeps_fewer_than_a_fifth(n, survivors):
+    g = torch.Generator().manual_seed(n)
+    y = torch.randint(0, 3, (60,), generator=g)
+    x = torch.randn(60, n, 1, generator=g, dtype=torch.float64) + y[:, None, None]
+    r = collective_ranking(x[:30], y[:30], x[30:], y[30:], stop_fraction=0.2)
+    top = r.scores == r.scores.max()
+    assert int(top.sum()) == survivors and survivors < max(2, 0.2 * n + 1e-9)
+    assert set(r.order[:survivors].tolist()) == set(top.nonzero().flatten().tolist())
 
 
 def test_errors_name_the_problem():

@@ -60,6 +60,7 @@ class FlexDNNConfig:
         fit_samples: training samples whose pooled features refit pruned exits' classifiers.
         min_filters_tolerance: accuracy an exit on the top filters may lose and still "match".
         pool: per-filter pooling of the ranking probe.
+        refit_iters: L-BFGS iterations of each pruned exit's classifier refit.
         seed: seed of exit initialisation and training.
     """
 
@@ -76,6 +77,7 @@ class FlexDNNConfig:
     fit_samples: int = 2000
     min_filters_tolerance: float = 0.0
     pool: int = 2
+    refit_iters: int = 100
     seed: int = 0
 
 
@@ -201,7 +203,8 @@ def flexdnn(
     searched = []
     for i, c in enumerate(cands):
         part = lambda d: {"features": d["features"][i], "labels": d["labels"], "final_logits": d["final_logits"]}  # noqa: E731
-        searched.append(prune_candidate(c, part(fit), part(val), num_classes, config.rate_tolerance, config.confidence))
+        searched.append(prune_candidate(c, part(fit), part(val), num_classes, config.rate_tolerance, config.confidence,
+                                        config.refit_iters))
     timings["prune"] = time.perf_counter() - t0
 
     backbone_macs = graph.macs()

@@ -282,11 +282,13 @@ def prune_candidate(
     num_classes: int,
     rate_tolerance: float = 0.02,
     confidence: str = "entropy",
+    refit_iters: int = 100,
 ) -> SearchedExit:
     """Step 3: remove blocks, then halve the last block's filters, while the exit rate holds.
 
     ``fit`` and ``val`` come from :func:`collect_exit_features` (``val`` with ``final=True``),
     restricted to this candidate: ``{"features": [depth 0..B], "labels", "final_logits"}``.
+    ``refit_iters`` bounds the L-BFGS iterations of each classifier refit.
     """
     from nestflex.pruning.collective import collective_ranking  # pruning must not import exits
 
@@ -295,7 +297,7 @@ def prune_candidate(
     fy, vy, final = fit["labels"], val["labels"], val["final_logits"]
 
     def measure(depth: int, keep: torch.Tensor) -> tuple[float, float, nn.Linear, torch.Tensor]:
-        lin = refit_linear(fit["features"][depth][:, keep], fy, num_classes)
+        lin = refit_linear(fit["features"][depth][:, keep], fy, num_classes, max_iter=refit_iters)
         logits = _logits(lin, val["features"][depth][:, keep])
         rate, t = exit_rate(logits, final, vy, confidence)
         return rate, t, lin, logits

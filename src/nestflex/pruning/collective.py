@@ -68,8 +68,9 @@ class CollectiveRanking:
 
     Attributes:
         order: filter indices, most important first (the reverse of the removal order).
-        scores: ``(N,)`` float64, higher = more important; the last ``ceil(stop_fraction * N)``
-            survivors share the top score (the paper's stopping rule).
+        scores: ``(N,)`` float64, higher = more important; the survivors of the paper's stopping
+            rule (the first count strictly below ``stop_fraction * N``, at least one) share the top
+            score.
         kept_accuracy: ``kept_accuracy[k - 1]``: validation accuracy of the probe fed by the top
             ``k`` filters of ``order``, for ``k = 1..N``.
         fits: closed-form exit fits the selection evaluated (candidates scored); the naive
@@ -119,8 +120,11 @@ class _RidgePath:
     def _blocks(self, filters: torch.Tensor) -> torch.Tensor:
         return filters[:, None] * self.d + torch.arange(self.d)[None]  # (F, d) feature indices
 
+    def correct(self) -> torch.Tensor:
+        return self.logits.argmax(1) == self.yv
+
     def accuracy(self) -> float:
-        return (self.logits.argmax(1) == self.yv).double().mean().item()
+        return self.correct().double().mean().item()
 
     def candidates(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``(alive filters, accuracy, mse)`` of the probe without each alive filter, batched."""
@@ -143,6 +147,14 @@ class _RidgePath:
         self.z = self.z - zs @ k @ self.p[s]
         self.p = self.p - ps @ k @ self.p[s]
         self.alive[f] = False
+
+
+def _survivors(n_filters: int, stop_fraction: float) -> int:
+    """Filters left when the paper's selection stops: removal goes on while at least
+    ``stop_fraction * N`` remain, so it stops at the first count strictly below it (at least 1)."""
+    if stop_fraction <= 0:
+        return 1
+    return max(1, math.ceil(stop_fraction * n_filters - 1e-9) - 1)
 
 
 def collective_ranking(
@@ -208,7 +220,7 @@ def collective_ranking(
     order = torch.tensor(removed[::-1], dtype=torch.long)
     scores = torch.empty(n_filters, dtype=torch.float64)
     scores[torch.tensor(removed)] = torch.arange(n_filters, dtype=torch.float64)
-    top = max(1, math.ceil(stop_fraction * n_filters)) if stop_fraction > 0 else 1
+    top = _survivors(n_filters, stop_fraction)
     scores[order[:top]] = float(n_filters - 1)  # "equally important, on top"
     return CollectiveRanking(order=order, scores=scores, kept_accuracy=kept, fits=fits)
 
@@ -222,14 +234,20 @@ def exit_accuracy_curve(
     *,
     ridge: float = 1e-3,
     num_classes: int | None = None,
-) -> torch.Tensor:
+    return_correct: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Accuracy of the closed-form exit fed by the top ``k`` filters of ``order``, ``k = 1..N``.
 
     Any ranking works (collective, L2, ...): the exit is refitted on the fit split for every
     ``k`` (exactly, by block removal) and scored on ``eval_*``: pass a split the ranking never saw.
 
+    Args:
+        return_correct: also return the ``(N, n)`` bool per-sample correctness (row ``k - 1``:
+            ``k`` filters), for paired standard errors of accuracy differences.
+
     Returns:
-        ``(N,)`` float64; entry ``k - 1`` is the accuracy with ``k`` filters.
+        ``(N,)`` float64; entry ``k - 1`` is the accuracy with ``k`` filters (and the correctness
+        with ``return_correct``).
     """
     _check_features("fit", fit_features, fit_labels)
     _check_features("evaluation", eval_features, eval_labels)
@@ -242,28 +260,46 @@ def exit_accuracy_curve(
         fit_features.double(), fit_labels.long(), eval_features.double(), eval_labels.long(), c, float(ridge)
     )
     out = torch.zeros(n_filters, dtype=torch.float64)
-    out[-1] = path.accuracy()
+    correct = torch.zeros(n_filters, eval_labels.shape[0], dtype=torch.bool)
+    correct[-1] = path.correct()
     for k in range(n_filters - 1, 0, -1):
         path.remove(int(order[k]))
-        out[k - 1] = path.accuracy()
-    return out
+        correct[k - 1] = path.correct()
+    out = correct.double().mean(1)
+    return (out, correct) if return_correct else out
 
 
-def min_filters(curve: torch.Tensor, tolerance: float = 0.0) -> int:
+def min_filters(curve: torch.Tensor, tolerance: float = 0.0, rule: str = "all_larger") -> int:
     """Fewest top-ranked filters whose exit matches the all-filter exit (FlexDNN's minimum count).
 
-    Drops the lowest-ranked filters while accuracy stays within ``tolerance`` of the all-filter
-    accuracy: the answer is the smallest ``k`` such that every count ``>= k`` qualifies.
+    Args:
+        curve: ``(N,)`` accuracy with the top ``k`` filters at entry ``k - 1``.
+        tolerance: accuracy a count may lose against the all-filter exit and still match.
+        rule: ``"all_larger"`` (the paper's procedure read literally: drop the lowest-ranked
+            filters while accuracy holds, i.e. the smallest ``k`` such that *every* count
+            ``>= k`` matches; one noisy dip near ``N`` stops it) or ``"first"`` (the smallest
+            ``k`` that matches: robust to dips, which noise makes common on small splits).
+
+    Raises:
+        PruningError: a tolerance outside [0, 1) or an unknown rule.
 
     Example:
         >>> min_filters(torch.tensor([0.5, 0.9, 0.88, 0.9]), tolerance=0.0)
         4
+        >>> min_filters(torch.tensor([0.5, 0.9, 0.88, 0.9]), tolerance=0.0, rule="first")
+        2
         >>> min_filters(torch.tensor([0.5, 0.9, 0.88, 0.9]), tolerance=0.02)
         2
     """
     if not (isinstance(tolerance, (int, float)) and 0.0 <= tolerance < 1.0):
         raise PruningError(f"`tolerance` is an accuracy fraction in [0, 1), got {tolerance!r}")
     ok = curve >= curve[-1] - tolerance - 1e-12
+    if rule == "first":
+        return int(ok.nonzero()[0, 0]) + 1  # ok[-1] always holds, so there is one
+    if rule != "all_larger":
+        raise PruningError(
+            f"`rule` must be 'all_larger' or 'first', got {rule!r}. HINT: 'first' is robust to noisy dips"
+        )
     k = curve.numel()
     while k > 1 and bool(ok[k - 2]):
         k -= 1
