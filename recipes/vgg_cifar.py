@@ -416,7 +416,6 @@ def run_grow(args: argparse.Namespace, ctx: dict[str, Any]) -> dict[str, Any]:
 @stage("exits")
 def run_exits(args: argparse.Namespace, ctx: dict[str, Any]) -> dict[str, Any]:
     """Progressive exits (SPINN/SDN) on the baseline: train, calibrate on validation, report on test."""
-    import copy
 
     import pytorch_lightning as pl
     from pytorch_lightning.callbacks import ModelCheckpoint
@@ -426,14 +425,9 @@ def run_exits(args: argparse.Namespace, ctx: dict[str, Any]) -> dict[str, Any]:
     from nestflex.exits.placement import parse_positions
     from nestflex.exits.report import evaluate_exits, exits_summary, plot_tradeoff
 
-    base = _baseline_module(args, ctx)
-    grown = _grown_module(args, ctx)
     dm = ctx["datamodule"]
     out = Path(args.out) / "exits"
-    # Heads on the grown model's largest level when the grow stage ran: the bundle then stores the
-    # backbone once (the multi-capacity weights) plus the heads (docs/architecture.md).
-    source = ({"grow": read_json(Path(args.out) / "grow" / "config.json"), "level": "largest"} if grown is not None
-              else "baseline")
+    source = _exit_backbone_source(args, ctx)
     config = {"baseline": read_json(Path(args.out) / "baseline" / "config.json"), "backbone": source,
               "positions": parse_positions(args.exit_positions), "head": args.exit_head, "mode": args.exit_mode,
               "epochs": args.exit_epochs, "lr": args.exit_lr, "batch_size": args.batch_size, "seed": args.seed}
@@ -445,14 +439,7 @@ def run_exits(args: argparse.Namespace, ctx: dict[str, Any]) -> dict[str, Any]:
         trained = read_json(out / "train.json")
     else:
         pl.seed_everything(args.seed, workers=True)
-        # a copy: exits_only freezes the backbone, and later stages need the baseline as it was;
-        # extract_level returns a plain copy of the largest level (vanilla shapes, nested channel order)
-        if grown is not None:
-            from nestflex.capacity import extract_level, num_levels
-
-            backbone = extract_level(grown.model.cpu(), num_levels(grown.model) - 1)
-        else:
-            backbone = copy.deepcopy(base.model).cpu()
+        backbone = _exit_backbone(args, ctx)
         module = MultiExitClassifier(args.model, num_classes=dm.num_classes, width=args.width,
                                      positions=config["positions"], head=args.exit_head, mode=args.exit_mode,
                                      lr=args.exit_lr, max_epochs=args.exit_epochs, backbone=backbone)
@@ -483,7 +470,7 @@ def run_exits(args: argparse.Namespace, ctx: dict[str, Any]) -> dict[str, Any]:
     write_json(out / "calibration.json", calibration)
     write_json(out / "test.json", test)
     summary = {"head": args.exit_head, "mode": args.exit_mode,
-               "backbone_source": "grow (largest level)" if grown is not None else "baseline",
+               "backbone_source": "baseline" if source == "baseline" else "grow (largest level)",
                **trained, **exits_summary(net, calibration, test),
                "calibration": "exits/calibration.json", "test_profile": "exits/test.json",
                "checkpoint": str(final.relative_to(args.out))}
@@ -499,8 +486,8 @@ def run_exits(args: argparse.Namespace, ctx: dict[str, Any]) -> dict[str, Any]:
 
 @stage("flex")
 def run_flex(args: argparse.Namespace, ctx: dict[str, Any]) -> dict[str, Any]:
-    """FlexDNN exits on the frozen baseline: rank, search, plan; measured on test."""
-    import copy
+    """FlexDNN exits on the frozen backbone (the grown model's largest level after a grow stage, else the
+    baseline, as for the exits stage): rank, search, plan; measured on test."""
 
     from safetensors.torch import load_file, save_file
     from torch.utils.data import DataLoader, Subset
@@ -508,15 +495,15 @@ def run_flex(args: argparse.Namespace, ctx: dict[str, Any]) -> dict[str, Any]:
     from nestflex.exits import FlexDNNConfig, build_flex_network, evaluate_flex, flexdnn
     from nestflex.exits.placement import parse_positions
 
-    base = _baseline_module(args, ctx)
     dm = ctx["datamodule"]
     dm.setup("fit")
     out = Path(args.out) / "flex"
     config = {"baseline": read_json(Path(args.out) / "baseline" / "config.json"),
+              "backbone": _exit_backbone_source(args, ctx),
               "positions": parse_positions(args.flex_positions), "exits_per_location": args.flex_exits_per_location,
               "base_width": args.flex_base_width, "epochs": args.flex_epochs, "train_samples": args.flex_train_samples,
               "val_samples": args.flex_val_samples, "rate_tolerance": args.flex_rate_tolerance, "seed": args.seed}
-    backbone = copy.deepcopy(base.model).cpu().eval()  # flexdnn freezes it; later stages need the baseline
+    backbone = _exit_backbone(args, ctx).eval()  # flexdnn freezes it: a copy
     gen = torch.Generator().manual_seed(args.seed)
 
     def subset(ds, n):
@@ -668,11 +655,60 @@ def run_export(args: argparse.Namespace, ctx: dict[str, Any]) -> dict[str, Any]:
     policy = {}
     if calibration is not None:  # the lossless thresholds were calibrated under their own fallback
         policy = {"confidence": calibration["confidence"], "fallback": calibration["lossless"]["fallback"]}
+    flex = _flex_exits(args, ctx)  # FlexDNN's planned exits from the flex stage's saved outputs (no retraining)
     info = export_bundle(out / "bundle.nfx", model, exits=exits, levels=levels, mean=dm.mean, std=dm.std,
                          classes=dm.classes, calibration=calibration, split_profile=profiles["split_quantization"],
-                         precision_profile=profiles["layer_precision"], **policy)
+                         precision_profile=profiles["layer_precision"], **policy, **flex)
     summary = {"bundle": "bundle.nfx", **{k: v for k, v in info.items() if k != "bundle"}}
     return {"summary": summary}
+
+
+def _flex_exits(args: argparse.Namespace, ctx: dict[str, Any]) -> dict[str, Any]:
+    """``flex_exits``/``flex_spec``/``flex_report`` for the bundle when the flex stage planned exits
+    on the current exit backbone; ``{}`` otherwise (the bundle then has no ``flex_exits``)."""
+
+    from safetensors.torch import load_file
+
+    out = Path(args.out)
+    flex = out / "flex"
+    if not all((flex / f).exists() for f in ("spec.json", "report.json", "config.json", "model.safetensors")):
+        return {}
+    planned = read_json(flex / "config.json")
+    if (planned["baseline"] != read_json(out / "baseline" / "config.json")
+            or planned.get("backbone") != _exit_backbone_source(args, ctx)):
+        print(f"export: skipping {flex} (planned on another backbone). HINT: rerun --stages flex")
+        return {}
+    from nestflex.exits import build_flex_network
+
+    spec = read_json(flex / "spec.json")
+    if not spec.get("exits"):
+        return {}
+    net = build_flex_network(_exit_backbone(args, ctx).eval(), spec)
+    net.load_state_dict(load_file(flex / "model.safetensors"))
+    return {"flex_exits": net, "flex_spec": spec, "flex_report": read_json(flex / "report.json")}
+
+
+def _exit_backbone_source(args: argparse.Namespace, ctx: dict[str, Any]) -> Any:
+    """What the exits and flex stages put their heads on, as recorded in their configs: the grown
+    model's largest level when the grow stage ran (the bundle then stores the backbone once, as the
+    multi-capacity weights, plus small heads; docs/architecture.md), else the baseline."""
+    if _grown_module(args, ctx) is None:
+        return "baseline"
+    return {"grow": read_json(Path(args.out) / "grow" / "config.json"), "level": "largest"}
+
+
+def _exit_backbone(args: argparse.Namespace, ctx: dict[str, Any]) -> torch.nn.Module:
+    """A CPU copy of :func:`_exit_backbone_source`'s network: exit training freezes it, and later
+    stages need the baseline and the grown model as they were. ``extract_level`` returns a plain
+    copy of the largest level (vanilla shapes, nested channel order)."""
+    import copy
+
+    grown = _grown_module(args, ctx)
+    if grown is None:
+        return copy.deepcopy(_baseline_module(args, ctx).model).cpu()
+    from nestflex.capacity import extract_level, num_levels
+
+    return extract_level(grown.model.cpu(), num_levels(grown.model) - 1)
 
 
 def _grown_module(args: argparse.Namespace, ctx: dict[str, Any]):
@@ -815,7 +851,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                   f"{pr['speedup']}x faster than float32 at batch {pr['batch_size']}{tag}")
     if "export" in summary:
         x = summary["export"]
-        print(f"  export    {x['levels']} level(s), exits backbone {x['exits_backbone']}: {x['bytes']:,} bytes "
+        print(f"  export    {x['levels']} level(s), exits backbone {x['exits_backbone']}, "
+              f"{x.get('flex_exits', 0)} FlexDNN exit(s) (backbone {x.get('flex_exits_backbone')}): {x['bytes']:,} bytes "
               f"({x['weights_bytes']:,} weights, {x['onnx_bytes']:,} ONNX; largest level {x['largest_level_bytes']:,})")
         print(f"bundle: {out / x['bundle']}")
     return summary

@@ -97,3 +97,50 @@ def test_not_a_bundle_is_explained(tmp_path):
     (tmp_path / "empty.nfx" / "manifest.json").write_text("{not json")
     with pytest.raises(nd.BundleError, match=r"manifest.json is not valid JSON"):
         nd.load(tmp_path / "empty.nfx")
+
+
+@pytest.fixture(scope="module")
+def flex_pristine(tmp_path_factory):
+    from tests.export.bundles import write_flex_bundle
+
+    info, *_ = write_flex_bundle(tmp_path_factory.mktemp("load_flex"), onnx=False)
+    return info["bundle"]
+
+
+@pytest.fixture
+def flex_bundle(flex_pristine, tmp_path):
+    return shutil.copytree(flex_pristine, tmp_path / "flex.nfx")
+
+
+def test_a_flipped_filter_index_of_a_flex_exit_is_refused(flex_bundle):
+    path = flex_bundle / "weights.safetensors"
+    data = bytearray(path.read_bytes())
+    n = int.from_bytes(data[:8], "little")
+    start, _ = json.loads(data[8 : 8 + n])["flex_exits.0.index"]["data_offsets"]
+    data[8 + n + start] ^= 0x01  # another filter feeds the exit: wrong answers, same shapes
+    path.write_bytes(bytes(data))
+    with pytest.raises(nd.BundleError, match=r"file 'weights.safetensors' fails its sha256 checksum"):
+        nd.load(flex_bundle)
+
+
+def test_an_inconsistent_exit_set_is_refused_in_one_message(flex_bundle):
+    def break_both(m):
+        m["flex_exits"]["thresholds"] = [0.5]
+        m["exits"]["backbone"] = "own"  # without its program
+
+    _rewrite(flex_bundle, break_both)
+    with pytest.raises(nd.BundleError, match=r"the exits in manifest.json are inconsistent: `exits.backbone` is 'own': "
+                                             r"expected 'shared', or 'own' with a `program`; `flex_exits` has 2 early "
+                                             r"exits but \{'taps': 2, 'heads': 2, 'thresholds': 1\}. HINT: the manifest"):
+        nd.load(flex_bundle)
+
+
+def test_a_bundle_from_before_flex_exits_still_loads_and_runs(flex_bundle):
+    # schema 1 bundles written before the `flex_exits` set and the `kind` key: the change is additive
+    def older(m):
+        del m["flex_exits"], m["exits"]["kind"]
+
+    _rewrite(flex_bundle, older)
+    b = nd.load(flex_bundle)
+    assert list(b.exit_sets) == ["exits"] and b.flex_exits is None
+    assert b.progressive()(__import__("torch").randn(2, 3, 32, 32)).logits.shape == (2, 10)

@@ -6,8 +6,9 @@ import sys
 
 import pytest
 
+import nestflex.deploy as nd
 from nestflex.deploy import cli
-from tests.export.bundles import write_bundle
+from tests.export.bundles import write_bundle, write_flex_bundle
 
 
 @pytest.fixture(scope="module")
@@ -24,7 +25,7 @@ def test_inspect_prints_levels_exits_splits_and_sizes(bundle):
     out = _run("inspect", bundle)
     assert out.returncode == 0, out.stderr
     text = out.stdout
-    assert "levels (3, nested=True)" in text and "exits (3, backbone shared, confidence max_prob" in text
+    assert "levels (3, nested=True)" in text and "exits (3, progressive, backbone shared, confidence max_prob" in text
     assert "split points (" in text and "features.relu1" in text and "weights.safetensors" in text
     m = json.loads(open(f"{bundle}/manifest.json").read())
     assert f"{m['levels'][-1]['macs']:,}" in text
@@ -70,3 +71,13 @@ def test_simulate_without_the_module_says_so(monkeypatch, capsys):
     monkeypatch.setattr(cli.importlib, "import_module", missing)
     assert cli.main(["simulate", "--anything"]) == 2
     assert "`nestflex simulate` needs nestflex.deploy.simulation" in capsys.readouterr().err
+
+
+def test_inspect_and_bench_show_the_flex_exits(tmp_path):
+    info, _, _, _, spec = write_flex_bundle(tmp_path, onnx=False)
+    text = cli.inspect_table(nd.load(info["bundle"]))
+    assert "flex_exits (3, flexdnn, backbone shared, confidence entropy, fallback final)" in text
+    first = spec["exits"][0]
+    assert f"{first['location']}  " in text and f"{len(first['filters'])}/32" in text  # top-k of relu3's 32 filters
+    result = cli.bench_bundle(nd.load(info["bundle"]), repeats=1)
+    assert [e["exit"] for e in result["flex_exits"]] == [0, 1, 2] and all(e["latency_ms"] > 0 for e in result["flex_exits"])

@@ -18,7 +18,10 @@ from nestflex.graph import trace
 from nestflex.models import create_model
 from tests.conftest import settle_batchnorm
 
-CONFIG = FlexDNNConfig(locations=(0.3, 0.6), exits_per_location=2, epochs=1, rank_samples=64, fit_samples=64)
+# 20 L-BFGS iterations per refit: the checks here are structural (policy, plan, rebuild), and the
+# refits dominated the fixture's time at the default 100
+CONFIG = FlexDNNConfig(locations=(0.3, 0.6), exits_per_location=2, epochs=1, rank_samples=64, fit_samples=64,
+                       refit_iters=20)
 
 
 def _batches(n: int, seed: int):
@@ -85,3 +88,18 @@ def test_bad_input_errors():
         build_candidates([point], [torch.arange(8)], 10, exits_per_location=9)
     with pytest.raises(NestflexError, match=r"the FlexDNN spec has no exits.*HINT"):
         build_flex_network(backbone, {"exits": []})
+
+
+def _bench_flex_plan():
+    from tests.scripts import load_script
+
+    return load_script("benchmarks/flex_plan.py")
+
+
+def test_matched_accuracy_interpolates_along_the_pareto_front():
+    bench = _bench_flex_plan()
+    pts = [{"accuracy": a, "mean_macs": m} for a, m in [(0.80, 50), (0.70, 60), (0.90, 100), (0.85, 90), (0.95, 200)]]
+    assert [p["mean_macs"] for p in bench.pareto(pts)] == [50, 90, 100, 200]  # (0.70, 60) is dominated
+    assert bench.macs_at(pts, 0.875) == pytest.approx(95.0)  # halfway from (0.85, 90) to (0.90, 100)
+    assert bench.macs_at(pts, 0.5) == 50  # the cheapest point already beats it
+    assert bench.macs_at(pts, 0.99) is None  # never reached

@@ -1,4 +1,5 @@
-"""Tiny bundles for the export and deploy tests: a 3-level nested VGG-11 x0.125 with two exits."""
+"""Tiny bundles for the export and deploy tests: a 3-level nested VGG-11 x0.125 with two exits,
+and FlexDNN's fine-grained exits (built from a spec, as the recipe rebuilds them)."""
 
 from __future__ import annotations
 
@@ -8,8 +9,11 @@ from pathlib import Path
 import torch
 
 from nestflex.capacity import extract_level, nest_from_roadmap
-from nestflex.exits import MultiExitNetwork
+from nestflex.exits import MultiExitNetwork, build_flex_network
+from nestflex.exits.fine_grained import RankedDropout
+from nestflex.exits.placement import resolve_positions
 from nestflex.export import export_bundle
+from nestflex.graph import trace
 from nestflex.models import create_model
 from tests.capacity.conftest import make_roadmap
 
@@ -53,3 +57,57 @@ def own_backbone_exits(net: torch.nn.Module) -> MultiExitNetwork:
     with torch.no_grad():
         joint.backbone.features.conv1.weight.mul_(1.5)
     return joint
+
+
+def flex_spec(backbone: torch.nn.Module, positions=(0.3, 0.6), widths=([4], [4, 8]), seed: int = 0) -> dict:
+    """A FlexDNN spec (the shape :func:`nestflex.exits.flexdnn` writes) with random top-k filters:
+    about half of each tapped layer's channels, out of order, as a ranking gives them."""
+    g = torch.Generator().manual_seed(seed)
+    points = resolve_positions(trace(backbone, (3, 32, 32)), list(positions))
+    exits = []
+    for p, w in zip(points, widths):
+        c, h, w_ = next(shape for name, shape in p.tensors if name == p.node)
+        filters = torch.randperm(c, generator=g)[: max(2, c // 2)].tolist()
+        exits.append({"location": p.name, "filters": filters, "widths": list(w), "in_hw": [h, w_]})
+    return {"schema_version": 1, "num_classes": 10, "input_shape": [3, 32, 32], "confidence": "entropy",
+            "thresholds": [0.4, 0.5][: len(exits)], "fallback": "final", "exits": exits}
+
+
+def flex_on(backbone: torch.nn.Module, dropout: bool = True, seed: int = 2) -> tuple[MultiExitNetwork, dict]:
+    """FlexDNN exits on ``backbone`` rebuilt from a spec, with random head weights and BatchNorm
+    statistics; the first head keeps a RankedDropout (as during the search) to check it exports as
+    the identity it is at inference."""
+    spec = flex_spec(backbone)
+    net = build_flex_network(backbone, spec)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, t in net.exits.state_dict().items():
+            if name.endswith("running_var"):
+                t.copy_(torch.rand(t.shape, generator=g) + 0.5)
+            elif name.endswith(("running_mean", "weight", "bias")):
+                t.copy_(0.3 * torch.randn(t.shape, generator=g))
+    if dropout:
+        net.exits[0].dropout = RankedDropout(net.exits[0].filters, p_max=0.5)
+    return net.eval(), spec
+
+
+def write_flex_bundle(tmp: Path, onnx: bool = True, own: bool = False, progressive: bool = True, **kwargs):
+    """The nested VGG with SDN exits and FlexDNN exits; ``own``: FlexDNN on a different backbone
+    (as in the recipe when the grow stage ran: FlexDNN runs on the baseline)."""
+    net = nested_vgg(tmp)
+    exits = exits_on(net) if progressive else None
+    if own:
+        torch.manual_seed(3)
+        from tests.conftest import settle_batchnorm
+
+        backbone = settle_batchnorm(create_model("vgg11", width=0.125))
+    else:
+        backbone = extract_level(net, LEVELS - 1)
+    flex, spec = flex_on(backbone)
+    report = {"plan": {"kept_locations": [e["location"] for e in spec["exits"]], "thresholds": spec["thresholds"],
+                       "accuracy": 0.5, "mean_macs": 1000, "mean_macs_fraction": 0.5, "ranking_orders": [1, 2]},
+              "profile": {"operating_points": [{"threshold": 0.3, "accuracy": 0.4, "mean_macs": 900,
+                                                "mean_macs_fraction": 0.45}]}}
+    info = export_bundle(tmp / "flex.nfx", net, exits=exits, thresholds=[0.5, 0.6] if progressive else None, onnx=onnx,
+                         flex_exits=flex, flex_spec=spec, flex_report=report, **kwargs)
+    return info, net, exits, flex, spec

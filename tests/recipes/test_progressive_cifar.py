@@ -1,19 +1,12 @@
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.scripts import load_script
 
 
 def _recipe():
-    spec = importlib.util.spec_from_file_location(
-        "progressive_cifar", ROOT / "recipes" / "progressive_cifar.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("recipes/progressive_cifar.py")
 
 
 TINY = [

@@ -1,22 +1,16 @@
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.scripts import FLEX, load_script
+from tests.scripts import TINY as TINY_BASE
 
 
 def _recipe():
-    spec = importlib.util.spec_from_file_location("vgg_cifar", ROOT / "recipes" / "vgg_cifar.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("recipes/vgg_cifar.py")
 
 
-TINY = ["--data", "synthetic", "--synthetic-train-size", "600", "--synthetic-test-size", "200", "--val-size", "100",
-        "--model", "vgg11", "--width", "0.125", "--batch-size", "64", "--accelerator", "cpu",
-        "--precision-calibration", "32", "--prune-max-steps", "2", "--prune-triplets", "60"]
+TINY = [*TINY_BASE, "--precision-calibration", "32", "--prune-max-steps", "2", "--prune-triplets", "60"]
 
 
 def test_baseline_stage_writes_summary_and_reuses_it(tmp_path, capsys):
@@ -200,20 +194,25 @@ def test_export_stage_writes_a_bundle_with_exits_on_the_grown_model(tmp_path, ca
 
     recipe = _recipe()
     out = tmp_path / "run"
-    flags = [*TINY, "--epochs", "1", "--out", str(out), "--prune-max-drop", "50", "--grow-levels", "3",
+    flags = [*TINY, *FLEX, "--epochs", "1", "--out", str(out), "--prune-max-drop", "50", "--grow-levels", "3",
              "--grow-latency-repeats", "1", "--exit-epochs", "1", "--exit-positions", "0.3,0.6"]
-    summary = recipe.main([*flags, "--stages", "baseline,prune,grow,exits,export"])
+    summary = recipe.main([*flags, "--stages", "baseline,prune,grow,exits,flex,export"])
     printed = capsys.readouterr().out
     assert printed.rstrip().splitlines()[-1] == f"bundle: {out / 'bundle.nfx'}"
     assert summary["exits"]["backbone_source"] == "grow (largest level)"
+    # FlexDNN plans on the same backbone as the exits, so the bundle stores no second backbone
+    assert json.loads((out / "flex" / "config.json").read_text())["backbone"]["level"] == "largest"
     x = json.loads((out / "summary.json").read_text())["export"]
     assert x["bundle"] == "bundle.nfx" and x["levels"] == 3 and x["exits_backbone"] == "shared"
+    assert x["flex_exits_backbone"] == ("shared" if x["flex_exits"] else None)
     assert x["bytes"] == x["weights_bytes"] + x["onnx_bytes"] + x["metadata_bytes"] and x["onnx_bytes"] > 0
-    assert x["weights_bytes"] <= 1.1 * (x["largest_level_bytes"] + x["exit_heads_bytes"])
+    heads = x["exit_heads_bytes"] + x.get("flex_exit_heads_bytes", 0)
+    assert x["weights_bytes"] <= 1.1 * (x["largest_level_bytes"] + heads)
     bundle = nd.load(out / x["bundle"])
     assert [r["macs"] for r in bundle.levels] == [lv["macs"] for lv in summary["levels"]]
     assert bundle.exits["thresholds"] == json.loads((out / "exits" / "calibration.json").read_text())["lossless"]["thresholds"]
-    assert set(bundle.manifest["profiles"]) == {"exit_calibration"}  # the profile stage did not run
+    flex_profile = {"flexdnn_plan"} if x["flex_exits"] else set()
+    assert set(bundle.manifest["profiles"]) == {"exit_calibration", *flex_profile}  # the profile stage did not run
     # a later run rebuilds the grown model from --out for the export stage alone
     again = recipe.main([*flags, "--stages", "export"])
     assert again["export"]["weights_bytes"] == x["weights_bytes"] and again["export"]["exits_backbone"] == "shared"

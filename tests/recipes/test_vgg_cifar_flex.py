@@ -1,23 +1,14 @@
 """The recipe's flex stage (FlexDNN) on a tiny run: summary keys, files, reuse, bad flags."""
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-TINY = ["--data", "synthetic", "--synthetic-train-size", "600", "--synthetic-test-size", "200", "--val-size", "100",
-        "--model", "vgg11", "--width", "0.125", "--batch-size", "64", "--accelerator", "cpu", "--epochs", "1"]
-FLEX = ["--flex-positions", "0.3,0.6", "--flex-exits-per-location", "2", "--flex-epochs", "1",
-        "--flex-train-samples", "128", "--flex-val-samples", "100"]
+from tests.scripts import FLEX, TINY, load_script
 
 
 def _recipe():
-    spec = importlib.util.spec_from_file_location("vgg_cifar", ROOT / "recipes" / "vgg_cifar.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("recipes/vgg_cifar.py")
 
 
 @pytest.mark.slow

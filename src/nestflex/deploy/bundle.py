@@ -4,7 +4,8 @@ A bundle is one directory (``model.nfx`` by convention) that describes itself:
 
 * ``manifest.json``: schema and producer version, the input spec (shape, dtype, normalisation),
   the classes, the multi-capacity levels (profile rows + widths) and the program that runs them,
-  the exits (heads, thresholds, confidence, fallback, calibration), the split points (tensor
+  the exit sets (``exits``: SPINN/SDN, ``flex_exits``: FlexDNN; same layout: heads, thresholds,
+  confidence, fallback, calibration or plan), the split points (tensor
   shapes, float32 bytes, quantisation summary), the profiles it ships, the ONNX exports, and
   every file with its sha256 and size;
 * ``weights.safetensors``: every tensor ONCE, the multi-capacity weights in nested order (level
@@ -41,6 +42,7 @@ __all__ = [
     "BundleError",
     "FORMAT",
     "SCHEMA_VERSION",
+    "EXIT_SETS",
     "MANIFEST",
     "WEIGHTS",
     "Bundle",
@@ -51,8 +53,12 @@ __all__ = [
 
 #: ``manifest["format"]`` of every bundle
 FORMAT = "nestflex-bundle"
-#: the manifest layout this runtime writes and reads; a larger number is refused
+#: the manifest layout this runtime writes and reads; a larger number is refused. Additive keys
+#: (``flex_exits``, ``kind``) do not bump it: a reader that predates them ignores them.
 SCHEMA_VERSION = 1
+#: manifest key -> ``kind`` of each exit set a bundle may hold; both have the same layout and run
+#: under the same runtime and policy (``exits``: SPINN/SDN progressive exits, ``flex_exits``: FlexDNN)
+EXIT_SETS = {"exits": "progressive", "flex_exits": "flexdnn"}
 MANIFEST = "manifest.json"
 WEIGHTS = "weights.safetensors"
 
@@ -203,6 +209,31 @@ def _check_weights(root: Path, manifest: Mapping[str, Any]) -> dict[str, dict[st
     return declared
 
 
+def _check_exit_sets(root: Path, manifest: Mapping[str, Any]) -> None:
+    """Each exit set must be self-consistent: one tap, head and threshold per early exit."""
+    problems = []
+    for key in EXIT_SETS:
+        ex = manifest.get(key)
+        if ex is None:
+            continue
+        if not isinstance(ex, dict):
+            problems.append(f"`{key}` is {type(ex).__name__}, expected an object or null")
+            continue
+        missing = [k for k in ("backbone", "names", "taps", "heads", "thresholds", "confidence", "fallback") if k not in ex]
+        if missing:
+            problems.append(f"`{key}` lacks {missing}")
+            continue
+        early = len(ex["names"]) - 1
+        counts = {"taps": len(ex["taps"]), "heads": len(ex["heads"]), "thresholds": len(ex["thresholds"])}
+        if any(n != early for n in counts.values()):
+            problems.append(f"`{key}` has {early} early exits but {counts}")
+        if ex["backbone"] not in ("shared", "own") or (ex["backbone"] == "own" and "program" not in ex):
+            problems.append(f"`{key}.backbone` is {ex['backbone']!r}: expected 'shared', or 'own' with a `program`")
+    if problems:
+        raise BundleError(f"bundle {str(root)!r}: the exits in {MANIFEST} are inconsistent: " + "; ".join(problems)
+                          + ". HINT: the manifest was written by hand or by a broken exporter; export the bundle again")
+
+
 class Bundle:
     """A validated bundle on disk. Build runtimes from it; weights are read lazily, when paged in.
 
@@ -212,7 +243,9 @@ class Bundle:
         levels: one profile row per multi-capacity level (level, accuracy, params, macs,
             memory_mb, latency_ms, plus widths and weight_bytes), smallest first.
         num_levels: number of levels.
-        exits: the ``exits`` section of the manifest, or ``None`` for a bundle without exits.
+        exits: the ``exits`` section of the manifest (SPINN/SDN progressive exits), or ``None``.
+        flex_exits: the ``flex_exits`` section (FlexDNN's planned fine-grained exits), or ``None``.
+        exit_sets: the exit sets present, manifest key -> section (same layout for both kinds).
         splits: the split points of the largest level.
     """
 
@@ -231,6 +264,14 @@ class Bundle:
     @property
     def exits(self) -> dict[str, Any] | None:
         return self.manifest.get("exits")
+
+    @property
+    def flex_exits(self) -> dict[str, Any] | None:
+        return self.manifest.get("flex_exits")
+
+    @property
+    def exit_sets(self) -> dict[str, dict[str, Any]]:
+        return {k: self.manifest[k] for k in EXIT_SETS if self.manifest.get(k)}
 
     @property
     def splits(self) -> list[dict[str, Any]]:
@@ -256,25 +297,27 @@ class Bundle:
 
         return CapacityRuntime(self, self.num_levels - 1 if level is None else level)
 
-    def progressive(self, capacity=None):
+    def progressive(self, capacity=None, exit_set: str = "exits"):
         """A :class:`~nestflex.deploy.runtime.ProgressiveRuntime` (batched early exit).
 
         Args:
             capacity: when the exits share the multi-capacity backbone, the
                 :class:`~nestflex.deploy.runtime.CapacityRuntime` to run on (a new one if ``None``);
                 it is switched to the largest level.
+            exit_set: which exits: ``"exits"`` (SPINN/SDN) or ``"flex_exits"`` (FlexDNN).
 
         Raises:
-            BundleError: the bundle has no exits.
+            BundleError: the bundle has no such exit set.
         """
         from nestflex.deploy.runtime import ProgressiveRuntime
 
-        return ProgressiveRuntime(self, capacity)
+        return ProgressiveRuntime(self, capacity, exit_set)
 
     def __repr__(self) -> str:
+        sets = "".join(f", {k}={len(v['names'])}" for k, v in self.exit_sets.items() if k != "exits")
         ex = self.exits
         return (f"Bundle({str(self.path)!r}, levels={self.num_levels}, "
-                f"exits={len(ex['names']) if ex else 0}, schema_version={self.manifest['schema_version']})")
+                f"exits={len(ex['names']) if ex else 0}{sets}, schema_version={self.manifest['schema_version']})")
 
 
 def load(path: str | os.PathLike) -> Bundle:
@@ -282,8 +325,9 @@ def load(path: str | os.PathLike) -> Bundle:
 
     Checks, in order: the directory and ``manifest.json`` exist and parse, the schema version is
     one this runtime reads, the producer is nestflex of the same major version, the manifest
-    digest, every listed file's size and sha256, and that the safetensors header matches the
-    manifest's tensor table. Nothing is unpickled.
+    digest, every listed file's size and sha256, that the safetensors header matches the
+    manifest's tensor table, and that each exit set has one tap, head and threshold per early
+    exit. Nothing is unpickled.
 
     Args:
         path: the bundle directory (``*.nfx``).
@@ -299,4 +343,5 @@ def load(path: str | os.PathLike) -> Bundle:
     _check_versions(root, manifest)
     _check_files(root, manifest)
     _check_weights(root, manifest)
+    _check_exit_sets(root, manifest)
     return Bundle(root, manifest)

@@ -44,14 +44,9 @@ def inspect_table(bundle) -> str:
              (r.get("latency_ms") or {}).get("1")] for r in bundle.levels]
     out += [f"levels ({bundle.num_levels}, nested={m['capacity']['nested']})",
             _table(["level", "accuracy", "params", "MACs", "weights MB", "latency ms (batch 1)"], rows), ""]
-    ex = bundle.exits
-    if ex:
-        thr = [*ex["thresholds"], None]
-        rows = [[k, n, f"{pos:.3f}" if pos is not None else "1.000", f"{mac:,}", thr[k]]
-                for k, (n, pos, mac) in enumerate(zip(ex["names"], [*ex["positions"], None], ex["macs"]))]
-        out += [f"exits ({len(ex['names'])}, backbone {ex['backbone']}, confidence {ex['confidence']}, "
-                f"fallback {ex['fallback']})", _table(["exit", "name", "MACs fraction", "MACs", "threshold"], rows), ""]
-    else:
+    for key, ex in bundle.exit_sets.items():
+        out += [_exit_set_table(key, ex), ""]
+    if not bundle.exit_sets:
         out += ["exits: none", ""]
     rows = []
     for s in bundle.splits:
@@ -72,6 +67,30 @@ def inspect_table(bundle) -> str:
     return "\n".join(out)
 
 
+def _exit_set_table(key: str, ex: dict[str, Any]) -> str:
+    """One exit set (``exits`` or ``flex_exits``: same layout) as a table; FlexDNN heads also show
+    how many of the tapped layer's filters feed them and their conv widths."""
+    thr = [*ex["thresholds"], None]
+    flex = any("filters" in h for h in ex["heads"])
+    header = ["exit", "name", "MACs fraction", "MACs", "threshold"] + (["filters", "head widths"] if flex else [])
+    rows = []
+    for k, (n, pos, mac) in enumerate(zip(ex["names"], [*ex["positions"], None], ex["macs"])):
+        row = [k, n, f"{pos:.3f}" if pos is not None else "1.000", f"{mac:,}", thr[k]]
+        if flex:
+            h = ex["heads"][k] if k < len(ex["heads"]) else {}
+            row += [f"{len(h['filters'])}/{h.get('tap_channels', '?')}" if "filters" in h else None,
+                    h.get("widths") if "filters" in h else None]
+        rows.append(row)
+    kind = f", {ex['kind']}" if "kind" in ex else ""
+    title = (f"{key} ({len(ex['names'])}{kind}, backbone {ex['backbone']}, confidence {ex['confidence']}, "
+             f"fallback {ex['fallback']})")
+    plan = ex.get("plan")
+    if plan and plan.get("mean_macs_fraction") is not None:
+        title += (f"; plan on {plan.get('split')}: accuracy {plan.get('accuracy')} at {plan['mean_macs_fraction']:.3f} "
+                  f"of the backbone's MACs, {len(ex.get('operating_points', []))} operating points")
+    return title + "\n" + _table(header, rows)
+
+
 def _median_ms(fn: Callable[[], object], repeats: int) -> float:
     fn()  # warm-up: lazy allocations are not what is measured
     times = []
@@ -83,7 +102,8 @@ def _median_ms(fn: Callable[[], object], repeats: int) -> float:
 
 
 def bench_bundle(bundle, batch_size: int = 1, repeats: int = 20, seed: int = 0) -> dict[str, Any]:
-    """Median latency (ms) per level and per exit, and the time of each level switch, on this machine."""
+    """Median latency (ms) per level and per exit (``exits`` and ``flex_exits``: stopping at exit k),
+    and the time of each level switch, on this machine."""
     import torch
 
     from nestflex._machine import machine
@@ -103,14 +123,14 @@ def bench_bundle(bundle, batch_size: int = 1, repeats: int = 20, seed: int = 0) 
                 r = rt.set_level(b)
                 switches.append({"from": a, "to": b, "page_in_bytes": r.page_in_bytes,
                                  "page_out_bytes": r.page_out_bytes, "ms": round(1e3 * r.seconds, 4)})
-    exits = []
-    if bundle.exits:
-        prog = bundle.progressive(rt)
+    per_set: dict[str, list[dict[str, Any]]] = {"exits": [], "flex_exits": []}
+    for key, ex in bundle.exit_sets.items():
+        prog = bundle.progressive(rt, exit_set=key)
         for k in range(prog.num_exits):
-            exits.append({"exit": k, "name": bundle.exits["names"][k],
-                          "latency_ms": round(_median_ms(lambda k=k: prog.exit_logits(x, k), repeats), 4)})
+            per_set.setdefault(key, []).append({"exit": k, "name": ex["names"][k], "latency_ms": round(
+                _median_ms(lambda k=k: prog.exit_logits(x, k), repeats), 4)})
     return {"bundle": str(bundle.path), "batch_size": batch_size, "repeats": repeats, "levels": levels,
-            "exits": exits, "switches": switches, "machine": machine(),
+            **per_set, "switches": switches, "machine": machine(),
             "note": "medians of repeated runs after one warm-up; a switch is timed once per ordered pair"}
 
 
@@ -137,9 +157,11 @@ def _cmd_bench(args: argparse.Namespace) -> int:
           f"({result['machine']['cpus']} cpus, {result['machine']['torch_threads']} torch threads)")
     print(_table(["level", "latency ms", "resident MB"],
                  [[r["level"], r["latency_ms"], _mb(r["resident_bytes"])] for r in result["levels"]]))
-    if result["exits"]:
-        print()
-        print(_table(["exit", "name", "latency ms"], [[e["exit"], e["name"], e["latency_ms"]] for e in result["exits"]]))
+    for key in ("exits", "flex_exits"):
+        if result.get(key):
+            print()
+            print(_table([f"{key} exit", "name", "latency ms"],
+                         [[e["exit"], e["name"], e["latency_ms"]] for e in result[key]]))
     print()
     print(_table(["switch", "page in bytes", "page out bytes", "ms"],
                  [[f"{s['from']} -> {s['to']}", f"{s['page_in_bytes']:,}", f"{s['page_out_bytes']:,}", s["ms"]]
@@ -167,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
         return _cmd_simulate(argv[1:])
     parser = argparse.ArgumentParser(prog="nestflex", description="Inspect, benchmark and simulate nestflex bundles.")
     sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("inspect", help="levels, exits, split points and sizes of a bundle")
+    p = sub.add_parser("inspect", help="levels, exits (SPINN/SDN and FlexDNN), split points and sizes of a bundle")
     p.add_argument("bundle")
     p.add_argument("--json", action="store_true", help="print the whole manifest as JSON")
     p = sub.add_parser("bench", help="median latency per level and per exit on this machine")

@@ -2,7 +2,7 @@
 
 Backend: **torch eager over a small op program** read from the manifest. Each component
 (backbone, exit head) is a list of nodes (``conv2d``, ``batch_norm``, ``relu``, pools, ``linear``,
-``flatten``, ``add``/``sub``/``mul``, ``param``) whose weights are safetensors tensors. A nested
+``flatten``, ``add``/``sub``/``mul``, ``index_select``, ``param``) whose weights are safetensors tensors. A nested
 layer's weight is one full tensor in nested order; level ``k`` computes with a prefix of it (the
 ``regions`` table of the manifest gives the prefix shape per level, ``null`` when a level does
 not use a tensor at all, e.g. another level's BatchNorm). This is why the runtime can page:
@@ -140,11 +140,14 @@ def run_program(nodes: Sequence[Node], env: dict[str, Any], tensors: Mapping[str
         elif op in _BINARY:
             a, b = (_arg(x, env) for x in node["args"])
             env[node["name"]] = _BINARY[op](a, b)
+        elif op == "index_select":  # FlexDNN exits: the top-k filters of the tapped map
+            a, index = (_arg(x, env) for x in node["args"])
+            env[node["name"]] = torch.index_select(a, node["attrs"]["dim"], index)
         else:
             fn = OPS.get(op)
             if fn is None:
                 raise BundleError(f"the bundle uses op {op!r} (node {node['name']!r}), which this runtime does not "
-                                  f"know; known: {', '.join(sorted([*OPS, *_BINARY, 'param']))}. HINT: upgrade nestflex")
+                                  f"know; known: {', '.join(sorted([*OPS, *_BINARY, 'param', 'index_select']))}. HINT: upgrade nestflex")
             env[node["name"]] = fn(node, _arg(node["args"][0], env), _node_weights(node, tensors, level))
     return None
 
@@ -388,27 +391,37 @@ class CapacityRuntime:
 
 
 class ProgressiveRuntime:
-    """Batched early exit over the bundle's exits, with the shared policy of :mod:`nestflex.deploy.exits`.
+    """Batched early exit over one exit set of the bundle, with the shared policy of :mod:`nestflex.deploy.exits`.
 
-    When the manifest says ``exits.backbone == "shared"`` the heads sit on the multi-capacity
-    backbone's largest level (one copy of the weights); with ``"own"`` the progressive network's
-    backbone is its own component.
+    A bundle may hold two exit sets with the same layout: ``exits`` (SPINN/SDN progressive exits)
+    and ``flex_exits`` (FlexDNN's planned fine-grained exits); both run here alike. When the set
+    says ``backbone == "shared"`` the heads sit on the multi-capacity backbone's largest level (one
+    copy of the weights); with ``"own"`` the set's backbone is its own component.
 
     Args:
         bundle: a loaded bundle with exits.
         capacity: for a shared backbone, the :class:`CapacityRuntime` to run on (switched to the
             largest level); a new one if ``None``.
+        exit_set: the manifest key of the exit set: ``"exits"`` or ``"flex_exits"``.
 
     Raises:
-        BundleError: the bundle has no exits.
+        BundleError: the bundle has no such exit set.
     """
 
-    def __init__(self, bundle: Bundle, capacity: CapacityRuntime | None = None) -> None:
-        ex = bundle.exits
+    def __init__(self, bundle: Bundle, capacity: CapacityRuntime | None = None, exit_set: str = "exits") -> None:
+        from nestflex.deploy.bundle import EXIT_SETS
+
+        if exit_set not in EXIT_SETS:
+            raise BundleError(f"`exit_set` must be one of {', '.join(EXIT_SETS)}, got {exit_set!r}")
+        ex = bundle.manifest.get(exit_set)
         if not ex:
-            raise BundleError(f"bundle {str(bundle.path)!r} has no exits. HINT: export it with a MultiExitNetwork "
-                              f"(`exits=`) or run the recipe's exits stage before export")
-        self.bundle, self.exits = bundle, ex
+            present = ", ".join(bundle.exit_sets) or "none"
+            hint = ("export it with a MultiExitNetwork (`exits=`) or run the recipe's exits stage before export"
+                    if exit_set == "exits" else "export it with `flex_exits=` and `flex_spec=` (FlexDNN's network and "
+                    "spec) or run the recipe's flex stage before export")
+            raise BundleError(f"bundle {str(bundle.path)!r} has no {exit_set} (exit sets present: {present}). "
+                              f"HINT: {hint}")
+        self.bundle, self.exits, self.exit_set = bundle, ex, exit_set
         self.thresholds: list[float] = list(ex["thresholds"])
         self.confidence: str = ex["confidence"]
         self.fallback: str = ex["fallback"]

@@ -40,9 +40,10 @@ class Program:
 _FUNCTIONS: dict[Any, str] = {
     operator.add: "add", torch.add: "add", operator.sub: "sub", torch.sub: "sub",
     operator.mul: "mul", torch.mul: "mul", operator.iadd: "add", operator.imul: "mul",
-    F.relu: "relu", torch.relu: "relu", torch.flatten: "flatten",
+    F.relu: "relu", torch.relu: "relu", torch.flatten: "flatten", torch.index_select: "index_select",
 }
-_METHODS = {"flatten": "flatten", "relu": "relu", "add": "add", "mul": "mul", "sub": "sub"}
+_METHODS = {"flatten": "flatten", "relu": "relu", "add": "add", "mul": "mul", "sub": "sub",
+            "index_select": "index_select"}
 _SIMPLE_MODULES: dict[type, str] = {
     nn.ReLU: "relu", nn.ReLU6: "relu6", nn.Identity: "identity", nn.Dropout: "identity", nn.Dropout2d: "identity",
 }
@@ -136,6 +137,16 @@ def _call_entry(op: str, node: fx.Node, where: str) -> dict[str, Any]:
         return {"op": op, "args": [_ref(node.args[0], where)], "attrs": {"start_dim": start, "end_dim": end}}
     if op == "relu":
         return {"op": op, "args": [_ref(node.args[0], where)], "attrs": {}}
+    if op == "index_select":
+        # FlexDNN's channel selection (`FilterSubsetExit`): the index is a buffer, so it reaches
+        # the program as a `param` node and the weights file as an int64 tensor
+        x = node.kwargs.get("input", node.args[0] if node.args else None)
+        dim = node.kwargs.get("dim", node.args[1] if len(node.args) > 1 else None)
+        index = node.kwargs.get("index", node.args[2] if len(node.args) > 2 else None)
+        if not isinstance(index, fx.Node) or isinstance(dim, bool) or not isinstance(dim, int):
+            raise ExportError(f"{where}: index_select needs an int `dim` and a tensor index (a buffer), got dim={dim!r}, "
+                              f"index={index!r}. HINT: register the selected indices as a buffer of the module")
+        return {"op": op, "args": [_ref(x, where), _ref(index, where)], "attrs": {"dim": dim}}
     if len(node.args) != 2 or node.kwargs.get("alpha", 1) != 1:
         raise ExportError(f"{where}: {op} with arguments {node.args} {dict(node.kwargs)} is not supported")
     return {"op": op, "args": [_ref(a, where) for a in node.args], "attrs": {}}
@@ -191,7 +202,8 @@ def _module_entry(module: nn.Module, node: fx.Node, where: str, tensor, nested_m
         return {"op": "flatten", "args": args, "attrs": {"start_dim": module.start_dim, "end_dim": module.end_dim}}
     raise ExportError(
         f"{where}: layer `{target}` ({type(module).__name__}) has no bundle op. HINT: the bundle runtime supports "
-        f"Conv2d, Linear, BatchNorm1d/2d, ReLU, ReLU6, Identity, Dropout, (Adaptive)Max/AvgPool2d, Flatten, add/sub/mul"
+        f"Conv2d, Linear, BatchNorm1d/2d, ReLU, ReLU6, Identity, Dropout, (Adaptive)Max/AvgPool2d, Flatten, add/sub/mul, "
+        f"index_select (channel selection)"
     )
 
 

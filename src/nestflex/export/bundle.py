@@ -25,7 +25,7 @@ from torch import nn
 from nestflex import __version__
 from nestflex._io import atomic_write_bytes, write_json
 from nestflex.capacity.nested import extract_level, is_nested, nested_modules, num_levels
-from nestflex.deploy.bundle import FORMAT, MANIFEST, SCHEMA_VERSION, WEIGHTS, file_digest, manifest_digest
+from nestflex.deploy.bundle import EXIT_SETS, FORMAT, MANIFEST, SCHEMA_VERSION, WEIGHTS, file_digest, manifest_digest
 from nestflex.deploy.exits import FALLBACKS, check_thresholds, list_confidences
 from nestflex.export._program import ExportError, Program, build_program
 from nestflex.graph import trace
@@ -35,6 +35,9 @@ __all__ = ["ExportError", "export_bundle", "BUNDLE_SUFFIX"]
 #: suffix of bundle directories, by convention
 BUNDLE_SUFFIX = ".nfx"
 _ONNX_OPSET = 17
+#: per exit set: head tensor prefix, own-backbone tensor prefix, ONNX file prefix
+_SET_NAMES = {"exits": ("exits.", "progressive.backbone.", ""),
+              "flex_exits": ("flex_exits.", "flex.backbone.", "flex_")}
 
 
 def _state_bytes(tensors: Mapping[str, torch.Tensor]) -> int:
@@ -104,6 +107,9 @@ def export_bundle(
     calibration: Mapping[str, Any] | None = None,
     split_profile: Mapping[str, Any] | None = None,
     precision_profile: Mapping[str, Any] | None = None,
+    flex_exits: nn.Module | None = None,
+    flex_spec: Mapping[str, Any] | None = None,
+    flex_report: Mapping[str, Any] | None = None,
     onnx: bool = True,
     overwrite: bool = True,
 ) -> dict[str, Any]:
@@ -126,13 +132,23 @@ def export_bundle(
         calibration: the exits calibration (:func:`~nestflex.exits.calibrate` output), shipped in
             ``profiles/exit_calibration.json``.
         split_profile, precision_profile: the profiling stage's JSON, shipped in ``profiles/``.
+        flex_exits: FlexDNN's planned network (:func:`~nestflex.exits.flexdnn` or
+            :func:`~nestflex.exits.build_flex_network`), a ``MultiExitNetwork`` of
+            ``FilterSubsetExit`` heads: written as the ``flex_exits`` set, in the same layout as
+            ``exits`` (shared or own backbone, decided the same way).
+        flex_spec: its spec (``FlexDNNResult.spec``, ``flex/spec.json``); required with
+            ``flex_exits``: its ``thresholds``, ``confidence`` and ``fallback`` are the set's policy.
+        flex_report: optional ``FlexDNNResult.report`` (``flex/report.json``): the plan and the
+            operating points go into the manifest, with the spec in ``profiles/flexdnn_plan.json``.
         onnx: also write ONNX graphs (levels, backbone stages, exit heads).
         overwrite: replace an existing bundle at ``path``.
 
     Returns:
         sizes: ``bundle``, ``bytes`` (all files), ``weights_bytes``, ``onnx_bytes``,
         ``metadata_bytes`` (manifest and profiles), ``largest_level_bytes``, ``exit_heads_bytes``,
-        ``exits_backbone`` and ``files``.
+        ``exits_backbone``, ``flex_exit_heads_bytes``, ``flex_exits_backbone``,
+        ``flex_backbone_bytes`` (FlexDNN's own backbone, 0 when shared), ``flex_exits`` (early exits
+        in the FlexDNN set, 0 without one) and ``files``.
 
     Raises:
         ExportError: bad arguments, an existing bundle with ``overwrite=False``, or a layer the
@@ -161,22 +177,50 @@ def export_bundle(
     if fallback not in FALLBACKS:
         raise ExportError(f"`fallback` must be one of {', '.join(FALLBACKS)}, got {fallback!r}")
 
-    was_training = model.training
-    model.eval()
-    if exits is not None:
-        exits_was = exits.training
-        exits.eval()
+    flex_policy = _flex_policy(flex_exits, flex_spec, flex_report)
+
+    nets = [m for m in (model, exits, flex_exits) if m is not None]
+    was_training = [m.training for m in nets]
+    for m in nets:
+        m.eval()  # eval mode: BatchNorm running statistics, dropout (ranked dropout too) is identity
     try:
         return _write(target, model, exits, levels, input_shape, mean, std, classes, thresholds, confidence, fallback,
-                      calibration, split_profile, precision_profile, onnx)
+                      calibration, split_profile, precision_profile, onnx, flex_exits, flex_policy)
     finally:
-        model.train(was_training)
-        if exits is not None:
-            exits.train(exits_was)
+        for m, was in zip(nets, was_training):
+            m.train(was)
+
+
+def _flex_policy(flex_exits, spec, report) -> dict[str, Any] | None:
+    """The FlexDNN set's policy and plan from its spec/report, checked against the network."""
+    if flex_exits is None:
+        if spec is not None or report is not None:
+            raise ExportError("`flex_spec`/`flex_report` were given without `flex_exits`. HINT: pass the FlexDNN "
+                              "network too (build_flex_network(backbone, spec) with its state dict loaded)")
+        return None
+    if spec is None:
+        raise ExportError("`flex_exits` needs `flex_spec` (the FlexDNN spec: thresholds, confidence, fallback). "
+                          "HINT: pass FlexDNNResult.spec, or read_json('flex/spec.json') of the recipe")
+    planned = len(spec.get("exits") or [])
+    have = len(getattr(flex_exits, "exits", []))
+    if planned != have:
+        raise ExportError(f"`flex_spec` plans {planned} exits but `flex_exits` has {have}. HINT: pass the spec the "
+                          f"network was built from (build_flex_network(backbone, spec))")
+    for key, valid in (("confidence", list_confidences()), ("fallback", FALLBACKS)):
+        if spec.get(key, "final") not in valid:
+            raise ExportError(f"`flex_spec[{key!r}]` must be one of {', '.join(valid)}, got {spec.get(key)!r}")
+    policy: dict[str, Any] = {"thresholds": spec.get("thresholds"), "confidence": spec["confidence"],
+                              "fallback": spec.get("fallback", "final"), "spec": dict(spec)}
+    if report is not None:
+        plan = report.get("plan", {})
+        policy["plan"] = {"split": "validation", **{k: plan.get(k) for k in (
+            "kept_locations", "thresholds", "accuracy", "mean_macs", "mean_macs_fraction")}}
+        policy["operating_points"] = list(report.get("profile", {}).get("operating_points", []))
+    return policy
 
 
 def _write(target: Path, model, exits, levels, input_shape, mean, std, classes, thresholds, confidence, fallback,
-           calibration, split_profile, precision_profile, onnx) -> dict[str, Any]:
+           calibration, split_profile, precision_profile, onnx, flex_exits, flex_policy) -> dict[str, Any]:
     nested = is_nested(model)
     K = num_levels(model) if nested else 1
     largest = extract_level(model, K - 1) if nested else model
@@ -214,8 +258,20 @@ def _write(target: Path, model, exits, levels, input_shape, mean, std, classes, 
     graph = trace(largest, input_shape)
     exits_entry, heads_bytes = None, 0
     if exits is not None:
-        exits_entry, head_tensors = _exits_entry(exits, largest, K, thresholds, confidence, fallback, calibration)
+        if thresholds is None:
+            thresholds = (calibration or {}).get("lossless", {}).get("thresholds", 1.0)
+        exits_entry, head_tensors = _exits_entry("exits", exits, largest, K, thresholds, confidence, fallback)
+        if calibration is not None:
+            exits_entry["calibration"] = _calibration_summary(calibration)
         heads_bytes = _state_bytes({k: v for k, v in head_tensors.items() if k.startswith("exits.")})
+        tensors.update(head_tensors)
+    flex_entry, flex_heads_bytes = None, 0
+    if flex_exits is not None:
+        flex_entry, head_tensors = _exits_entry("flex_exits", flex_exits, largest, K, flex_policy["thresholds"],
+                                                flex_policy["confidence"], flex_policy["fallback"])
+        flex_entry["profile"] = "profiles/flexdnn_plan.json"
+        flex_entry.update({k: flex_policy[k] for k in ("plan", "operating_points") if k in flex_policy})
+        flex_heads_bytes = _state_bytes({k: v for k, v in head_tensors.items() if k.startswith("flex_exits.")})
         tensors.update(head_tensors)
 
     manifest: dict[str, Any] = {
@@ -233,6 +289,7 @@ def _write(target: Path, model, exits, levels, input_shape, mean, std, classes, 
         "capacity": {"nested": nested, "num_levels": K, "level_bytes": level_bytes,
                      "largest_level_bytes": level_bytes[-1], "program": backbone.nodes, "regions": backbone.regions},
         "exits": exits_entry,
+        "flex_exits": flex_entry,
         "splits": _splits(graph, split_profile),
         "profiles": {},
         "weights": {"file": WEIGHTS, "tensors": {n: {"shape": list(t.shape), "dtype": str(t.dtype).removeprefix("torch.")}
@@ -250,13 +307,16 @@ def _write(target: Path, model, exits, levels, input_shape, mean, std, classes, 
         from safetensors.torch import save_file
 
         save_file(tensors, str(tmp / WEIGHTS), metadata={"format": FORMAT, "schema_version": str(SCHEMA_VERSION)})
+        flex_plan = None if flex_policy is None else {
+            "spec": flex_policy["spec"], **{k: flex_policy[k] for k in ("plan", "operating_points") if k in flex_policy}}
         for name, obj in (("split_quantization", split_profile), ("layer_precision", precision_profile),
-                          ("exit_calibration", calibration)):
+                          ("exit_calibration", calibration), ("flexdnn_plan", flex_plan)):
             if obj is not None:
                 write_json(tmp / "profiles" / f"{name}.json", obj)
                 manifest["profiles"][name] = f"profiles/{name}.json"
         if onnx:
-            manifest["onnx"] = _write_onnx(tmp, model, largest, exits, K, input_shape, nested)
+            sets = [(k, net) for k, net in (("exits", exits), ("flex_exits", flex_exits)) if net is not None]
+            manifest["onnx"] = _write_onnx(tmp, model, largest, sets, K, input_shape, nested)
         files = sorted(p for p in tmp.rglob("*") if p.is_file())
         manifest["files"] = {p.relative_to(tmp).as_posix(): {"bytes": p.stat().st_size, "sha256": file_digest(p)}
                              for p in files}
@@ -277,6 +337,10 @@ def _write(target: Path, model, exits, levels, input_shape, mean, std, classes, 
     return {"bundle": str(target), "bytes": total, "weights_bytes": weights_bytes, "onnx_bytes": onnx_bytes,
             "metadata_bytes": total - weights_bytes - onnx_bytes, "largest_level_bytes": level_bytes[-1],
             "exit_heads_bytes": heads_bytes, "exits_backbone": exits_entry["backbone"] if exits_entry else None,
+            "flex_exit_heads_bytes": flex_heads_bytes,
+            "flex_exits_backbone": flex_entry["backbone"] if flex_entry else None,
+            "flex_backbone_bytes": _state_bytes({k: v for k, v in tensors.items() if k.startswith("flex.backbone.")}),
+            "flex_exits": len(flex_entry["heads"]) if flex_entry else 0,
             "levels": K, "files": len(sizes) + 1}
 
 
@@ -310,27 +374,28 @@ def _region_bytes(prog: Program, name: str, level: int) -> int:
     return n * t.element_size()
 
 
-def _exits_entry(exits, largest, K, thresholds, confidence, fallback, calibration) -> tuple[dict[str, Any], dict]:
+def _exits_entry(key, exits, largest, K, thresholds, confidence, fallback) -> tuple[dict[str, Any], dict]:
+    """The manifest section of one exit set (``exits`` or ``flex_exits``: same layout) and its tensors."""
+    arg = "exits" if key == "exits" else "flex_exits"
     for attr in ("backbone", "exits", "points", "stages"):
         if not hasattr(exits, attr):
-            raise ExportError(f"`exits` must be a nestflex.exits.MultiExitNetwork, got {type(exits).__name__} "
+            raise ExportError(f"`{arg}` must be a nestflex.exits.MultiExitNetwork, got {type(exits).__name__} "
                               f"(no `{attr}`)")
+    head_prefix, backbone_prefix, _ = _SET_NAMES[key]
     num_early = len(exits.exits)
-    if thresholds is None:
-        lossless = (calibration or {}).get("lossless", {})
-        thresholds = lossless.get("thresholds", 1.0)
     try:
         thr = check_thresholds(thresholds, num_early)
     except Exception as e:  # ExitError: re-raise as an export problem, same message
-        raise ExportError(str(e)) from None
+        raise ExportError(f"`{arg}`: {e}") from None
     shared = _shared_backbone(exits, largest)
     tensors: dict[str, torch.Tensor] = {}
     entry: dict[str, Any] = {
+        "kind": EXIT_SETS[key],
         "backbone": "shared" if shared else "own",
         "level": K - 1 if shared else None,
         "note": ("heads sit on the multi-capacity backbone's largest level (weights stored once)" if shared else
-                 "the progressive network's backbone differs from the largest level (joint training, or no grow "
-                 "stage): stored as its own component under progressive.backbone.*"),
+                 "this exit network's backbone differs from the largest level (joint training, no grow stage, or "
+                 f"another base model): stored as its own component under {backbone_prefix}*"),
         "names": list(exits.exit_names),
         "positions": [round(float(p), 6) for p in exits.positions],
         "macs": [int(m) for m in exits.exit_macs],
@@ -342,7 +407,7 @@ def _exits_entry(exits, largest, K, thresholds, confidence, fallback, calibratio
     if shared:
         program_nodes = {n["name"] for n in build_program(largest, "backbone.").nodes}
     else:
-        own = build_program(exits.backbone, "progressive.backbone.")
+        own = build_program(exits.backbone, backbone_prefix)
         tensors.update(own.tensors)
         entry["program"] = own.nodes
         program_nodes = {n["name"] for n in own.nodes}
@@ -353,22 +418,31 @@ def _exits_entry(exits, largest, K, thresholds, confidence, fallback, calibratio
                           f"between the exit network's backbone and the exported model; rebuild the exits on it")
     heads = []
     for k, head in enumerate(exits.exits):
-        prog = build_program(head, f"exits.{k}.")
+        prog = build_program(head, f"{head_prefix}{k}.")
         tensors.update(prog.tensors)
-        heads.append({"name": exits.exit_names[k], "program": prog.nodes})
+        row = {"name": exits.exit_names[k], "program": prog.nodes}
+        index = getattr(head, "index", None)
+        if isinstance(index, torch.Tensor):  # a fine-grained (FlexDNN) exit: which filters feed it
+            tap = exits.points[k]
+            row["tap_channels"] = int(next(shape for name, shape in tap.tensors if name == tap.node)[0])
+            row["filters"] = [int(i) for i in index.tolist()]
+            row["widths"] = list(getattr(getattr(head, "head", None), "widths", []))
+        heads.append(row)
     entry["heads"] = heads
-    if calibration is not None:
-        entry["calibration"] = {
-            "file": "profiles/exit_calibration.json", "split": calibration.get("split"),
-            "samples": calibration.get("samples"), "final_accuracy": calibration.get("final_accuracy"),
-            "lossless": {k: calibration.get("lossless", {}).get(k) for k in ("thresholds", "fallback", "accuracy",
-                                                                               "mean_macs_fraction", "exit_rate")},
-            "exits": calibration.get("exits"),
-        }
     return entry, tensors
 
 
-def _write_onnx(root: Path, model, largest, exits, K, input_shape, nested) -> list[dict[str, Any]]:
+def _calibration_summary(calibration: Mapping[str, Any]) -> dict[str, Any]:
+    return {
+        "file": "profiles/exit_calibration.json", "split": calibration.get("split"),
+        "samples": calibration.get("samples"), "final_accuracy": calibration.get("final_accuracy"),
+        "lossless": {k: calibration.get("lossless", {}).get(k) for k in ("thresholds", "fallback", "accuracy",
+                                                                           "mean_macs_fraction", "exit_rate")},
+        "exits": calibration.get("exits"),
+    }
+
+
+def _write_onnx(root: Path, model, largest, exit_sets, K, input_shape, nested) -> list[dict[str, Any]]:
     entries = []
     x = torch.zeros(2, *input_shape)
     for k in range(K):
@@ -377,7 +451,8 @@ def _write_onnx(root: Path, model, largest, exits, K, input_shape, nested) -> li
         _export_onnx(plain, (x,), root / rel, ["input"], ["logits"])
         entries.append({"file": rel, "kind": "level", "level": k, "inputs": [["input", list(input_shape)]],
                         "outputs": [["logits", None]]})
-    if exits is not None:
+    for key, exits in exit_sets:  # every exit set alike: its backbone cut at the taps, one file per head
+        files = _SET_NAMES[key][2]
         state: tuple[torch.Tensor, ...] = (x,)
         with torch.no_grad():
             for k, stage in enumerate(exits.stages):
@@ -386,16 +461,17 @@ def _write_onnx(root: Path, model, largest, exits, K, input_shape, nested) -> li
                 out = stage(*state)
                 out = out if isinstance(out, tuple) else (out,)
                 outs = [f"out_{i}" for i in range(len(out))] if k < len(exits.exits) else ["logits"]
-                rel = f"onnx/stage_{k}.onnx"
+                rel = f"onnx/{files}stage_{k}.onnx"
                 _export_onnx(stage, state, root / rel, ins, outs)
-                entries.append({"file": rel, "kind": "stage", "stage": k, "inputs": [list(p) for p in zip(ins, in_shapes)],
+                entries.append({"file": rel, "kind": "stage", "exit_set": key, "stage": k,
+                                "inputs": [list(p) for p in zip(ins, in_shapes)],
                                 "outputs": [[n, list(t.shape[1:])] for n, t in zip(outs, out)],
                                 "tap_output": exits._taps[k] if k < len(exits.exits) else None})
                 if k < len(exits.exits):
                     tap = out[exits._taps[k]]
-                    rel = f"onnx/exit_{k}.onnx"
+                    rel = f"onnx/{files}exit_{k}.onnx"
                     _export_onnx(exits.exits[k], (tap,), root / rel, ["features"], ["logits"])
-                    entries.append({"file": rel, "kind": "exit", "exit": k, "inputs": [["features", list(tap.shape[1:])]],
-                                    "outputs": [["logits", None]]})
+                    entries.append({"file": rel, "kind": "exit", "exit_set": key, "exit": k,
+                                    "inputs": [["features", list(tap.shape[1:])]], "outputs": [["logits", None]]})
                 state = out
     return entries
