@@ -2,7 +2,7 @@
 
 Runs :func:`nestflex.deploy.simulation.simulate` (protocol, knee and energy model: see that
 module and docs/scheduler.md) on the given bundles (``--bundles``, through
-``nestflex.deploy.load``) and/or profile files (``--profiles``; default: every
+``nestflex.deploy.load``) and/or profile files (``--profiles``; with neither, every
 ``runs/*/grow/profile.json`` and ``runs/*/recipe_run/grow/profile.json``), twice:
 
 * ``measured``: the profiled CPU latencies (batch 1);
@@ -10,7 +10,8 @@ module and docs/scheduler.md) on the given bundles (``--bundles``, through
   desktop CPU are overhead-bound and their measured latency barely changes with the level).
 
 and compares with the paper's three points (+4.2 % accuracy, 2.0x frame rate, 1.7x less energy).
-App names are ``<model>-w<width>`` read from the run's ``grow/config.json`` when present.
+App names are ``<model>-w<width>``, read from a bundle's ``manifest["model"]`` or the run's
+``grow/config.json`` when present.
 
 Writes ``--out/summary.json`` (``"synthetic"`` true when a profile was measured on the synthetic
 dataset) and ``--out/<latency_model>.png``.
@@ -63,7 +64,8 @@ def app_name(path: Path) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    paths = args.profiles if args.profiles is not None else discover()
+    # discover local runs only when nothing was named: given bundles are the whole pool
+    paths = args.profiles if args.profiles is not None else ([] if args.bundles else discover())
     apps = [AppProfile.from_bundle(b) for b in args.bundles]
     apps += [AppProfile.from_json(p, name=app_name(p)) for p in paths]
     names = [a.name for a in apps]
@@ -71,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
         apps = [a.renamed(f"{a.name}-{i}") for i, a in enumerate(apps)]
     if len(apps) < 2:
         print(f"warning: only {len(apps)} profile(s) found; the benchmark is meant for >= 2 models", file=sys.stderr)
-    synthetic = [None] * len(args.bundles) + [_synthetic_flag(p) for p in paths]
+    synthetic = [_synthetic_flag(p) for p in [*args.bundles, *paths]]
     results = {}
     args.out.mkdir(parents=True, exist_ok=True)
     for model in ("measured", "macs"):

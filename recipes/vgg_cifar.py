@@ -634,11 +634,17 @@ def run_export(args: argparse.Namespace, ctx: dict[str, Any]) -> dict[str, Any]:
 
     out = Path(args.out)
     grown = _grown_module(args, ctx)
+    switching = None
     if grown is not None:
         model = grown.model.cpu()
-        levels = read_json(out / "grow" / "profile.json")["levels"]  # test-split profile rows of the grow stage
+        grow_profile = read_json(out / "grow" / "profile.json")
+        levels = grow_profile["levels"]  # test-split profile rows of the grow stage
+        switching = grow_profile.get("switching")  # measured switches: the scheduler's simulation charges them
     else:
         model, levels = _baseline_module(args, ctx).model.cpu(), None
+    synthetic = bool(ctx["data"]["synthetic"])
+    model_info = {"name": args.model, "width": args.width, "data": "synthetic" if synthetic else "cifar10",
+                  "synthetic": synthetic}
     exits = calibration = None
     if (out / "exits" / "model.ckpt").exists() and (out / "exits" / "calibration.json").exists():
         if "exits" in ctx:
@@ -658,7 +664,8 @@ def run_export(args: argparse.Namespace, ctx: dict[str, Any]) -> dict[str, Any]:
     flex = _flex_exits(args, ctx)  # FlexDNN's planned exits from the flex stage's saved outputs (no retraining)
     info = export_bundle(out / "bundle.nfx", model, exits=exits, levels=levels, mean=dm.mean, std=dm.std,
                          classes=dm.classes, calibration=calibration, split_profile=profiles["split_quantization"],
-                         precision_profile=profiles["layer_precision"], **policy, **flex)
+                         precision_profile=profiles["layer_precision"], model_info=model_info, switching=switching,
+                         **policy, **flex)
     summary = {"bundle": "bundle.nfx", **{k: v for k, v in info.items() if k != "bundle"}}
     return {"summary": summary}
 

@@ -147,3 +147,28 @@ def test_bad_exports_are_explained(tmp_path):
     with pytest.raises(ExportError, match=r"`levels` must hold one profile row per level 0..0"):
         export_bundle(tmp_path / "l.nfx", net, levels=[{"level": 0}, {"level": 1}], onnx=False)
     assert not (tmp_path / "x.nfx").exists() and not (tmp_path / "g.nfx").exists()
+
+
+def test_provenance_and_switching_reach_the_scheduler(tmp_path):
+    """``model_info`` and ``switching`` are stored as given; the scheduler and the simulation read them."""
+    from nestflex.deploy.scheduler import AppProfile
+    from nestflex.deploy.simulation import _synthetic_flag
+
+    info = {"name": "vgg11", "width": 0.125, "data": "synthetic", "synthetic": True}
+    switching = [{"from": 0, "to": 2, "kind": "upgrade", "page_in": 10, "page_out": 2, "nested_ms": 4.25}]
+    write_bundle(tmp_path, onnx=False)  # first without profiles, for the computed level rows
+    rows = [{**r, "accuracy": 0.5 + 0.1 * r["level"], "latency_ms": {"1": 1.0 + r["level"]}}
+            for r in nd.load(tmp_path / "model.nfx").levels]
+    rows = [{k: r[k] for k in ("level", "accuracy", "params", "macs", "memory_mb", "latency_ms")} for r in rows]
+    write_bundle(tmp_path, onnx=False, levels=rows, model_info=info, switching=switching)
+    bundle = nd.load(tmp_path / "model.nfx")
+    assert bundle.manifest["model"] == info and bundle.manifest["switching"] == switching
+    app = AppProfile.from_bundle(tmp_path / "model.nfx")
+    assert app.name == "vgg11-w0.125" and app.switch_time_ms(0, 2) == 4.25 and app.switch_time_ms(2, 0) is None
+    assert _synthetic_flag(tmp_path / "model.nfx") is True
+
+
+def test_provenance_must_be_json(tmp_path):
+    with pytest.raises(ExportError, match="`model_info` must hold JSON values"):
+        write_bundle(tmp_path, onnx=False, model_info={"width": torch.tensor(0.5)})
+    assert not (tmp_path / "model.nfx").exists()  # refused before anything was written

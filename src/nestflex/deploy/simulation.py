@@ -531,8 +531,9 @@ def plot(summary: dict[str, Any], path: str | Path) -> Path | None:
 
 
 def _synthetic_flag(path: Path) -> bool | None:
-    """Whether the run that wrote this profile trained on synthetic data (None: unknown)."""
-    candidates = [path, path.parent / "config.json", path.parent.parent / "summary.json", path.parent / "summary.json"]
+    """Whether the run that wrote this profile or bundle trained on synthetic data (None: unknown).
+    A bundle's manifest says so in ``model.synthetic`` when the recipe exported it."""
+    candidates = [path / "manifest.json", path, path.parent / "config.json", path.parent.parent / "summary.json", path.parent / "summary.json"]
     for c in candidates:
         try:
             doc = json.loads(c.read_text(encoding="utf-8"))
@@ -604,7 +605,7 @@ def main(argv: list[str] | None = None) -> int:
             name = args.names[i] if args.names else None
             if kind == "bundle":
                 profiles.append(AppProfile.from_bundle(src, name=name, batch_size=args.batch_size))
-                synthetic.append(None)
+                synthetic.append(_synthetic_flag(Path(src)))
             else:
                 profiles.append(AppProfile.from_json(src, name=name, batch_size=args.batch_size))
                 synthetic.append(_synthetic_flag(Path(src)))

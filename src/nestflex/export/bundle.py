@@ -91,6 +91,17 @@ def _splits(graph, split_profile: Mapping[str, Any] | None) -> list[dict[str, An
     return out
 
 
+def _json_value(arg: str, value: Any) -> Any:
+    """``value`` as plain JSON (``None`` stays ``None``), or an ExportError naming ``arg``."""
+    if value is None:
+        return None
+    try:
+        return json.loads(json.dumps(value, allow_nan=False))
+    except (TypeError, ValueError) as e:
+        raise ExportError(f"`{arg}` must hold JSON values only (str, number, bool, list, dict), got {value!r:.200}: "
+                          f"{e}. HINT: convert tensors with .tolist()") from None
+
+
 def export_bundle(
     path: str | os.PathLike,
     model: nn.Module,
@@ -110,6 +121,8 @@ def export_bundle(
     flex_exits: nn.Module | None = None,
     flex_spec: Mapping[str, Any] | None = None,
     flex_report: Mapping[str, Any] | None = None,
+    model_info: Mapping[str, Any] | None = None,
+    switching: Sequence[Mapping[str, Any]] | None = None,
     onnx: bool = True,
     overwrite: bool = True,
 ) -> dict[str, Any]:
@@ -140,6 +153,12 @@ def export_bundle(
             ``flex_exits``: its ``thresholds``, ``confidence`` and ``fallback`` are the set's policy.
         flex_report: optional ``FlexDNNResult.report`` (``flex/report.json``): the plan and the
             operating points go into the manifest, with the spec in ``profiles/flexdnn_plan.json``.
+        model_info: optional provenance, stored as ``manifest["model"]`` (JSON values only), e.g.
+            ``{"name": "vgg16", "width": 0.25, "data": "synthetic", "synthetic": True}``: schedulers
+            name apps after ``name`` and reports label figures from ``synthetic`` data as such.
+        switching: optional measured level switches (the ``switching`` rows of
+            :func:`~nestflex.capacity.profile.switching_table`), stored as ``manifest["switching"]``;
+            the scheduler's simulation charges their ``nested_ms`` for a level change.
         onnx: also write ONNX graphs (levels, backbone stages, exit heads).
         overwrite: replace an existing bundle at ``path``.
 
@@ -177,6 +196,7 @@ def export_bundle(
     if fallback not in FALLBACKS:
         raise ExportError(f"`fallback` must be one of {', '.join(FALLBACKS)}, got {fallback!r}")
 
+    model_info, switching = _json_value("model_info", model_info), _json_value("switching", switching)
     flex_policy = _flex_policy(flex_exits, flex_spec, flex_report)
 
     nets = [m for m in (model, exits, flex_exits) if m is not None]
@@ -185,7 +205,8 @@ def export_bundle(
         m.eval()  # eval mode: BatchNorm running statistics, dropout (ranked dropout too) is identity
     try:
         return _write(target, model, exits, levels, input_shape, mean, std, classes, thresholds, confidence, fallback,
-                      calibration, split_profile, precision_profile, onnx, flex_exits, flex_policy)
+                      calibration, split_profile, precision_profile, onnx, flex_exits, flex_policy,
+                      provenance={"model": model_info, "switching": switching})
     finally:
         for m, was in zip(nets, was_training):
             m.train(was)
@@ -220,7 +241,8 @@ def _flex_policy(flex_exits, spec, report) -> dict[str, Any] | None:
 
 
 def _write(target: Path, model, exits, levels, input_shape, mean, std, classes, thresholds, confidence, fallback,
-           calibration, split_profile, precision_profile, onnx, flex_exits, flex_policy) -> dict[str, Any]:
+           calibration, split_profile, precision_profile, onnx, flex_exits, flex_policy,
+           provenance: Mapping[str, Any]) -> dict[str, Any]:
     nested = is_nested(model)
     K = num_levels(model) if nested else 1
     largest = extract_level(model, K - 1) if nested else model
@@ -286,6 +308,7 @@ def _write(target: Path, model, exits, levels, input_shape, mean, std, classes, 
         "num_classes": int(graph.gm(torch.zeros(1, *input_shape)).shape[-1]) if classes is None else len(classes),
         "classes": list(classes) if classes is not None else None,
         "levels": rows,
+        **provenance,  # "model", "switching": plain JSON, checked by export_bundle
         "capacity": {"nested": nested, "num_levels": K, "level_bytes": level_bytes,
                      "largest_level_bytes": level_bytes[-1], "program": backbone.nodes, "regions": backbone.regions},
         "exits": exits_entry,

@@ -232,7 +232,8 @@ class AppProfile:
 
         Args:
             bundle: a loaded bundle, or a path to one.
-            name: application name; default: the manifest's model name, else the path's stem.
+            name: application name; default: the manifest's model name (``vgg16-w0.25`` when it
+                records a width), else the path's stem.
             **kwargs: forwarded to :meth:`from_levels`.
 
         Raises:
@@ -261,6 +262,8 @@ class AppProfile:
             model = manifest.get("model")
             model_name = model.get("name") if isinstance(model, Mapping) else model
             name = str(model_name) if model_name else (source.stem if source is not None else "app")
+            if model_name and isinstance(model, Mapping) and isinstance(model.get("width"), (int, float)):
+                name += f"-w{model['width']:g}"
         kwargs.setdefault("switching", manifest.get("switching"))
         return cls.from_levels(name, list(rows), **kwargs)
 
