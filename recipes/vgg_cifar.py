@@ -805,12 +805,21 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ctx: dict[str, Any] = {"datamodule": dm, "data": data}
     summary.update(data=data, model={"name": args.model, "width": args.width, "num_classes": dm.num_classes},
                    machine=machine())
-    for name in args.stage_list:
+    # wall seconds of this invocation per stage (a reused stage shows its reuse time, not its training time)
+    timing: dict[str, Any] = {"stages": {}, "seconds": 0.0}
+    start = time.perf_counter()
+    for i, name in enumerate(args.stage_list, 1):
+        print(f"== stage {i}/{len(args.stage_list)}: {name}")
+        t0 = time.perf_counter()
         result = STAGES[name](args, ctx)
         ctx[name] = result
         summary[SUMMARY_KEYS.get(name, name)] = result["summary"]
         summary.update(result.get("top", {}))  # keys a stage also puts at the top level (grow: levels, memory)
+        timing["stages"][name] = round(time.perf_counter() - t0, 1)
+        timing["seconds"] = round(time.perf_counter() - start, 1)
+        summary["timing"] = timing
         write_json(summary_path, summary)  # after every stage: a crash later keeps what is done
+        print(f"== stage {name} done in {timing['stages'][name]:.0f} s ({timing['seconds']:.0f} s so far)")
     print(f"summary: {summary_path}")
     tag = "  (synthetic data)" if data["synthetic"] else ""
     if "baseline" in summary:

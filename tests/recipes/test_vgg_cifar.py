@@ -25,6 +25,9 @@ def test_baseline_stage_writes_summary_and_reuses_it(tmp_path, capsys):
     assert 0 <= base["accuracy"] <= 1 and base["params"] > 0 and base["macs"] > 0
     assert (out / base["checkpoint"]).exists() and (out / "baseline_curves.png").exists()
     assert (out / "logs" / "baseline" / "metrics.csv").exists()
+    timing = on_disk["timing"]
+    assert list(timing["stages"]) == recipe.parse_args([]).stage_list  # every default stage, in order
+    assert timing["seconds"] >= sum(timing["stages"].values()) - 1 and timing["stages"]["baseline"] > 0
     prec = on_disk["quantization"]["precision"]
     assert prec["drop_points"] <= prec["budget_points"] == 1.0 and prec["batch_size"] == 64
     assert sum(prec["counts"].values()) == 10 and prec["samples"] == 100 - 32  # vgg11: 8 convs + 2 linears

@@ -318,6 +318,9 @@ class FilterPruning(Callback):
         if acc >= self.roadmap.goal:
             self._record(trainer, pl_module, graph, acc, completed)
             self._retries = 0
+            # a kept step earns back the size a broken one lost: otherwise one early failure (often
+            # noise) would leave every later step at a fraction of `step` for the rest of the roadmap
+            self._scale = min(1.0, self._scale * 2)
             rank_zero_info(f"pruning: step {self._step_index} kept, accuracy {acc:.4f} >= goal {self.roadmap.goal:.4f}")
             return
         self.roadmap.rejected.append(self._footprint(graph, acc, completed, checkpoint=None))
