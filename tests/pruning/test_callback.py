@@ -113,6 +113,25 @@ def test_a_step_that_breaks_the_goal_is_rolled_back(tmp_path, pretrained):
     assert trainer.current_epoch < 4  # stopped early
 
 
+def test_a_kept_step_restores_the_step_size_a_retry_halved(tmp_path, pretrained, monkeypatch):
+    """Scripted accuracies (start, broken step, kept retry, kept step): the retry removes a half-size
+    step, the step after it a full one again, so one early failure does not shrink every later step."""
+    import itertools
+
+    pl.seed_everything(0)
+    module = _module(pretrained)
+    start = trace(module).macs()
+    cb = _prune(criterion="l1", max_drop=0.05, step=0.3, max_steps=2, backoff=2)
+    script = itertools.chain([0.9, 0.1, 0.9], itertools.repeat(0.9))
+    monkeypatch.setattr(cb, "_evaluate", lambda trainer, model, batches: next(script))
+    _trainer(tmp_path, [cb], epochs=5).fit(module, datamodule=_dm())
+    road = Roadmap.load(tmp_path / "pruning" / "roadmap.json")
+    assert len(road.rejected) == 1 and [f.step for f in road.footprints] == [0, 1, 2]
+    first, second = road.footprints[1].macs / start, road.footprints[2].macs / road.footprints[1].macs
+    # uniform allocation: the retry keeps ~(1 - 0.15)^2 of the MACs, the restored full step ~(1 - 0.3)^2
+    assert first > 0.65 and second < 0.6 and cb._scale == 1.0
+
+
 def test_goal_above_start_accuracy_is_an_error(tmp_path, pretrained):
     module = _module(pretrained)
     with pytest.raises(PruningError, match=r"`goal`=0.9999 is above the starting accuracy"):
