@@ -184,13 +184,7 @@ class GreedyScheduler(Scheduler):
     """
 
     def __init__(self, objective: str = "total", jump: bool = False):
-        self.objective = _check_objective(objective)
-        if jump and objective != "total":
-            raise SchedulerError(
-                f"`jump`=True is only for objective 'total', got objective {objective!r}. "
-                "HINT: MinMaxCost uses the one-unit rule."
-            )
-        self.jump = bool(jump)
+        self.objective, self.jump = _check_objective(objective), _check_jump(jump, objective)
         self.name = f"greedy_{objective}" + ("_jump" if jump else "")
 
     def schedule(
@@ -229,13 +223,7 @@ class CachedGreedyScheduler(Scheduler):
     def __init__(
         self, objective: str = "total", cache_fraction: float = 0.7, refresh_every: int = 10, jump: bool = False
     ):
-        self.objective = _check_objective(objective)
-        if jump and objective != "total":
-            raise SchedulerError(
-                f"`jump`=True is only for objective 'total', got objective {objective!r}. "
-                "HINT: MinMaxCost uses the one-unit rule."
-            )
-        self.jump = bool(jump)
+        self.objective, self.jump = _check_objective(objective), _check_jump(jump, objective)
         self.name = f"cached_{objective}" + ("_jump" if jump else "")
         if not (isinstance(cache_fraction, (int, float)) and 0.0 < cache_fraction < 1.0):
             raise SchedulerError(
@@ -293,3 +281,13 @@ class CachedGreedyScheduler(Scheduler):
         if sum(units) > p.U or p.mem_used(levels) > p.budget + MEMORY_TOL:
             return None
         return units, levels
+
+
+def _check_jump(jump: bool, objective: str) -> bool:
+    """The jump step is a MinTotalCost refinement; MinMaxCost keeps the paper's one-unit rule."""
+    if jump and objective != "total":
+        raise SchedulerError(
+            f"`jump`=True is only for objective 'total', got objective {objective!r}. "
+            "HINT: MinMaxCost uses the one-unit rule."
+        )
+    return bool(jump)
