@@ -502,7 +502,8 @@ def run_flex(args: argparse.Namespace, ctx: dict[str, Any]) -> dict[str, Any]:
               "backbone": _exit_backbone_source(args, ctx),
               "positions": parse_positions(args.flex_positions), "exits_per_location": args.flex_exits_per_location,
               "base_width": args.flex_base_width, "epochs": args.flex_epochs, "train_samples": args.flex_train_samples,
-              "val_samples": args.flex_val_samples, "rate_tolerance": args.flex_rate_tolerance, "seed": args.seed}
+              "val_samples": args.flex_val_samples, "rate_tolerance": args.flex_rate_tolerance, "seed": args.seed,
+              "calibration_folds": 5}
     backbone = _exit_backbone(args, ctx).eval()  # flexdnn freezes it: a copy
     gen = torch.Generator().manual_seed(args.seed)
 
@@ -523,7 +524,8 @@ def run_flex(args: argparse.Namespace, ctx: dict[str, Any]) -> dict[str, Any]:
         cfg = FlexDNNConfig(locations=tuple(config["positions"]), exits_per_location=args.flex_exits_per_location,
                             base_width=args.flex_base_width, epochs=args.flex_epochs,
                             rate_tolerance=args.flex_rate_tolerance, rank_samples=min(1000, args.flex_val_samples),
-                            fit_samples=min(2000, args.flex_train_samples), seed=args.seed)
+                            fit_samples=min(2000, args.flex_train_samples), seed=args.seed,
+                            calibration_folds=config["calibration_folds"])
         result = flexdnn(backbone, train, val, cfg, num_classes=dm.num_classes)
         net, spec, report = result.network, result.spec, result.report
         out.mkdir(parents=True, exist_ok=True)
@@ -536,11 +538,12 @@ def run_flex(args: argparse.Namespace, ctx: dict[str, Any]) -> dict[str, Any]:
         write_json(out / "report.json", report)
         write_json(out / "config.json", config)
     plan = report["plan"]
+    shipped = report.get("calibration", plan)  # the spec's cross-validated thresholds, measured on validation
     summary: dict[str, Any] = {
-        "kept_locations": plan["kept_locations"], "thresholds": plan["thresholds"], "confidence": spec["confidence"],
+        "kept_locations": plan["kept_locations"], "thresholds": spec["thresholds"], "confidence": spec["confidence"],
         "candidates": [c["location"] for c in report["candidates"]],
-        "validation": {"accuracy": plan["accuracy"], "mean_macs": plan["mean_macs"],
-                       "mean_macs_fraction": plan["mean_macs_fraction"]},
+        "validation": {"accuracy": shipped["accuracy"], "mean_macs": shipped["mean_macs"],
+                       "mean_macs_fraction": shipped["mean_macs_fraction"]},
         "backbone_macs": report["backbone_macs"],
         "min_filters": {r["location"]: {"filters": r["filters"], "min_filters": r["min_filters"]}
                         for r in report["ranking"]},

@@ -58,9 +58,25 @@ def test_plan_and_profile_are_reported(result):
     for row in result.report["search"]:
         assert row["exit_rate"] >= row["full_exit_rate"] - CONFIG.rate_tolerance
         assert 0 <= row["depth"] <= CONFIG.blocks
+    # the shipped thresholds are the cross-validated ones, measured on the whole validation split
+    cal = result.report["calibration"]
+    assert result.spec["thresholds"] == cal["thresholds"] and cal["folds"] == CONFIG.calibration_folds == 5
+    assert cal["thresholds"] == [max(col) for col in zip(*(f["thresholds"] for f in cal["cv"]))]
     val = evaluate_flex(result.network, result.spec, _batches(3, 1))
-    assert val["accuracy"] == pytest.approx(plan["accuracy"])
-    assert val["mean_macs"] == pytest.approx(plan["mean_macs"])
+    assert val["accuracy"] == pytest.approx(cal["accuracy"])
+    assert val["mean_macs"] == pytest.approx(cal["mean_macs"])
+
+
+def test_in_sample_thresholds_are_the_plans_when_cross_validation_is_off():
+    from dataclasses import replace
+
+    torch.manual_seed(0)
+    backbone = settle_batchnorm(create_model("vgg11", width=0.125)).eval()
+    result = flexdnn(backbone, _batches(3, 0), _batches(3, 1), replace(CONFIG, calibration_folds=0))
+    plan = result.report["plan"]
+    assert result.spec["thresholds"] == plan["thresholds"] and "calibration" not in result.report
+    val = evaluate_flex(result.network, result.spec, _batches(3, 1))
+    assert val["accuracy"] == pytest.approx(plan["accuracy"]) and val["mean_macs"] == pytest.approx(plan["mean_macs"])
 
 
 def test_rebuilt_from_spec_gives_the_same_outputs(result):
@@ -88,6 +104,8 @@ def test_bad_input_errors():
         build_candidates([point], [torch.arange(8)], 10, exits_per_location=9)
     with pytest.raises(NestflexError, match=r"the FlexDNN spec has no exits.*HINT"):
         build_flex_network(backbone, {"exits": []})
+    with pytest.raises(NestflexError, match=r"`calibration_folds` must be 0 \(in-sample thresholds\) or an int >= 2, got 1"):
+        FlexDNNConfig(calibration_folds=1)
 
 
 def _bench_flex_plan():

@@ -27,7 +27,7 @@ import torch
 from torch import nn
 
 from nestflex.deploy.exits import ExitError, get_confidence
-from nestflex.exits.calibration import DEFAULT_THRESHOLDS, collect_logits, exit_profile
+from nestflex.exits.calibration import DEFAULT_THRESHOLDS, collect_logits, exit_profile, lossless_thresholds
 from nestflex.exits.fine_grained import CompactHead, FilterSubsetExit
 from nestflex.exits.model import MultiExitNetwork, _head_macs
 from nestflex.exits.placement import DEFAULT_POSITIONS, Position, resolve_positions
@@ -61,6 +61,11 @@ class FlexDNNConfig:
         min_filters_tolerance: accuracy an exit on the top filters may lose and still "match".
         pool: per-filter pooling of the ranking probe.
         refit_iters: L-BFGS iterations of each pruned exit's classifier refit.
+        calibration_folds: the planned exits' final thresholds are lossless by this many folds of
+            cross-validation on the validation split (the rule of the progressive exits,
+            :func:`~nestflex.exits.calibration.lossless_thresholds`: the largest of the per-fold
+            thresholds). ``0`` keeps the plan's in-sample thresholds, which were lossless on
+            exactly the samples that chose them and lose accuracy on new ones (docs/flexdnn.md).
         seed: seed of exit initialisation and training.
     """
 
@@ -78,7 +83,14 @@ class FlexDNNConfig:
     min_filters_tolerance: float = 0.0
     pool: int = 2
     refit_iters: int = 100
+    calibration_folds: int = 5
     seed: int = 0
+
+    def __post_init__(self) -> None:
+        f = self.calibration_folds
+        if isinstance(f, bool) or not isinstance(f, int) or f == 1 or f < 0:
+            raise ExitError(f"`calibration_folds` must be 0 (in-sample thresholds) or an int >= 2, got {f!r}. "
+                            "HINT: 5 is the progressive exits' default")
 
 
 @dataclass
@@ -229,16 +241,23 @@ def flexdnn(
     plan = insertion_plan(conf, right, [s.point.macs_before for _, s, _ in chosen],
                           [h for _, _, h in chosen], backbone_macs)
     kept = [chosen[i][1] for i in plan.kept]
-    spec = {
-        "schema_version": 1, "num_classes": num_classes, "input_shape": list(input_shape),
-        "confidence": config.confidence, "thresholds": plan.thresholds, "fallback": "final",
-        "exits": [{"location": s.point.name, "filters": s.filters, "widths": s.widths,
-                   "in_hw": list(s.module.head.in_hw)} for s in kept],
-    }
-    network = None
+    network, thresholds, calibration, logits = None, list(plan.thresholds), None, None
     if kept:
         network = MultiExitNetwork(backbone, positions=[s.point.name for s in kept],
                                    head=_Prebuilt([s.module for s in kept]), input_shape=input_shape).eval()
+        logits, lab = collect_logits(network, val_batches)
+        if config.calibration_folds:
+            # The plan's thresholds are lossless on the very samples that chose them; thresholds
+            # lossless on held-out folds carry over to new data (the progressive exits' rule).
+            calibration = lossless_thresholds(logits, lab, network.exit_macs, network.backbone_macs,
+                                              config.confidence, folds=config.calibration_folds, seed=config.seed)
+            thresholds = calibration["thresholds"]
+    spec = {
+        "schema_version": 1, "num_classes": num_classes, "input_shape": list(input_shape),
+        "confidence": config.confidence, "thresholds": thresholds, "fallback": "final",
+        "exits": [{"location": s.point.name, "filters": s.filters, "widths": s.widths,
+                   "in_hw": list(s.module.head.in_hw)} for s in kept],
+    }
     timings["total"] = time.perf_counter() - start
     report = {
         "config": {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(config).items()},
@@ -252,11 +271,14 @@ def flexdnn(
                  "mean_macs_fraction": plan.mean_macs / backbone_macs},
         "seconds": {k: round(v, 2) for k, v in timings.items()},
     }
+    if calibration is not None:  # the thresholds shipped in the spec, measured on all of validation
+        report["calibration"] = {k: calibration[k] for k in ("thresholds", "folds", "seed", "cv", "cv_accuracy_delta_mean",
+                                                             "accuracy", "final_accuracy", "mean_macs_fraction", "exit_rate")}
+        report["calibration"]["mean_macs"] = calibration["mean_macs_fraction"] * backbone_macs
     if network is not None:
-        logits, lab = collect_logits(network, val_batches)
         prof = exit_profile(logits, lab, network.exit_macs, network.backbone_macs, network.exit_names,
                             network.positions, DEFAULT_THRESHOLDS, config.confidence, "final",
-                            at_thresholds=plan.thresholds)
+                            at_thresholds=thresholds)
         lossless = {**prof["at_thresholds"]}
         report["profile"] = {"split": "validation", "exit_macs": network.exit_macs,
                              "operating_points": operating_points(prof["sweep"], [lossless])}
