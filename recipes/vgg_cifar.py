@@ -725,6 +725,8 @@ def _grown_module(args: argparse.Namespace, ctx: dict[str, Any]):
     """The grow stage's multi-capacity module from this run or from --out; ``None`` if grow never ran."""
     if "grow" in ctx:
         return ctx["grow"]["module"]
+    if "grown_from_disk" in ctx:  # later stages ask several times; rebuild it once per invocation
+        return ctx["grown_from_disk"]
     out = Path(args.out) / "grow"
     if not all((out / f).exists() for f in ("model.ckpt", "result.json", "config.json")):
         return None
@@ -739,6 +741,7 @@ def _grown_module(args: argparse.Namespace, ctx: dict[str, Any]):
     grower.build(module)
     module.load_state_dict(torch.load(out / "model.ckpt", map_location="cpu", weights_only=True)["state_dict"])
     set_level(module, config["levels"] - 1)
+    ctx["grown_from_disk"] = module
     return module
 
 
