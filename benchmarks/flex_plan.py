@@ -2,9 +2,11 @@
 """Mean MACs per sample at matched accuracy: FlexDNN plan vs SPINN-style equal-MAC exits.
 
 Both exit sets sit on the same frozen, trained recipe backbone and train on the same images for
-the same epochs with the same optimiser (FlexDNN: its searched exits; SPINN: ``sdn`` heads at
-15%, ..., 90% of the MACs). Both are then evaluated by the same threshold sweep (one entropy
-confidence threshold at every exit, final-exit fallback) on the validation and test splits:
+the same epochs with the same optimiser (FlexDNN: its searched exits, candidates after every layer
+by default, ``--flex-positions``; SPINN: ``sdn`` heads at 15%, ..., 90% of the MACs), once per
+training seed (``--seeds``; figures are medians over seeds, with their range). Both are then
+evaluated by the same threshold sweep (one entropy confidence threshold at every exit, final-exit
+fallback) on the validation and test splits:
 
 * primary: MACs at matched test accuracy (backbone test accuracy minus ``--drops`` points), by
   linear interpolation along each method's Pareto front (accuracy vs mean MACs) on test;
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -36,6 +39,7 @@ from nestflex.exits import (  # noqa: E402
     DEFAULT_POSITIONS, FlexDNNConfig, MultiExitNetwork, collect_logits, exit_profile, flexdnn,
     lossless_thresholds,
 )
+from nestflex.exits.placement import parse_positions  # noqa: E402
 from nestflex.exits.search import Candidate, train_candidates  # noqa: E402
 from nestflex.graph import trace  # noqa: E402
 
@@ -80,46 +84,27 @@ def _curves(net, val, test, lossless=None):
     return out
 
 
-def main(argv=None) -> dict:
-    p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("--out", default="runs/bench_flex_plan")
-    p.add_argument("--checkpoint", type=Path, default=None)
-    p.add_argument("--data-dir", default="data")
-    p.add_argument("--protocol", choices=["v1", "v2"], default="v2")
-    p.add_argument("--train-samples", type=int, default=10000)
-    p.add_argument("--val-samples", type=int, default=5000)
-    p.add_argument("--test-samples", type=int, default=10000)
-    p.add_argument("--epochs", type=int, default=8)
-    p.add_argument("--drops", type=float, nargs="+", default=[0.005, 0.01, 0.02],
-                   help="accuracy targets: backbone accuracy minus these")
-    args = p.parse_args(argv)
-    if args.protocol == "v1":
-        args.train_samples, args.val_samples, args.test_samples, args.epochs = 3000, 2000, 2000, 2
-    model, config, source = load_model(args.checkpoint, Path(args.out), args.data_dir)
-    dm, message, synthetic = recipe_datamodule(config, args.data_dir)
-    gen = torch.Generator().manual_seed(0)
-    sub = lambda ds, n: Subset(ds, torch.randperm(len(ds), generator=gen)[:n].tolist())  # noqa: E731
-    train = DataLoader(sub(dm.train_dataset, args.train_samples), batch_size=128, shuffle=True,
-                       generator=torch.Generator().manual_seed(0))
-    val = DataLoader(sub(dm.val_dataset, args.val_samples), batch_size=256)
-    test = DataLoader(sub(dm.test_dataset, args.test_samples), batch_size=256)
-
+def _one_seed(seed: int, model, train_set, val, test, args) -> dict:
+    """Both exit families trained with ``seed`` (exit initialisation, shuffling, augmentation),
+    their curves, and MACs at matched test accuracy."""
+    train = DataLoader(train_set, batch_size=128, shuffle=True, generator=torch.Generator().manual_seed(seed))
     t0 = time.perf_counter()
     # the pruned exits refit their classifiers on every training image the joint training saw
     fit_samples = 2000 if args.protocol == "v1" else args.train_samples
-    flex = flexdnn(copy.deepcopy(model), train, val, FlexDNNConfig(epochs=args.epochs, fit_samples=fit_samples))
+    flex = flexdnn(copy.deepcopy(model), train, val, FlexDNNConfig(
+        locations=tuple(parse_positions(args.flex_positions)), epochs=args.epochs, fit_samples=fit_samples, seed=seed))
     flex_seconds = time.perf_counter() - t0
     flex_curves = _curves(flex.network, val, test, lossless=flex.spec["thresholds"])
 
     t0 = time.perf_counter()
-    torch.manual_seed(0)
+    torch.manual_seed(seed)
     spinn = MultiExitNetwork(copy.deepcopy(model).eval(), DEFAULT_POSITIONS, head="sdn").eval()
     for prm in spinn.backbone.parameters():
         prm.requires_grad_(False)
     graph = trace(spinn.backbone)
     spinn_training = train_candidates(
         graph, [Candidate(pt, i, 0, h) for i, (pt, h) in enumerate(zip(spinn.points, spinn.exits))], train,
-        args.epochs, FlexDNNConfig().lr)
+        args.epochs, FlexDNNConfig().lr, seed)
     spinn_seconds = time.perf_counter() - t0
     spinn_curves = _curves(spinn, val, test)
 
@@ -146,21 +131,78 @@ def main(argv=None) -> dict:
                        **{k: c["test"]["sweep"][i][k] for k in ("accuracy", "mean_macs", "mean_macs_fraction")}}
         row["val_chosen"] = held
         matched.append(row)
-        print(row, flush=True)
-    savings = [r["flex_saving"] for r in matched if r["flex_saving"] is not None]
-    summary = {
-        "protocol": args.protocol, "model": source, "data": message, "synthetic": synthetic,
-        "samples": {"train": args.train_samples, "val": args.val_samples, "test": args.test_samples},
-        "epochs": args.epochs, "threshold_grid_step": 0.01,
+        print(f"seed {seed}:", row, flush=True)
+    return {
+        "seed": seed,
         "backbone": {"test_accuracy": base_test, "val_accuracy": base_val, "mean_macs": backbone_macs},
         "flexdnn": {"kept_locations": flex.report["plan"]["kept_locations"], "spec": flex.spec,
                     "search": flex.report["search"], "plan": flex.report["plan"], "ranking_seconds": flex.report["seconds"],
                     "seconds": round(flex_seconds, 1), "curves": flex_curves},
-        "spinn": {"positions": list(DEFAULT_POSITIONS), "exit_macs": spinn.exit_macs, "training": spinn_training,
+        "spinn": {"exit_macs": spinn.exit_macs, "training": spinn_training,
                   "seconds": round(spinn_seconds, 1), "curves": spinn_curves},
         "matched_accuracy": matched,
         "lossless": {m: c["test"]["lossless"] for m, c in methods.items()},
+        "points": points,
+    }
+
+
+def main(argv=None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--out", default="runs/bench_flex_plan")
+    p.add_argument("--checkpoint", type=Path, default=None)
+    p.add_argument("--data-dir", default="data")
+    p.add_argument("--protocol", choices=["v1", "v2"], default="v2")
+    p.add_argument("--train-samples", type=int, default=10000)
+    p.add_argument("--val-samples", type=int, default=5000)
+    p.add_argument("--test-samples", type=int, default=10000)
+    p.add_argument("--epochs", type=int, default=8)
+    p.add_argument("--flex-positions", default="all",
+                   help="FlexDNN's candidate exit locations (comma list of MACs fractions / split point names, "
+                        "or `all`: after every layer); SPINN keeps its six equal-MAC positions")
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2],
+                   help="training seeds: both exit families are trained once per seed; savings are medians")
+    p.add_argument("--drops", type=float, nargs="+", default=[0.005, 0.01, 0.02],
+                   help="accuracy targets: backbone accuracy minus these")
+    args = p.parse_args(argv)
+    if args.protocol == "v1":
+        args.train_samples, args.val_samples, args.test_samples, args.epochs = 3000, 2000, 2000, 2
+    model, config, source = load_model(args.checkpoint, Path(args.out), args.data_dir)
+    dm, message, synthetic = recipe_datamodule(config, args.data_dir)
+    # the images are the same for every seed; a seed changes only how exits are initialised and trained
+    gen = torch.Generator().manual_seed(0)
+    sub = lambda ds, n: Subset(ds, torch.randperm(len(ds), generator=gen)[:n].tolist())  # noqa: E731
+    train_set = sub(dm.train_dataset, args.train_samples)
+    val = DataLoader(sub(dm.val_dataset, args.val_samples), batch_size=256)
+    test = DataLoader(sub(dm.test_dataset, args.test_samples), batch_size=256)
+
+    runs = [_one_seed(seed, model, train_set, val, test, args) for seed in args.seeds]
+    points = [r.pop("points") for r in runs]  # for the plot; the curves are in the summary already
+    first = runs[0]
+    base_test, base_val = first["backbone"]["test_accuracy"], first["backbone"]["val_accuracy"]
+    backbone_macs = first["backbone"]["mean_macs"]
+    # per target: the median over seeds of each method's matched MACs and of the saving, and the spread
+    matched = []
+    for i, drop in enumerate(args.drops):
+        rows = [r["matched_accuracy"][i] for r in runs]
+        ok = [r for r in rows if r["flex_saving"] is not None]
+        row = {"drop": drop, "test_accuracy": base_test - drop, "seeds": len(ok)}
+        if ok:
+            for key in ("flexdnn_macs", "spinn_macs", "flex_saving"):
+                row[key] = statistics.median(r[key] for r in ok)
+            row["flex_saving_min"] = min(r["flex_saving"] for r in ok)
+            row["flex_saving_max"] = max(r["flex_saving"] for r in ok)
+        matched.append(row)
+        print(row, flush=True)
+    savings = [r["flex_saving"] for r in matched if "flex_saving" in r]
+    summary = {
+        "protocol": args.protocol, "model": source, "data": message, "synthetic": synthetic,
+        "samples": {"train": args.train_samples, "val": args.val_samples, "test": args.test_samples},
+        "epochs": args.epochs, "threshold_grid_step": 0.01, "seeds": list(args.seeds),
+        "backbone": first["backbone"],
+        "flexdnn_candidate_positions": args.flex_positions, "spinn_positions": list(DEFAULT_POSITIONS),
+        "matched_accuracy": matched,
         "target_15pct": bool(savings) and min(savings) >= 0.15,
+        "per_seed": runs,
         "machine": machine(),
     }
     out = Path(args.out)
@@ -171,16 +213,15 @@ def main(argv=None) -> dict:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6, 4.2))
-    for m, label, style in (("spinn", "SPINN equal-MAC exits", "s"), ("flexdnn", "FlexDNN plan", "o")):
-        front = pareto(points[m]["test"])
-        allp = sorted(points[m]["test"], key=lambda r: r["mean_macs"])
-        line, = ax.plot([r["mean_macs"] / backbone_macs for r in front], [r["accuracy"] for r in front], "-",
-                        label=f"{label} (test Pareto front)")
-        ax.plot([r["mean_macs"] / backbone_macs for r in allp], [r["accuracy"] for r in allp], ".", ms=3,
-                color=line.get_color(), alpha=0.5)
-        ll = methods[m]["test"]["lossless"]
-        ax.plot([ll["mean_macs_fraction"]], [ll["accuracy"]], style, color=line.get_color(), ms=8,
-                label=f"{label} lossless (val thresholds)")
+    for m, label, style, color in (("spinn", "SPINN equal-MAC exits", "s", "C0"), ("flexdnn", "FlexDNN plan", "o", "C1")):
+        for k, (run, pts) in enumerate(zip(runs, points)):
+            front = pareto(pts[m]["test"])
+            ax.plot([r["mean_macs"] / backbone_macs for r in front], [r["accuracy"] for r in front], "-", color=color,
+                    lw=1.4 if k == 0 else 0.7, alpha=1.0 if k == 0 else 0.6,
+                    label=f"{label} (test Pareto front, {len(runs)} seeds)" if k == 0 else None)
+            ll = run["lossless"][m]
+            ax.plot([ll["mean_macs_fraction"]], [ll["accuracy"]], style, color=color, ms=7 if k == 0 else 4,
+                    label=f"{label} lossless (val thresholds)" if k == 0 else None)
     for r in matched:
         ax.axhline(r["test_accuracy"], color="grey", lw=0.6, ls=":")
     ax.plot([1.0], [base_test], "g^", label="backbone")

@@ -116,8 +116,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="grow stage: where grown filters start (their footprint's values by default)")
     p.add_argument("--grow-train-samples", type=int, default=None, help="grow stage: train on a seeded subset")
     p.add_argument("--grow-latency-repeats", type=int, default=10, help="grow stage: timed runs per latency")
-    p.add_argument("--flex-positions", default="0.15,0.3,0.45,0.6,0.75,0.9",
-                   help="flex stage: candidate exit locations (MACs fractions and/or split point names)")
+    p.add_argument("--flex-positions", default="all",
+                   help="flex stage: candidate exit locations: `all` (after every layer; the plan picks) or MACs "
+                        "fractions and/or split point names")
     p.add_argument("--flex-exits-per-location", type=int, default=3,
                    help="flex stage: M over-parameterised exits per location (exit k takes the top ceil(kN/M) filters)")
     p.add_argument("--flex-base-width", type=int, default=8, help="flex stage: filters of each exit's first block")
@@ -125,7 +126,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--flex-train-samples", type=int, default=5000,
                    help="flex stage: training samples (seeded subset) the exits train on")
     p.add_argument("--flex-val-samples", type=int, default=2000,
-                   help="flex stage: validation samples for ranking, pruning, thresholds and the plan")
+                   help="flex stage: validation samples for ranking, pruning and the plan")
+    p.add_argument("--flex-calibration-samples", type=int, default=2000,
+                   help="flex stage: further validation samples, disjoint from those, that fit the shipped "
+                        "thresholds (0: fit them on the planning samples)")
     p.add_argument("--flex-rate-tolerance", type=float, default=0.02,
                    help="flex stage: exit rate an exit may lose while its layers and filters are pruned")
     p.add_argument("--stages", default="all", help=f"comma list of {', '.join(STAGES)}, or all")
@@ -145,8 +149,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--grow-levels must be >= 2, --grow-epochs-per-level and --grow-latency-repeats >= 1")
     if args.flex_epochs < 1 or args.flex_exits_per_location < 1 or args.flex_base_width < 1:
         p.error("--flex-epochs, --flex-exits-per-location and --flex-base-width must be >= 1")
-    if args.flex_train_samples < 1 or args.flex_val_samples < 1:
-        p.error("--flex-train-samples and --flex-val-samples must be >= 1")
+    if args.flex_train_samples < 1 or args.flex_val_samples < 1 or args.flex_calibration_samples < 0:
+        p.error("--flex-train-samples and --flex-val-samples must be >= 1, --flex-calibration-samples >= 0")
     if not 0 <= args.flex_rate_tolerance < 1:
         p.error(f"--flex-rate-tolerance is a share of samples in [0, 1), got {args.flex_rate_tolerance}")
     if args.exit_epochs < 1:
@@ -502,8 +506,8 @@ def run_flex(args: argparse.Namespace, ctx: dict[str, Any]) -> dict[str, Any]:
               "backbone": _exit_backbone_source(args, ctx),
               "positions": parse_positions(args.flex_positions), "exits_per_location": args.flex_exits_per_location,
               "base_width": args.flex_base_width, "epochs": args.flex_epochs, "train_samples": args.flex_train_samples,
-              "val_samples": args.flex_val_samples, "rate_tolerance": args.flex_rate_tolerance, "seed": args.seed,
-              "calibration_folds": 5}
+              "val_samples": args.flex_val_samples, "calibration_samples": args.flex_calibration_samples,
+              "rate_tolerance": args.flex_rate_tolerance, "seed": args.seed, "calibration_folds": 5}
     backbone = _exit_backbone(args, ctx).eval()  # flexdnn freezes it: a copy
     gen = torch.Generator().manual_seed(args.seed)
 
@@ -520,13 +524,25 @@ def run_flex(args: argparse.Namespace, ctx: dict[str, Any]) -> dict[str, Any]:
     else:
         train = DataLoader(subset(dm.train_dataset, args.flex_train_samples), batch_size=args.batch_size, shuffle=True,
                            generator=torch.Generator().manual_seed(args.seed))
-        val = DataLoader(subset(dm.val_dataset, args.flex_val_samples), batch_size=args.batch_size)
+        n_val, n_cal, n = args.flex_val_samples, args.flex_calibration_samples, len(dm.val_dataset)
+        if n_val + n_cal > n:  # a small --val-size: share what there is in the requested proportion
+            n_val = min(n_val, n) if not n_cal else max(1, round(n * n_val / (n_val + n_cal)))
+            n_cal = min(n_cal, n - n_val)
+            n_cal = n_cal if n_cal >= config["calibration_folds"] else 0  # too few to cross-validate: plan's images
+            print(f"flex: the validation split has {n} images, fewer than --flex-val-samples "
+                  f"{args.flex_val_samples} + --flex-calibration-samples {args.flex_calibration_samples}; "
+                  f"planning on {n_val} and calibrating on {n_cal}. HINT: raise --val-size for the full counts")
+        # one draw: the planning images first, the calibration images after them (disjoint)
+        order = torch.randperm(len(dm.val_dataset), generator=gen).tolist()
+        val = DataLoader(Subset(dm.val_dataset, order[:n_val]), batch_size=args.batch_size)
+        calibration = DataLoader(Subset(dm.val_dataset, order[n_val:n_val + n_cal]), batch_size=args.batch_size) \
+            if n_cal else None
         cfg = FlexDNNConfig(locations=tuple(config["positions"]), exits_per_location=args.flex_exits_per_location,
                             base_width=args.flex_base_width, epochs=args.flex_epochs,
                             rate_tolerance=args.flex_rate_tolerance, rank_samples=min(1000, args.flex_val_samples),
                             fit_samples=min(2000, args.flex_train_samples), seed=args.seed,
                             calibration_folds=config["calibration_folds"])
-        result = flexdnn(backbone, train, val, cfg, num_classes=dm.num_classes)
+        result = flexdnn(backbone, train, val, cfg, num_classes=dm.num_classes, calibration_batches=calibration)
         net, spec, report = result.network, result.spec, result.report
         out.mkdir(parents=True, exist_ok=True)
         if net is not None:
@@ -538,12 +554,14 @@ def run_flex(args: argparse.Namespace, ctx: dict[str, Any]) -> dict[str, Any]:
         write_json(out / "report.json", report)
         write_json(out / "config.json", config)
     plan = report["plan"]
-    shipped = report.get("calibration", plan)  # the spec's cross-validated thresholds, measured on validation
+    shipped = report.get("calibration", {})  # the spec's thresholds, measured on the split that fitted them
     summary: dict[str, Any] = {
         "kept_locations": plan["kept_locations"], "thresholds": spec["thresholds"], "confidence": spec["confidence"],
         "candidates": [c["location"] for c in report["candidates"]],
-        "validation": {"accuracy": shipped["accuracy"], "mean_macs": shipped["mean_macs"],
-                       "mean_macs_fraction": shipped["mean_macs_fraction"]},
+        "validation": {"accuracy": plan["accuracy"], "mean_macs": plan["mean_macs"],
+                       "mean_macs_fraction": plan["mean_macs_fraction"]},
+        "calibration": {k: shipped[k] for k in ("split", "samples", "accuracy", "mean_macs", "mean_macs_fraction")
+                        if k in shipped},
         "backbone_macs": report["backbone_macs"],
         "min_filters": {r["location"]: {"filters": r["filters"], "min_filters": r["min_filters"]}
                         for r in report["ranking"]},

@@ -73,10 +73,74 @@ def test_in_sample_thresholds_are_the_plans_when_cross_validation_is_off():
     torch.manual_seed(0)
     backbone = settle_batchnorm(create_model("vgg11", width=0.125)).eval()
     result = flexdnn(backbone, _batches(3, 0), _batches(3, 1), replace(CONFIG, calibration_folds=0))
-    plan = result.report["plan"]
-    assert result.spec["thresholds"] == plan["thresholds"] and "calibration" not in result.report
+    plan, cal = result.report["plan"], result.report["calibration"]
+    assert result.spec["thresholds"] == plan["thresholds"] == cal["thresholds"] and cal["folds"] == 0
+    assert cal["split"] == "validation" and "cv" not in cal
     val = evaluate_flex(result.network, result.spec, _batches(3, 1))
     assert val["accuracy"] == pytest.approx(plan["accuracy"]) and val["mean_macs"] == pytest.approx(plan["mean_macs"])
+
+
+@pytest.mark.parametrize("folds", [0, 2])
+def test_a_calibration_split_fits_the_shipped_thresholds(folds):
+    """The search and plan see only validation; thresholds and operating points come from the
+    held-out calibration split (lossless there, in-sample or cross-validated)."""
+    from dataclasses import replace
+
+    from nestflex.exits import collect_logits, lossless_thresholds
+    from nestflex.exits.calibration import fit_lossless_thresholds
+
+    torch.manual_seed(0)
+    backbone = settle_batchnorm(create_model("vgg11", width=0.125)).eval()
+    calib = _batches(3, 2)
+    result = flexdnn(backbone, _batches(3, 0), _batches(3, 1), replace(CONFIG, calibration_folds=folds),
+                     calibration_batches=calib)
+    net, cal = result.network, result.report["calibration"]
+    assert cal["split"] == "calibration" == result.report["profile"]["split"] and cal["samples"] == 96
+    logits, labels = collect_logits(net, calib)
+    if folds:
+        expected = lossless_thresholds(logits, labels, net.exit_macs, net.backbone_macs, "entropy", folds=folds)["thresholds"]
+    else:
+        conf = torch.stack([1 + (p.softmax(-1) * p.log_softmax(-1)).sum(-1) / torch.log(torch.tensor(10.0))
+                            for p in logits]).double()
+        expected = fit_lossless_thresholds(conf, logits.argmax(-1) == labels[None])
+    assert result.spec["thresholds"] == cal["thresholds"] == expected
+    on_calib = evaluate_flex(net, result.spec, calib)
+    assert on_calib["accuracy"] == pytest.approx(cal["accuracy"]) and on_calib["mean_macs"] == pytest.approx(cal["mean_macs"])
+    if not folds:  # in-sample lossless on the calibration split: no accuracy below the final exit's there
+        assert cal["accuracy"] >= cal["final_accuracy"]
+
+
+def test_default_candidates_sit_after_every_layer_and_the_plan_chooses():
+    from dataclasses import replace
+
+    torch.manual_seed(0)
+    backbone = settle_batchnorm(create_model("vgg11", width=0.125)).eval()
+    result = flexdnn(backbone, _batches(2, 0), _batches(2, 1), replace(CONFIG, locations=FlexDNNConfig().locations))
+    every = [p.name for p in trace(backbone).split_points if len(p.tensors[-1][1]) == 3]
+    assert [c["location"] for c in result.report["candidates"]] == every == [f"features.relu{i}" for i in range(1, 9)]
+    plan = result.report["plan"]
+    assert set(plan["kept_locations"]) <= set(every) and plan["mean_macs"] <= plan["all_candidates_macs"]
+
+
+class _Augmented:
+    """Re-iterable batches flipped at random by torch's global generator, as training loaders are."""
+
+    def __init__(self, batches):
+        self.batches = batches
+
+    def __iter__(self):
+        from nestflex.data._transforms import random_crop_flip
+
+        return iter([(random_crop_flip(x, padding=4), y) for x, y in self.batches])
+
+
+def test_the_same_config_gives_the_same_exits_whatever_the_global_seed():
+    backbone = settle_batchnorm(create_model("vgg11", width=0.125)).eval()
+    specs = []
+    for outer in (1, 2):
+        torch.manual_seed(outer)  # what ran before (e.g. loading a checkpoint) must not matter
+        specs.append(flexdnn(backbone, _Augmented(_batches(2, 0)), _batches(2, 1), CONFIG).spec)
+    assert specs[0] == specs[1]
 
 
 def test_rebuilt_from_spec_gives_the_same_outputs(result):
@@ -104,6 +168,8 @@ def test_bad_input_errors():
         build_candidates([point], [torch.arange(8)], 10, exits_per_location=9)
     with pytest.raises(NestflexError, match=r"the FlexDNN spec has no exits.*HINT"):
         build_flex_network(backbone, {"exits": []})
+    with pytest.raises(NestflexError, match=r"`calibration_batches` yielded no samples"):
+        flexdnn(backbone, _batches(1, 0), _batches(1, 1), CONFIG, calibration_batches=[])
     with pytest.raises(NestflexError, match=r"`calibration_folds` must be 0 \(in-sample thresholds\) or an int >= 2, got 1"):
         FlexDNNConfig(calibration_folds=1)
 

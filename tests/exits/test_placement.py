@@ -1,6 +1,7 @@
 import pytest
 
 from nestflex.exits import DEFAULT_POSITIONS, ExitError, MultiExitNetwork, resolve_positions
+from nestflex.exits.placement import ALL, parse_positions
 from nestflex.graph import trace
 from nestflex.models import create_model
 
@@ -53,6 +54,15 @@ def test_names_and_fractions_mix():
     assert net.positions == sorted(net.positions) and all(0 < p < 1 for p in net.positions)
 
 
+def test_all_is_every_feature_map_split_point():
+    graph = trace(create_model("vgg16", width=0.25))
+    points = resolve_positions(graph, [ALL])
+    assert [p.name for p in points] == [f"features.relu{i}" for i in range(1, 14)]  # not classifier.relu (1-D)
+    assert parse_positions("all") == [ALL]
+    net = MultiExitNetwork(create_model("resnet20", width=0.25), positions=[ALL])
+    assert len(net.exit_names) == 1 + len(resolve_positions(trace(net.backbone), [ALL])) and net.exit_names[-1] == "final"
+
+
 @pytest.mark.parametrize(
     "positions, match",
     [
@@ -91,6 +101,7 @@ def test_names_and_fractions_mix():
             r"14 exit positions but the backbone has only 13 places for exits",
         ),
         ((0.01, 0.02, "features.relu2"), r"cannot each get their own split point in execution order"),
+        (("all", 0.5), r"'all' means every split point and stands alone. HINT: pass \['all'\]"),
     ],
 )
 def test_bad_positions_are_explained(positions, match):

@@ -19,6 +19,7 @@ def test_flex_stage_writes_plan_and_reuses_it(tmp_path, capsys):
     f = summary["flexdnn"]
     assert set(f["candidates"]) <= {"features.relu3", "features.relu4", "features.relu5"} and len(f["candidates"]) == 2
     assert f["validation"]["mean_macs"] <= f["backbone_macs"]
+    assert f["calibration"]["split"] == "calibration" and f["calibration"]["samples"] == 40
     assert len(f["thresholds"]) == len(f["kept_locations"])
     for name in ("spec.json", "report.json", "config.json"):
         assert (out / "flex" / name).is_file()
@@ -39,3 +40,16 @@ def test_bad_flex_flags_are_explained(tmp_path, capsys):
     with pytest.raises(SystemExit):
         recipe.main(["--flex-rate-tolerance", "1.5", "--out", str(tmp_path)])
     assert "--flex-rate-tolerance is a share of samples in [0, 1), got 1.5" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        recipe.main(["--flex-calibration-samples", "-1", "--out", str(tmp_path)])
+    assert "--flex-calibration-samples >= 0" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_a_small_validation_split_is_shared_between_planning_and_calibration(tmp_path, capsys):
+    recipe = _recipe()
+    args = [*TINY, *FLEX, "--flex-val-samples", "120", "--out", str(tmp_path / "run"), "--stages", "baseline,flex"]
+    f = recipe.main(args)["flexdnn"]
+    assert ("the validation split has 100 images, fewer than --flex-val-samples 120 + --flex-calibration-samples 40; "
+            "planning on 75 and calibrating on 25") in capsys.readouterr().out
+    assert f["calibration"]["samples"] == 25

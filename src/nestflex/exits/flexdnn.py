@@ -13,7 +13,8 @@
    policy (:mod:`nestflex.deploy.exits`) and bundle path as progressive exits; plus the
    accuracy-resource profile (operating points) for runtime adaptation.
 
-Everything is decided on the validation split; a test split is only ever measured.
+Everything is decided on the validation split (the shipped thresholds and operating points on a
+separate calibration split when one is given); a test split is only ever measured.
 :func:`build_flex_network` rebuilds the network from the JSON spec, for loading a ``state_dict``.
 """
 
@@ -27,10 +28,12 @@ import torch
 from torch import nn
 
 from nestflex.deploy.exits import ExitError, get_confidence
-from nestflex.exits.calibration import DEFAULT_THRESHOLDS, collect_logits, exit_profile, lossless_thresholds
+from nestflex.exits.calibration import (
+    DEFAULT_THRESHOLDS, collect_logits, exit_profile, fit_lossless_thresholds, lossless_thresholds,
+)
 from nestflex.exits.fine_grained import CompactHead, FilterSubsetExit
 from nestflex.exits.model import MultiExitNetwork, _head_macs
-from nestflex.exits.placement import DEFAULT_POSITIONS, Position, resolve_positions
+from nestflex.exits.placement import ALL, Position, resolve_positions
 from nestflex.exits.plan import insertion_plan, subset_cost
 from nestflex.exits.search import (
     build_candidates,
@@ -49,7 +52,9 @@ class FlexDNNConfig:
     """Settings of :func:`flexdnn` (defaults: minutes on 2 CPU cores for a 0.25-width VGG-16).
 
     Attributes:
-        locations: candidate exit locations (MACs fractions or split point names).
+        locations: candidate exit locations (MACs fractions or split point names); the default
+            ``("all",)`` puts candidates after every layer, as the paper's search does, and lets
+            the insertion plan choose among them.
         exits_per_location: ``M`` over-parameterised exits per location.
         base_width, blocks: first-block filters and block count of each over-parameterised exit.
         p_max: ranked dropout of the lowest-ranked filter.
@@ -62,14 +67,17 @@ class FlexDNNConfig:
         pool: per-filter pooling of the ranking probe.
         refit_iters: L-BFGS iterations of each pruned exit's classifier refit.
         calibration_folds: the planned exits' final thresholds are lossless by this many folds of
-            cross-validation on the validation split (the rule of the progressive exits,
+            cross-validation on the calibration split (``calibration_batches`` of :func:`flexdnn`;
+            the validation split when none is given; the rule of the progressive exits,
             :func:`~nestflex.exits.calibration.lossless_thresholds`: the largest of the per-fold
-            thresholds). ``0`` keeps the plan's in-sample thresholds, which were lossless on
-            exactly the samples that chose them and lose accuracy on new ones (docs/flexdnn.md).
-        seed: seed of exit initialisation and training.
+            thresholds). ``0``: in-sample lossless thresholds on the calibration split; without
+            one, the plan's own, which are lossless on exactly the samples that chose them and lose
+            accuracy on new ones (docs/flexdnn.md).
+        seed: torch's global generator is seeded with it on entry (the ranking's augmented fit
+            samples, exit initialisation, training), so a run does not depend on its caller's.
     """
 
-    locations: tuple[Position, ...] = DEFAULT_POSITIONS
+    locations: tuple[Position, ...] = (ALL,)
     exits_per_location: int = 3
     base_width: int = 8
     blocks: int = 4
@@ -160,6 +168,7 @@ def flexdnn(
     config: FlexDNNConfig = FlexDNNConfig(),
     num_classes: int = 10,
     input_shape: tuple[int, ...] = (3, 32, 32),
+    calibration_batches: Iterable | None = None,
 ) -> FlexDNNResult:
     """Rank, search and plan FlexDNN exits on a frozen ``backbone`` (see the module docstring).
 
@@ -170,6 +179,10 @@ def flexdnn(
         config: :class:`FlexDNNConfig`.
         num_classes: classes of the backbone.
         input_shape: per-sample input shape.
+        calibration_batches: re-iterable batches, disjoint from ``val_batches``, on which the
+            shipped thresholds are fitted and the operating points measured. The exits were
+            searched, pruned and planned on the validation split, so thresholds fitted there too
+            are optimistic on new data (docs/flexdnn.md); ``None`` uses the validation split.
 
     Raises:
         ExitError: a location with fewer filters than ``M``, an empty validation split, ...
@@ -177,6 +190,13 @@ def flexdnn(
     """
     from nestflex.pruning.collective import collective_ranking, min_filters, pooled_responses
 
+    if calibration_batches is not None and next(iter(calibration_batches), None) is None:
+        # checked before the search so a bad split fails in seconds, not after minutes
+        raise ExitError("`calibration_batches` yielded no samples. HINT: pass a non-empty split "
+                        "disjoint from the validation one, or None to calibrate on validation")
+    # Seeded before anything draws: augmenting training loaders use torch's global generator, and
+    # the ranking's fit samples come from them, so an unseeded run ranked differently each time.
+    torch.manual_seed(config.seed)
     backbone.eval()
     for p in backbone.parameters():
         p.requires_grad_(False)
@@ -202,7 +222,6 @@ def flexdnn(
         })
     timings["rank"] = time.perf_counter() - start
 
-    torch.manual_seed(config.seed)
     cands = build_candidates(points, [r.order for r in rankings], num_classes, config.exits_per_location,
                              config.base_width, config.blocks, config.p_max)
     t0 = time.perf_counter()
@@ -242,16 +261,21 @@ def flexdnn(
                           [h for _, _, h in chosen], backbone_macs)
     kept = [chosen[i][1] for i in plan.kept]
     network, thresholds, calibration, logits = None, list(plan.thresholds), None, None
+    calibration_split = val_batches if calibration_batches is None else calibration_batches
+    split_name = "validation" if calibration_batches is None else "calibration"
     if kept:
         network = MultiExitNetwork(backbone, positions=[s.point.name for s in kept],
                                    head=_Prebuilt([s.module for s in kept]), input_shape=input_shape).eval()
-        logits, lab = collect_logits(network, val_batches)
+        logits, lab = collect_logits(network, calibration_split)
         if config.calibration_folds:
             # The plan's thresholds are lossless on the very samples that chose them; thresholds
             # lossless on held-out folds carry over to new data (the progressive exits' rule).
             calibration = lossless_thresholds(logits, lab, network.exit_macs, network.backbone_macs,
                                               config.confidence, folds=config.calibration_folds, seed=config.seed)
             thresholds = calibration["thresholds"]
+        elif calibration_batches is not None:  # in-sample on the held-out calibration split
+            conf_c = get_confidence(config.confidence)(logits).double()
+            thresholds = fit_lossless_thresholds(conf_c, logits.argmax(-1) == lab[None])
     spec = {
         "schema_version": 1, "num_classes": num_classes, "input_shape": list(input_shape),
         "confidence": config.confidence, "thresholds": thresholds, "fallback": "final",
@@ -271,16 +295,19 @@ def flexdnn(
                  "mean_macs_fraction": plan.mean_macs / backbone_macs},
         "seconds": {k: round(v, 2) for k, v in timings.items()},
     }
-    if calibration is not None:  # the thresholds shipped in the spec, measured on all of validation
-        report["calibration"] = {k: calibration[k] for k in ("thresholds", "folds", "seed", "cv", "cv_accuracy_delta_mean",
-                                                             "accuracy", "final_accuracy", "mean_macs_fraction", "exit_rate")}
-        report["calibration"]["mean_macs"] = calibration["mean_macs_fraction"] * backbone_macs
     if network is not None:
         prof = exit_profile(logits, lab, network.exit_macs, network.backbone_macs, network.exit_names,
                             network.positions, DEFAULT_THRESHOLDS, config.confidence, "final",
                             at_thresholds=thresholds)
         lossless = {**prof["at_thresholds"]}
-        report["profile"] = {"split": "validation", "exit_macs": network.exit_macs,
+        # the thresholds shipped in the spec, measured on all of the split that fitted them
+        report["calibration"] = {"split": split_name, "samples": int(lab.numel()), "folds": config.calibration_folds,
+                                 "thresholds": thresholds, **{k: lossless[k] for k in (
+                                     "accuracy", "mean_macs", "mean_macs_fraction", "exit_rate")},
+                                 "final_accuracy": prof["final_accuracy"]}
+        if calibration is not None:
+            report["calibration"].update({k: calibration[k] for k in ("seed", "cv", "cv_accuracy_delta_mean")})
+        report["profile"] = {"split": split_name, "exit_macs": network.exit_macs,
                              "operating_points": operating_points(prof["sweep"], [lossless])}
     return FlexDNNResult(network=network, spec=spec, report=report)
 

@@ -23,10 +23,14 @@ from typing import Sequence, Union
 from nestflex.deploy.exits import ExitError
 from nestflex.graph import SplitPoint, StructureGraph
 
-__all__ = ["DEFAULT_POSITIONS", "Position", "check_positions", "parse_positions", "resolve_positions"]
+__all__ = ["ALL", "DEFAULT_POSITIONS", "Position", "check_positions", "parse_positions", "resolve_positions"]
 
 #: SPINN: six exits at 15%, 30%, ..., 90% of the backbone's MACs.
 DEFAULT_POSITIONS: tuple[float, ...] = (0.15, 0.30, 0.45, 0.60, 0.75, 0.90)
+
+#: The position list ``("all",)`` (``--flex-positions all``): every split point with a feature map,
+#: one exit after every layer (FlexDNN's search inserts candidates "at each layer").
+ALL = "all"
 
 Position = Union[float, str]
 
@@ -90,7 +94,7 @@ def resolve_positions(graph: StructureGraph, positions: Sequence[Position]) -> l
     Args:
         graph: the backbone's structure graph (:func:`nestflex.graph.trace`).
         positions: MACs fractions in (0, 1) and/or split point names (module or fx node names),
-            in increasing order.
+            in increasing order; or ``[ALL]``, every split point with a feature map.
 
     Returns:
         one :class:`SplitPoint` per position.
@@ -107,6 +111,11 @@ def resolve_positions(graph: StructureGraph, positions: Sequence[Position]) -> l
             f"the backbone has no split point with a (C, H, W) feature map to attach exits to "
             f"(split points: {[p.name for p in graph.split_points]}). HINT: exits attach at ReLU outputs"
         )
+    if checked == [ALL] and not any(ALL in (p.name, p.node) for p in graph.split_points):
+        return candidates
+    if ALL in checked and len(checked) > 1:
+        raise ExitError(f"`positions` {checked!r}: {ALL!r} means every split point and stands alone. "
+                        f"HINT: pass [{ALL!r}] or list the positions")
     fixed: dict[int, int] = {}  # position index -> candidate index, for names
     for i, pos in enumerate(checked):
         if not isinstance(pos, str):
