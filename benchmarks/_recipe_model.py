@@ -25,6 +25,16 @@ SMALL = ["--model", "vgg11", "--width", "0.25", "--epochs", "2", "--max-train-sa
          "--synthetic-train-size", "15000", "--synthetic-test-size", "2000", "--val-size", "2000"]
 
 
+def add_model_args(p, samples: int = 1000) -> None:
+    """The arguments every single-model profiler benchmark takes: ``--out``, ``--checkpoint``,
+    ``--data-dir`` and ``--samples`` (validation samples for accuracy)."""
+    p.add_argument("--out", type=Path, required=True, help="output directory")
+    p.add_argument("--checkpoint", type=Path, default=None,
+                   help="recipe checkpoint (default: runs/vgg_cifar/baseline/model.ckpt, else train a small one)")
+    p.add_argument("--data-dir", default="data")
+    p.add_argument("--samples", type=int, default=samples, help="validation samples for accuracy")
+
+
 def load_model(checkpoint: Path | None, out: Path, data_dir: str) -> tuple[torch.nn.Module, dict[str, Any], str]:
     """``(model in eval mode, its baseline config, where it came from)``.
 

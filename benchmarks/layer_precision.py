@@ -25,18 +25,14 @@ from pathlib import Path
 import torch
 
 from nestflex._io import write_json
-from _recipe_model import load_model, machine, validation_loader  # benchmarks/ is on sys.path as a script
+from _recipe_model import add_model_args, load_model, machine, validation_loader  # benchmarks/ is on sys.path as a script
 
 SCHEMA_VERSION = 1
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", type=Path, required=True, help="output directory")
-    p.add_argument("--checkpoint", type=Path, default=None,
-                   help="recipe checkpoint (default: runs/vgg_cifar/baseline/model.ckpt, else train a small one)")
-    p.add_argument("--data-dir", default="data")
-    p.add_argument("--samples", type=int, default=1000, help="validation samples for accuracy")
+    add_model_args(p)
     p.add_argument("--calibration", type=int, default=256, help="validation samples held out to calibrate int8")
     p.add_argument("--budgets", default="1,0", help="comma list of accuracy-drop budgets (points)")
     p.add_argument("--batch-sizes", default="64,1", help="comma list; the assignment is chosen for the first")

@@ -22,18 +22,14 @@ from pathlib import Path
 import torch
 
 from nestflex._io import write_json
-from _recipe_model import load_model, machine, validation_loader  # benchmarks/ is on sys.path as a script
+from _recipe_model import add_model_args, load_model, machine, validation_loader  # benchmarks/ is on sys.path as a script
 
 SCHEMA_VERSION = 1
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", type=Path, required=True, help="output directory")
-    p.add_argument("--checkpoint", type=Path, default=None,
-                   help="recipe checkpoint (default: runs/vgg_cifar/baseline/model.ckpt, else train a small one)")
-    p.add_argument("--data-dir", default="data")
-    p.add_argument("--samples", type=int, default=1000, help="validation samples for accuracy")
+    add_model_args(p)
     p.add_argument("--size-samples", type=int, default=32, help="samples encoded one frame each for sizes")
     p.add_argument("--bits", default="2,3,4,5,6,7,8,16", help="comma list of ISQuant bitwidths (float is added)")
     p.add_argument("--threads", type=int, default=1, help="torch threads (recorded)")
