@@ -36,7 +36,7 @@ from _recipe_model import load_model, recipe_datamodule  # noqa: E402
 from nestflex._io import write_json  # noqa: E402
 from nestflex._machine import machine  # noqa: E402
 from nestflex.exits import (  # noqa: E402
-    DEFAULT_POSITIONS, FlexDNNConfig, MultiExitNetwork, collect_logits, exit_profile, flexdnn,
+    DEFAULT_POSITIONS, ExitError, FlexDNNConfig, MultiExitNetwork, collect_logits, exit_profile, flexdnn,
     lossless_thresholds,
 )
 from nestflex.exits.placement import parse_positions  # noqa: E402
@@ -92,9 +92,8 @@ def _one_seed(seed: int, model, train_set, val, test, args) -> dict:
     # the pruned exits refit their classifiers on every training image the joint training saw
     fit_samples = 2000 if args.protocol == "v1" else args.train_samples
     flex = flexdnn(copy.deepcopy(model), train, val, FlexDNNConfig(
-        locations=tuple(parse_positions(args.flex_positions)), epochs=args.epochs, fit_samples=fit_samples, seed=seed))
+        locations=args.positions, epochs=args.epochs, fit_samples=fit_samples, seed=seed))
     flex_seconds = time.perf_counter() - t0
-    flex_curves = _curves(flex.network, val, test, lossless=flex.spec["thresholds"])
 
     t0 = time.perf_counter()
     torch.manual_seed(seed)
@@ -107,6 +106,14 @@ def _one_seed(seed: int, model, train_set, val, test, args) -> dict:
         args.epochs, FlexDNNConfig().lr, seed)
     spinn_seconds = time.perf_counter() - t0
     spinn_curves = _curves(spinn, val, test)
+    if flex.network is not None:
+        flex_curves = _curves(flex.network, val, test, lossless=flex.spec["thresholds"])
+    else:  # the plan kept no exit: FlexDNN is the backbone alone (added as a point below)
+        flex_curves = {sp: {"backbone_accuracy": c["backbone_accuracy"], "sweep": [],
+                            "lossless": {"thresholds": [], "accuracy": c["backbone_accuracy"],
+                                         "mean_macs": float(spinn.backbone_macs), "mean_macs_fraction": 1.0,
+                                         "exit_rate": [1.0]}}
+                       for sp, c in spinn_curves.items()}
 
     backbone_macs = spinn.backbone_macs
     backbone_point = lambda split: {"threshold": None, "accuracy": flex_curves[split]["backbone_accuracy"],  # noqa: E731
@@ -125,6 +132,10 @@ def _one_seed(seed: int, model, train_set, val, test, args) -> dict:
         row["flex_saving"] = (1 - f / sp_) if f is not None and sp_ is not None else None
         held = {}
         for m, c in methods.items():
+            if not c["val"]["sweep"]:  # no exits: the backbone alone
+                held[m] = {"threshold": None, "val_accuracy": base_val, "accuracy": base_test,
+                           "mean_macs": float(backbone_macs), "mean_macs_fraction": 1.0}
+                continue
             ok = [i for i, r in enumerate(c["val"]["sweep"]) if r["accuracy"] >= base_val - drop - 1e-12]
             i = min(ok, key=lambda i: c["val"]["sweep"][i]["mean_macs"]) if ok else len(GRID) - 1
             held[m] = {"threshold": GRID[i], "val_accuracy": c["val"]["sweep"][i]["accuracy"],
@@ -164,6 +175,10 @@ def main(argv=None) -> dict:
     p.add_argument("--drops", type=float, nargs="+", default=[0.005, 0.01, 0.02],
                    help="accuracy targets: backbone accuracy minus these")
     args = p.parse_args(argv)
+    try:  # before minutes of loading: a bad list fails now
+        args.positions = tuple(parse_positions(args.flex_positions))
+    except ExitError as e:
+        p.error(f"--flex-positions: {e}")
     if args.protocol == "v1":
         args.train_samples, args.val_samples, args.test_samples, args.epochs = 3000, 2000, 2000, 2
     model, config, source = load_model(args.checkpoint, Path(args.out), args.data_dir)

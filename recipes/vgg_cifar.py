@@ -149,8 +149,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--grow-levels must be >= 2, --grow-epochs-per-level and --grow-latency-repeats >= 1")
     if args.flex_epochs < 1 or args.flex_exits_per_location < 1 or args.flex_base_width < 1:
         p.error("--flex-epochs, --flex-exits-per-location and --flex-base-width must be >= 1")
-    if args.flex_train_samples < 1 or args.flex_val_samples < 1 or args.flex_calibration_samples < 0:
-        p.error("--flex-train-samples and --flex-val-samples must be >= 1, --flex-calibration-samples >= 0")
+    if args.flex_train_samples < 1 or args.flex_val_samples < 1:
+        p.error("--flex-train-samples and --flex-val-samples must be >= 1")
+    if args.flex_calibration_samples != 0 and args.flex_calibration_samples < 5:
+        p.error(f"--flex-calibration-samples must be 0 (thresholds on the planning images) or >= 5 (the "
+                f"cross-validation folds), got {args.flex_calibration_samples}")
     if not 0 <= args.flex_rate_tolerance < 1:
         p.error(f"--flex-rate-tolerance is a share of samples in [0, 1), got {args.flex_rate_tolerance}")
     if args.exit_epochs < 1:
@@ -525,13 +528,20 @@ def run_flex(args: argparse.Namespace, ctx: dict[str, Any]) -> dict[str, Any]:
         train = DataLoader(subset(dm.train_dataset, args.flex_train_samples), batch_size=args.batch_size, shuffle=True,
                            generator=torch.Generator().manual_seed(args.seed))
         n_val, n_cal, n = args.flex_val_samples, args.flex_calibration_samples, len(dm.val_dataset)
+        folds = config["calibration_folds"]
         if n_val + n_cal > n:  # a small --val-size: share what there is in the requested proportion
             n_val = min(n_val, n) if not n_cal else max(1, round(n * n_val / (n_val + n_cal)))
             n_cal = min(n_cal, n - n_val)
-            n_cal = n_cal if n_cal >= config["calibration_folds"] else 0  # too few to cross-validate: plan's images
+            if n_cal < folds:  # too few to cross-validate on: all of it plans, and calibrates too
+                n_val, n_cal = min(args.flex_val_samples, n), 0
             print(f"flex: the validation split has {n} images, fewer than --flex-val-samples "
                   f"{args.flex_val_samples} + --flex-calibration-samples {args.flex_calibration_samples}; "
-                  f"planning on {n_val} and calibrating on {n_cal}. HINT: raise --val-size for the full counts")
+                  f"planning on {n_val} and " + (f"calibrating on {n_cal}" if n_cal else
+                                                 "cross-validating the thresholds on those same images")
+                  + ". HINT: raise --val-size for the full counts")
+        if (n_cal or n_val) < folds:
+            raise SystemExit(f"error: flex stage: {n_cal or n_val} images to fit thresholds on, fewer than the {folds} "
+                             f"cross-validation folds. HINT: raise --val-size and --flex-val-samples")
         # one draw: the planning images first, the calibration images after them (disjoint)
         order = torch.randperm(len(dm.val_dataset), generator=gen).tolist()
         val = DataLoader(Subset(dm.val_dataset, order[:n_val]), batch_size=args.batch_size)

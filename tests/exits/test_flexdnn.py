@@ -143,6 +143,19 @@ def test_the_same_config_gives_the_same_exits_whatever_the_global_seed():
     assert specs[0] == specs[1]
 
 
+def test_every_layer_candidates_on_a_residual_backbone():
+    """Several locations of a residual stage share one channel group: one ranking input each."""
+    from dataclasses import replace
+
+    torch.manual_seed(0)
+    backbone = settle_batchnorm(create_model("resnet20", width=0.25)).eval()
+    result = flexdnn(backbone, _batches(2, 0), _batches(2, 1),
+                     replace(CONFIG, locations=("all",), exits_per_location=1, rank_samples=32, fit_samples=32))
+    every = [p.name for p in trace(backbone).split_points if len(p.tensors[-1][1]) == 3]
+    assert [c["location"] for c in result.report["candidates"]] == every and len(every) == 19
+    assert result.report["plan"]["mean_macs"] <= result.report["plan"]["all_candidates_macs"]
+
+
 def test_rebuilt_from_spec_gives_the_same_outputs(result):
     net = result.network
     copy = build_flex_network(create_model("vgg11", width=0.125), result.spec)
@@ -168,8 +181,14 @@ def test_bad_input_errors():
         build_candidates([point], [torch.arange(8)], 10, exits_per_location=9)
     with pytest.raises(NestflexError, match=r"the FlexDNN spec has no exits.*HINT"):
         build_flex_network(backbone, {"exits": []})
-    with pytest.raises(NestflexError, match=r"`calibration_batches` yielded no samples"):
+    with pytest.raises(NestflexError, match=r"`calibration_batches` has 0 samples, fewer than one\. HINT"):
         flexdnn(backbone, _batches(1, 0), _batches(1, 1), CONFIG, calibration_batches=[])
+    few = [(torch.randn(3, 3, 32, 32), torch.arange(3))]
+    with pytest.raises(NestflexError, match=r"`calibration_batches` has 3 samples, fewer than calibration_folds=5\. "
+                                            r"HINT: pass at least 5 samples .*, or calibration_folds=0"):
+        flexdnn(backbone, _batches(1, 0), _batches(1, 1), CONFIG, calibration_batches=few)
+    with pytest.raises(NestflexError, match=r"`calibration_batches` is a one-shot iterator.*HINT: pass a list"):
+        flexdnn(backbone, _batches(1, 0), _batches(1, 1), CONFIG, calibration_batches=iter(_batches(1, 2)))
     with pytest.raises(NestflexError, match=r"`calibration_folds` must be 0 \(in-sample thresholds\) or an int >= 2, got 1"):
         FlexDNNConfig(calibration_folds=1)
 

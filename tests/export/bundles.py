@@ -107,7 +107,9 @@ def write_flex_bundle(tmp: Path, onnx: bool = True, own: bool = False, progressi
     report = {"plan": {"kept_locations": [e["location"] for e in spec["exits"]], "thresholds": spec["thresholds"],
                        "accuracy": 0.5, "mean_macs": 1000, "mean_macs_fraction": 0.5, "ranking_orders": [1, 2]},
               "profile": {"operating_points": [{"threshold": 0.3, "accuracy": 0.4, "mean_macs": 900,
-                                                "mean_macs_fraction": 0.45}]}}
+                                                "mean_macs_fraction": 0.45}]},
+              "calibration": {"split": "calibration", "samples": 40, "folds": 5, "accuracy": 0.45,
+                              "mean_macs_fraction": 0.6, "cv": [{"thresholds": [0.1]}]}}
     info = export_bundle(tmp / "flex.nfx", net, exits=exits, thresholds=[0.5, 0.6] if progressive else None, onnx=onnx,
                          flex_exits=flex, flex_spec=spec, flex_report=report, **kwargs)
     return info, net, exits, flex, spec

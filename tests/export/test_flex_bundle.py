@@ -53,6 +53,9 @@ def test_flex_exits_on_the_largest_level_store_only_their_heads(shared):
     # the plan and operating points travel with the set; the spec ships in profiles/
     assert fx["plan"]["kept_locations"] == [e["location"] for e in spec["exits"]] and "ranking_orders" not in fx["plan"]
     assert fx["operating_points"][0]["threshold"] == 0.3
+    # where the shipped thresholds were fitted travels too, without the per-fold detail
+    assert fx["calibration"] == {"split": "calibration", "samples": 40, "folds": 5, "accuracy": 0.45,
+                                 "mean_macs_fraction": 0.6}
     shipped = json.loads(open(f"{info['bundle']}/{fx['profile']}").read())
     assert shipped["spec"] == spec and m["profiles"]["flexdnn_plan"] == fx["profile"]
 

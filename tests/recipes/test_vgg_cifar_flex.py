@@ -41,8 +41,9 @@ def test_bad_flex_flags_are_explained(tmp_path, capsys):
         recipe.main(["--flex-rate-tolerance", "1.5", "--out", str(tmp_path)])
     assert "--flex-rate-tolerance is a share of samples in [0, 1), got 1.5" in capsys.readouterr().err
     with pytest.raises(SystemExit):
-        recipe.main(["--flex-calibration-samples", "-1", "--out", str(tmp_path)])
-    assert "--flex-calibration-samples >= 0" in capsys.readouterr().err
+        recipe.main(["--flex-calibration-samples", "3", "--out", str(tmp_path)])
+    assert ("--flex-calibration-samples must be 0 (thresholds on the planning images) or >= 5 (the cross-validation "
+            "folds), got 3") in capsys.readouterr().err
 
 
 @pytest.mark.slow
@@ -53,3 +54,9 @@ def test_a_small_validation_split_is_shared_between_planning_and_calibration(tmp
     assert ("the validation split has 100 images, fewer than --flex-val-samples 120 + --flex-calibration-samples 40; "
             "planning on 75 and calibrating on 25") in capsys.readouterr().out
     assert f["calibration"]["samples"] == 25
+    # too few left to cross-validate on: everything plans, and the thresholds are cross-validated there
+    args = [*TINY, *FLEX, "--flex-val-samples", "1000", "--flex-calibration-samples", "5",
+            "--out", str(tmp_path / "run"), "--stages", "flex"]
+    f = recipe.main(args)["flexdnn"]
+    assert "planning on 100 and cross-validating the thresholds on those same images" in capsys.readouterr().out
+    assert f["calibration"]["split"] == "validation" and f["calibration"]["samples"] == 100

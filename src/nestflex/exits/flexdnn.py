@@ -161,6 +161,20 @@ def build_flex_network(backbone: nn.Module, spec: dict[str, Any]) -> MultiExitNe
                             input_shape=tuple(spec["input_shape"])).eval()
 
 
+def _check_calibration(batches: Iterable, folds: int) -> None:
+    """Fail in seconds, not after the search: a one-shot iterator (it would be used up before
+    the thresholds are fitted), or fewer samples than the cross-validation needs."""
+    if iter(batches) is batches:
+        raise ExitError("`calibration_batches` is a one-shot iterator; it is read more than once. "
+                        "HINT: pass a list of (x, y) batches or a DataLoader")
+    n = sum(len(b[1]) for b in batches)
+    if n == 0 or n < folds:
+        raise ExitError(
+            f"`calibration_batches` has {n} samples, fewer than " + ("one" if n == 0 else f"calibration_folds={folds}")
+            + f". HINT: pass at least {max(folds, 1)} samples disjoint from the validation split"
+            + (", or calibration_folds=0" if folds else "") + ", or None to calibrate on validation")
+
+
 def flexdnn(
     backbone: nn.Module,
     train_batches: Iterable,
@@ -185,15 +199,15 @@ def flexdnn(
             are optimistic on new data (docs/flexdnn.md); ``None`` uses the validation split.
 
     Raises:
-        ExitError: a location with fewer filters than ``M``, an empty validation split, ...
+        ExitError: a location with fewer filters than ``M``, an empty validation split,
+            ``calibration_batches`` that is a one-shot iterator or has fewer samples than
+            ``config.calibration_folds`` (or none), ...
         PruningError: an empty ranking split.
     """
     from nestflex.pruning.collective import collective_ranking, min_filters, pooled_responses
 
-    if calibration_batches is not None and next(iter(calibration_batches), None) is None:
-        # checked before the search so a bad split fails in seconds, not after minutes
-        raise ExitError("`calibration_batches` yielded no samples. HINT: pass a non-empty split "
-                        "disjoint from the validation one, or None to calibrate on validation")
+    if calibration_batches is not None:
+        _check_calibration(calibration_batches, config.calibration_folds)
     # Seeded before anything draws: augmenting training loaders use torch's global generator, and
     # the ranking's fit samples come from them, so an unseeded run ranked differently each time.
     torch.manual_seed(config.seed)
@@ -274,7 +288,7 @@ def flexdnn(
                                               config.confidence, folds=config.calibration_folds, seed=config.seed)
             thresholds = calibration["thresholds"]
         elif calibration_batches is not None:  # in-sample on the held-out calibration split
-            conf_c = get_confidence(config.confidence)(logits).double()
+            conf_c = torch.stack([conf_fn(z) for z in logits]).double()  # the measure takes (N, C)
             thresholds = fit_lossless_thresholds(conf_c, logits.argmax(-1) == lab[None])
     spec = {
         "schema_version": 1, "num_classes": num_classes, "input_shape": list(input_shape),

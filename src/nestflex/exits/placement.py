@@ -39,14 +39,17 @@ def check_positions(positions: Sequence[Position]) -> list[Position]:
     """Validate exit positions without a model: fractions in (0, 1) or names, no duplicates.
 
     Raises:
-        ExitError: empty, a fraction outside (0, 1), something neither a number nor a name, or a
-            duplicate.
+        ExitError: empty, a fraction outside (0, 1), something neither a number nor a name, a
+            duplicate, or ``"all"`` beside other positions.
     """
     if isinstance(positions, (str, float, int)) or not isinstance(positions, Sequence) or len(positions) == 0:
         raise ExitError(
             f"`positions` must be a non-empty sequence of MACs fractions in (0, 1) or layer names, got {positions!r}. "
-            f"HINT: the SPINN default is {list(DEFAULT_POSITIONS)}"
+            f"HINT: the SPINN default is {list(DEFAULT_POSITIONS)}; [{ALL!r}] puts one after every layer"
         )
+    if ALL in positions and len(positions) > 1:
+        raise ExitError(f"`positions` {list(positions)!r}: {ALL!r} means every split point and stands alone. "
+                        f"HINT: pass [{ALL!r}] or list the positions")
     out: list[Position] = []
     for i, p in enumerate(positions):
         if isinstance(p, str):
@@ -113,9 +116,6 @@ def resolve_positions(graph: StructureGraph, positions: Sequence[Position]) -> l
         )
     if checked == [ALL] and not any(ALL in (p.name, p.node) for p in graph.split_points):
         return candidates
-    if ALL in checked and len(checked) > 1:
-        raise ExitError(f"`positions` {checked!r}: {ALL!r} means every split point and stands alone. "
-                        f"HINT: pass [{ALL!r}] or list the positions")
     fixed: dict[int, int] = {}  # position index -> candidate index, for names
     for i, pos in enumerate(checked):
         if not isinstance(pos, str):

@@ -237,6 +237,10 @@ def _flex_policy(flex_exits, spec, report) -> dict[str, Any] | None:
         policy["plan"] = {"split": "validation", **{k: plan.get(k) for k in (
             "kept_locations", "thresholds", "accuracy", "mean_macs", "mean_macs_fraction")}}
         policy["operating_points"] = list(report.get("profile", {}).get("operating_points", []))
+        cal = report.get("calibration")
+        if cal:  # where the shipped thresholds and the operating points were measured
+            policy["calibration"] = {k: cal.get(k) for k in (
+                "split", "samples", "folds", "accuracy", "mean_macs_fraction") if k in cal}
     return policy
 
 
@@ -292,7 +296,7 @@ def _write(target: Path, model, exits, levels, input_shape, mean, std, classes, 
         flex_entry, head_tensors = _exits_entry("flex_exits", flex_exits, largest, K, flex_policy["thresholds"],
                                                 flex_policy["confidence"], flex_policy["fallback"])
         flex_entry["profile"] = "profiles/flexdnn_plan.json"
-        flex_entry.update({k: flex_policy[k] for k in ("plan", "operating_points") if k in flex_policy})
+        flex_entry.update({k: flex_policy[k] for k in ("plan", "operating_points", "calibration") if k in flex_policy})
         flex_heads_bytes = _state_bytes({k: v for k, v in head_tensors.items() if k.startswith("flex_exits.")})
         tensors.update(head_tensors)
 
@@ -331,7 +335,8 @@ def _write(target: Path, model, exits, levels, input_shape, mean, std, classes, 
 
         save_file(tensors, str(tmp / WEIGHTS), metadata={"format": FORMAT, "schema_version": str(SCHEMA_VERSION)})
         flex_plan = None if flex_policy is None else {
-            "spec": flex_policy["spec"], **{k: flex_policy[k] for k in ("plan", "operating_points") if k in flex_policy}}
+            "spec": flex_policy["spec"],
+            **{k: flex_policy[k] for k in ("plan", "operating_points", "calibration") if k in flex_policy}}
         for name, obj in (("split_quantization", split_profile), ("layer_precision", precision_profile),
                           ("exit_calibration", calibration), ("flexdnn_plan", flex_plan)):
             if obj is not None:

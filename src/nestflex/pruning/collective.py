@@ -361,6 +361,8 @@ def pooled_responses(
     Raises:
         PruningError: the data is empty.
     """
+    # one entry per group: several exit locations of a residual stage share one group
+    groups = list({g.id: g for g in groups}.values())
     watch = {node: g.id for g in groups for node in graph.response_nodes(g)}
     param = next(model.parameters())
     was_training = {m: m.training for m in model.modules()}
