@@ -29,7 +29,7 @@ from torch import nn
 
 from nestflex.deploy.exits import ExitError, get_confidence
 from nestflex.exits.calibration import (
-    DEFAULT_THRESHOLDS, collect_logits, exit_profile, fit_lossless_thresholds, lossless_thresholds,
+    DEFAULT_THRESHOLDS, _confidences, collect_logits, exit_profile, fit_lossless_thresholds, lossless_thresholds,
 )
 from nestflex.exits.fine_grained import CompactHead, FilterSubsetExit
 from nestflex.exits.model import MultiExitNetwork, _head_macs
@@ -167,7 +167,9 @@ def _check_calibration(batches: Iterable, folds: int) -> None:
     if iter(batches) is batches:
         raise ExitError("`calibration_batches` is a one-shot iterator; it is read more than once. "
                         "HINT: pass a list of (x, y) batches or a DataLoader")
-    n = sum(len(b[1]) for b in batches)
+    # a DataLoader knows its size without loading a batch; lists of batches are counted
+    dataset = getattr(batches, "dataset", None)
+    n = len(dataset) if dataset is not None else sum(len(b[1]) for b in batches)
     if n == 0 or n < folds:
         raise ExitError(
             f"`calibration_batches` has {n} samples, fewer than " + ("one" if n == 0 else f"calibration_folds={folds}")
@@ -288,7 +290,7 @@ def flexdnn(
                                               config.confidence, folds=config.calibration_folds, seed=config.seed)
             thresholds = calibration["thresholds"]
         elif calibration_batches is not None:  # in-sample on the held-out calibration split
-            conf_c = torch.stack([conf_fn(z) for z in logits]).double()  # the measure takes (N, C)
+            conf_c = _confidences(logits, config.confidence).double()
             thresholds = fit_lossless_thresholds(conf_c, logits.argmax(-1) == lab[None])
     spec = {
         "schema_version": 1, "num_classes": num_classes, "input_shape": list(input_shape),
