@@ -39,6 +39,9 @@ from nestflex.exits import (  # noqa: E402
     DEFAULT_POSITIONS, ExitError, FlexDNNConfig, MultiExitNetwork, collect_logits, exit_profile, flexdnn,
     lossless_thresholds,
 )
+from nestflex.deploy.exits import get_confidence  # noqa: E402
+from nestflex.exits.calibration import evaluate_thresholds  # noqa: E402
+from nestflex.exits.front import threshold_front  # noqa: E402
 from nestflex.exits.placement import parse_positions  # noqa: E402
 from nestflex.exits.search import Candidate, train_candidates  # noqa: E402
 from nestflex.graph import trace  # noqa: E402
@@ -69,18 +72,28 @@ def macs_at(points: list[dict], accuracy: float) -> float | None:
     return None
 
 
-def _curves(net, val, test, lossless=None):
+def _curves(net, val, test, lossless=None, max_drop=0.05):
     out = {}
+    front = None
     for name, data in (("val", val), ("test", test)):
         logits, labels = collect_logits(net, data)
         if name == "val" and lossless is None:
             lossless = lossless_thresholds(logits, labels, net.exit_macs, net.backbone_macs, "entropy")["thresholds"]
+        conf = torch.stack([get_confidence("entropy")(z) for z in logits])
+        correct = logits.argmax(-1) == labels[None]
+        if name == "val":  # per-exit thresholds fitted on validation only, then measured on test as they are
+            front = threshold_front(conf, correct, net.exit_macs, net.backbone_macs, max_drop=max_drop)
+        measured = [evaluate_thresholds(logits, labels, f["thresholds"], net.exit_macs, net.backbone_macs, "entropy",
+                                        "final") for f in front]
+        front_points = [{"thresholds": f["thresholds"], "accuracy": r["accuracy"], "mean_macs": r["mean_macs"],
+                         "mean_macs_fraction": r["mean_macs_fraction"]} for f, r in zip(front, measured)]
         prof = exit_profile(logits, labels, net.exit_macs, net.backbone_macs, thresholds=GRID, confidence="entropy",
                             fallback="final", at_thresholds=lossless)
         keep = ("threshold", "accuracy", "mean_macs", "mean_macs_fraction")
         out[name] = {"backbone_accuracy": prof["final_accuracy"], "sweep": [{k: r[k] for k in keep} for r in prof["sweep"]],
                      "lossless": {k: prof["at_thresholds"][k] for k in ("thresholds", "accuracy", "mean_macs",
-                                                                       "mean_macs_fraction", "exit_rate")}}
+                                                                       "mean_macs_fraction", "exit_rate")},
+                     "front": front_points}
         # a bound, not an operating point: the same decisions if every exit head cost nothing
         free = [float(p.macs_before) for p in net.points] + [float(net.backbone_macs)]
         prof = exit_profile(logits, labels, free, net.backbone_macs, thresholds=GRID, confidence="entropy",
@@ -97,7 +110,8 @@ def _one_seed(seed: int, model, train_set, val, test, args) -> dict:
     # the pruned exits refit their classifiers on every training image the joint training saw
     fit_samples = 2000 if args.protocol == "v1" else args.train_samples
     flex = flexdnn(copy.deepcopy(model), train, val, FlexDNNConfig(
-        locations=args.positions, epochs=args.epochs, fit_samples=fit_samples, seed=seed))
+        locations=args.positions, epochs=args.epochs, fit_samples=fit_samples, seed=seed,
+        base_width=args.flex_base_width, input_size=args.flex_input_size))
     flex_seconds = time.perf_counter() - t0
 
     t0 = time.perf_counter()
@@ -117,7 +131,7 @@ def _one_seed(seed: int, model, train_set, val, test, args) -> dict:
         flex_curves = {sp: {"backbone_accuracy": c["backbone_accuracy"], "sweep": [],
                             "lossless": {"thresholds": [], "accuracy": c["backbone_accuracy"],
                                          "mean_macs": float(spinn.backbone_macs), "mean_macs_fraction": 1.0,
-                                         "exit_rate": [1.0]}}
+                                         "exit_rate": [1.0]}, "front": []}
                        for sp, c in spinn_curves.items()}
 
     backbone_macs = spinn.backbone_macs
@@ -139,6 +153,20 @@ def _one_seed(seed: int, model, train_set, val, test, args) -> dict:
         free = macs_at(methods["flexdnn"]["test"].get("sweep_free_heads", []) + [backbone_point("test")], base_test - drop)
         row["flexdnn_macs_free_heads"] = free
         row["flex_saving_free_heads"] = (1 - free / sp_) if free is not None and sp_ is not None else None
+        # per-exit thresholds (each method's threshold_front, fitted on validation) added to the sweep
+        for m, c in methods.items():
+            row[f"{m}_macs_per_exit"] = macs_at(points[m]["test"] + c["test"]["front"], base_test - drop)
+        f, sp_ = row["flexdnn_macs_per_exit"], row["spinn_macs_per_exit"]
+        row["flex_saving_per_exit"] = (1 - f / sp_) if f is not None and sp_ is not None else None
+        held_front = {}
+        for m, c in methods.items():
+            ok = [i for i, r in enumerate(c["val"]["front"]) if r["accuracy"] >= base_val - drop - 1e-12]
+            if ok:
+                i = min(ok, key=lambda i: c["val"]["front"][i]["mean_macs"])
+                test_point = c["test"]["front"][i]
+                held_front[m] = {"val_accuracy": c["val"]["front"][i]["accuracy"],
+                                 **{k: test_point[k] for k in ("accuracy", "mean_macs", "mean_macs_fraction")}}
+        row["val_chosen_per_exit"] = held_front
         held = {}
         for m, c in methods.items():
             if not c["val"]["sweep"]:  # no exits: the backbone alone
@@ -179,6 +207,10 @@ def main(argv=None) -> dict:
     p.add_argument("--flex-positions", default="all",
                    help="FlexDNN's candidate exit locations (comma list of MACs fractions / split point names, "
                         "or `all`: after every layer); SPINN keeps its six equal-MAC positions")
+    p.add_argument("--flex-base-width", type=int, default=FlexDNNConfig().base_width,
+                   help="filters of the first conv block of FlexDNN's over-parameterised exits (doubling per block)")
+    p.add_argument("--flex-input-size", type=int, default=FlexDNNConfig().input_size,
+                   help="FlexDNN exits average-pool a tapped map larger than this down to about this size first")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2],
                    help="training seeds: both exit families are trained once per seed; savings are medians")
     p.add_argument("--drops", type=float, nargs="+", default=[0.005, 0.01, 0.02],
@@ -211,7 +243,8 @@ def main(argv=None) -> dict:
         ok = [r for r in rows if r["flex_saving"] is not None]
         row = {"drop": drop, "test_accuracy": base_test - drop, "seeds": len(ok)}
         if ok:
-            for key in ("flexdnn_macs", "spinn_macs", "flex_saving", "flex_saving_free_heads"):
+            for key in ("flexdnn_macs", "spinn_macs", "flex_saving", "flex_saving_free_heads",
+                        "flexdnn_macs_per_exit", "spinn_macs_per_exit", "flex_saving_per_exit"):
                 vals = [r[key] for r in ok if r.get(key) is not None]
                 row[key] = statistics.median(vals) if vals else None
             row["flex_saving_min"] = min(r["flex_saving"] for r in ok)
@@ -224,7 +257,8 @@ def main(argv=None) -> dict:
         "samples": {"train": args.train_samples, "val": args.val_samples, "test": args.test_samples},
         "epochs": args.epochs, "threshold_grid_step": 0.01, "seeds": list(args.seeds),
         "backbone": first["backbone"],
-        "flexdnn_candidate_positions": args.flex_positions, "spinn_positions": list(DEFAULT_POSITIONS),
+        "flexdnn_candidate_positions": args.flex_positions,
+        "flexdnn_base_width": args.flex_base_width, "flexdnn_input_size": args.flex_input_size, "spinn_positions": list(DEFAULT_POSITIONS),
         "matched_accuracy": matched,
         "target_15pct": bool(savings) and min(savings) >= 0.15,
         "per_seed": runs,

@@ -47,3 +47,20 @@ def test_ranked_dropout_spares_the_top_filter_and_is_identity_in_eval():
     assert torch.equal(drop.eval()(x), x)
     with pytest.raises(NestflexError, match=r"`p_max` \(ranked dropout\) must be in \[0, 1\), got 1.0"):
         RankedDropout(4, p_max=1.0)
+
+
+def test_stem_pool_cuts_every_block_to_a_quarter_of_the_positions_per_factor_of_two():
+    from nestflex.exits.model import _head_macs
+
+    plain = CompactHead(4, [8, 16], num_classes=10, in_hw=(32, 32)).eval()
+    pooled = CompactHead(4, [8, 16], num_classes=10, in_hw=(32, 32), stem_pool=4).eval()
+    x = torch.randn(3, 4, 32, 32)
+    assert pooled(x).shape == (3, 10)
+    # the same blocks on the 8x8 average of the map: what the pooled head computes
+    pooled.load_state_dict(plain.state_dict())
+    torch.testing.assert_close(pooled(x), plain.linear(plain.features(torch.nn.functional.avg_pool2d(x, 4))))
+    conv_macs = lambda head: _head_macs(head, (4, 32, 32)) - head.linear.weight.numel()  # noqa: E731
+    assert conv_macs(pooled) * 16 == conv_macs(plain)
+    assert "stem_pool=4" in repr(pooled)
+    with pytest.raises(NestflexError, match=r"`stem_pool` must be a positive int \(1: no pooling\), got 0"):
+        CompactHead(4, [8], num_classes=10, in_hw=(8, 8), stem_pool=0)

@@ -21,7 +21,7 @@ from tests.conftest import settle_batchnorm
 # 20 L-BFGS iterations per refit: the checks here are structural (policy, plan, rebuild), and the
 # refits dominated the fixture's time at the default 100
 CONFIG = FlexDNNConfig(locations=(0.3, 0.6), exits_per_location=2, epochs=1, rank_samples=64, fit_samples=64,
-                       refit_iters=20)
+                       refit_iters=20, input_size=4)
 
 
 def _batches(n: int, seed: int):
@@ -58,6 +58,9 @@ def test_plan_and_profile_are_reported(result):
     for row in result.report["search"]:
         assert row["exit_rate"] >= row["full_exit_rate"] - CONFIG.rate_tolerance
         assert 0 <= row["depth"] <= CONFIG.blocks
+    # input_size=4: each exit pools its tapped map down to about 4x4 first (the rebuild test below runs them)
+    pools = [(e["in_hw"], e["stem_pool"]) for e in result.spec["exits"]]
+    assert pools and all(sp == max(1, min(hw) // 4) for hw, sp in pools) and any(sp > 1 for _, sp in pools)
     # the shipped thresholds are the cross-validated ones, measured on the whole validation split
     cal = result.report["calibration"]
     assert result.spec["thresholds"] == cal["thresholds"] and cal["folds"] == CONFIG.calibration_folds == 5
@@ -179,6 +182,8 @@ def test_bad_input_errors():
     point = graph.split_points[0]  # 8 filters at width 0.125
     with pytest.raises(NestflexError, match=r"location `features.relu1`: a layer with 8 filters cannot feed M=9"):
         build_candidates([point], [torch.arange(8)], 10, exits_per_location=9)
+    with pytest.raises(NestflexError, match=r"`input_size` must be a positive int or None \(no pooling\), got 0"):
+        build_candidates([point], [torch.arange(8)], 10, input_size=0)
     with pytest.raises(NestflexError, match=r"the FlexDNN spec has no exits.*HINT"):
         build_flex_network(backbone, {"exits": []})
     with pytest.raises(NestflexError, match=r"`calibration_batches` has 0 samples, fewer than one\. HINT"):

@@ -59,16 +59,18 @@ def own_backbone_exits(net: torch.nn.Module) -> MultiExitNetwork:
     return joint
 
 
-def flex_spec(backbone: torch.nn.Module, positions=(0.3, 0.6), widths=([4], [4, 8]), seed: int = 0) -> dict:
+def flex_spec(backbone: torch.nn.Module, positions=(0.3, 0.6), widths=([4], [4, 8]), seed: int = 0,
+              stem_pools=(2, 1)) -> dict:
     """A FlexDNN spec (the shape :func:`nestflex.exits.flexdnn` writes) with random top-k filters:
-    about half of each tapped layer's channels, out of order, as a ranking gives them."""
+    about half of each tapped layer's channels, out of order, as a ranking gives them; the first
+    head average-pools its input first (``stem_pool``)."""
     g = torch.Generator().manual_seed(seed)
     points = resolve_positions(trace(backbone, (3, 32, 32)), list(positions))
     exits = []
-    for p, w in zip(points, widths):
+    for p, w, sp in zip(points, widths, stem_pools):
         c, h, w_ = next(shape for name, shape in p.tensors if name == p.node)
         filters = torch.randperm(c, generator=g)[: max(2, c // 2)].tolist()
-        exits.append({"location": p.name, "filters": filters, "widths": list(w), "in_hw": [h, w_]})
+        exits.append({"location": p.name, "filters": filters, "widths": list(w), "in_hw": [h, w_], "stem_pool": sp})
     return {"schema_version": 1, "num_classes": 10, "input_shape": [3, 32, 32], "confidence": "entropy",
             "thresholds": [0.4, 0.5][: len(exits)], "fallback": "final", "exits": exits}
 

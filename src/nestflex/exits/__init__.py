@@ -8,7 +8,8 @@
 * :class:`MultiExitClassifier`: the LightningModule, ``joint`` or ``exits_only``;
 * confidence measures and the exit policy, re-exported from :mod:`nestflex.deploy.exits` (one
   implementation for training and runtime);
-* calibration on a validation split (:mod:`~nestflex.exits.calibration`).
+* calibration on a validation split (:mod:`~nestflex.exits.calibration`), and per-exit
+  thresholds for every accuracy level (:mod:`~nestflex.exits.front`).
 
 Everything except :class:`MultiExitClassifier` and :class:`OverthinkingSchedule` needs torch
 alone; those two import Lightning and are loaded on first access.
@@ -49,6 +50,7 @@ from nestflex.exits.calibration import (
     exit_profile,
     lossless_thresholds,
 )
+from nestflex.exits.front import threshold_front
 from nestflex.exits.heads import create_head, get_head, list_heads, register_head
 from nestflex.exits.loss import WEIGHTINGS, loss_weights, multi_exit_loss, tau_schedule
 from nestflex.exits.model import MultiExitNetwork
@@ -118,6 +120,7 @@ __all__ = [
     "evaluate_flex",
     "build_flex_network",
     "operating_points",
+    "threshold_front",
     *_LAZY,
 ]
 

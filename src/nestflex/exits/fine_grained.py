@@ -78,16 +78,27 @@ class RankedDropout(nn.Module):
 
 class CompactHead(nn.Module):
     """Conv exit: ``len(widths)`` blocks of 3x3 conv (stride 2 while the map is > 1x1), BN, ReLU;
-    global average pooling; linear. ``widths=[]`` is a pooled linear probe."""
+    global average pooling; linear. ``widths=[]`` is a pooled linear probe.
 
-    def __init__(self, in_channels: int, widths: Sequence[int], num_classes: int, in_hw: tuple[int, int]) -> None:
+    ``stem_pool`` > 1 average-pools the input by that factor before the first block: every block
+    then runs on ``1 / stem_pool^2`` of the positions, which is what makes an exit on an early,
+    high-resolution layer affordable (pooling is not counted as MACs, as everywhere in nestflex).
+    """
+
+    def __init__(self, in_channels: int, widths: Sequence[int], num_classes: int, in_hw: tuple[int, int],
+                 stem_pool: int = 1) -> None:
         super().__init__()
         for i, w in enumerate(widths):
             if isinstance(w, bool) or not isinstance(w, int) or w < 1:
                 raise ExitError(f"`widths[{i}]` must be a positive int, got {w!r}")
+        if isinstance(stem_pool, bool) or not isinstance(stem_pool, int) or stem_pool < 1:
+            raise ExitError(f"`stem_pool` must be a positive int (1: no pooling), got {stem_pool!r}")
         self.widths = [int(w) for w in widths]
         self.in_hw = tuple(int(v) for v in in_hw)
-        blocks, c, (h, w_) = [], in_channels, self.in_hw
+        self.stem_pool = int(stem_pool)
+        self.stem = nn.AvgPool2d(stem_pool, ceil_mode=True) if stem_pool > 1 else nn.Identity()
+        blocks, c = [], in_channels
+        h, w_ = (math.ceil(v / self.stem_pool) for v in self.in_hw)
         for width in self.widths:
             stride = 2 if min(h, w_) > 1 else 1
             blocks.append(
@@ -101,6 +112,7 @@ class CompactHead(nn.Module):
 
     def features(self, x: torch.Tensor, depth: int | None = None) -> torch.Tensor:
         """Pooled output ``(N, C)`` after the first ``depth`` blocks (default: all)."""
+        x = self.stem(x)
         for block in self.blocks[: len(self.blocks) if depth is None else depth]:
             x = block(x)
         return torch.flatten(self.pool(x), 1)
@@ -109,7 +121,7 @@ class CompactHead(nn.Module):
         return self.linear(self.features(x))
 
     def extra_repr(self) -> str:
-        return f"widths={self.widths}, in_hw={self.in_hw}"
+        return f"widths={self.widths}, in_hw={self.in_hw}" + (f", stem_pool={self.stem_pool}" if self.stem_pool > 1 else "")
 
 
 class FilterSubsetExit(nn.Module):

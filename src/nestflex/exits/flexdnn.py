@@ -57,6 +57,9 @@ class FlexDNNConfig:
             the insertion plan choose among them.
         exits_per_location: ``M`` over-parameterised exits per location.
         base_width, blocks: first-block filters and block count of each over-parameterised exit.
+        input_size: an exit on a map larger than this (smaller side) average-pools it down to
+            about this size before its first block (``None``: never), see
+            :func:`~nestflex.exits.search.build_candidates`.
         p_max: ranked dropout of the lowest-ranked filter.
         epochs, lr: joint training of the exits (Adam) on the frozen backbone.
         rate_tolerance: exit rate an exit may lose while it is pruned.
@@ -81,6 +84,7 @@ class FlexDNNConfig:
     exits_per_location: int = 3
     base_width: int = 8
     blocks: int = 4
+    input_size: int | None = None
     p_max: float = 0.5
     epochs: int = 2
     lr: float = 3e-3
@@ -154,7 +158,8 @@ def build_flex_network(backbone: nn.Module, spec: dict[str, Any]) -> MultiExitNe
     if not exits:
         raise ExitError("the FlexDNN spec has no exits (the plan kept none). HINT: use the backbone alone")
     heads = [
-        FilterSubsetExit(e["filters"], CompactHead(len(e["filters"]), e["widths"], spec["num_classes"], tuple(e["in_hw"])))
+        FilterSubsetExit(e["filters"], CompactHead(len(e["filters"]), e["widths"], spec["num_classes"], tuple(e["in_hw"]),
+                                                   e.get("stem_pool", 1)))  # specs before stem_pool had none
         for e in exits
     ]
     return MultiExitNetwork(backbone, positions=[e["location"] for e in exits], head=_Prebuilt(heads),
@@ -239,7 +244,7 @@ def flexdnn(
     timings["rank"] = time.perf_counter() - start
 
     cands = build_candidates(points, [r.order for r in rankings], num_classes, config.exits_per_location,
-                             config.base_width, config.blocks, config.p_max)
+                             config.base_width, config.blocks, config.p_max, config.input_size)
     t0 = time.perf_counter()
     trained = train_candidates(graph, cands, train_batches, config.epochs, config.lr, config.seed)
     timings["train"] = time.perf_counter() - t0
@@ -296,7 +301,7 @@ def flexdnn(
         "schema_version": 1, "num_classes": num_classes, "input_shape": list(input_shape),
         "confidence": config.confidence, "thresholds": thresholds, "fallback": "final",
         "exits": [{"location": s.point.name, "filters": s.filters, "widths": s.widths,
-                   "in_hw": list(s.module.head.in_hw)} for s in kept],
+                   "in_hw": list(s.module.head.in_hw), "stem_pool": s.module.head.stem_pool} for s in kept],
     }
     timings["total"] = time.perf_counter() - start
     report = {

@@ -91,6 +91,7 @@ def build_candidates(
     base_width: int = 8,
     blocks: int = 4,
     p_max: float = 0.5,
+    input_size: int | None = None,
 ) -> list[Candidate]:
     """``M`` over-parameterised exits per location (see the module docstring, step 1).
 
@@ -102,21 +103,28 @@ def build_candidates(
         base_width: filters of each exit's first block; block ``b`` has ``base_width * 2^b``.
         blocks: blocks per exit before pruning (FlexDNN: 4).
         p_max: ranked dropout rate of each exit's lowest-ranked filter.
+        input_size: exits average-pool a tapped map larger than this (its smaller side) by the
+            integer factor that brings it down to about this size before their first block
+            (:class:`~nestflex.exits.fine_grained.CompactHead`'s ``stem_pool``); ``None``: never.
 
     Raises:
-        ExitError: a layer with fewer filters than ``M``, or a bad width.
+        ExitError: a layer with fewer filters than ``M``, or a bad width or input size.
     """
     if isinstance(base_width, bool) or not isinstance(base_width, int) or base_width < 1:
         raise ExitError(f"`base_width` must be a positive int, got {base_width!r}")
+    if input_size is not None and (isinstance(input_size, bool) or not isinstance(input_size, int) or input_size < 1):
+        raise ExitError(f"`input_size` must be a positive int or None (no pooling), got {input_size!r}")
     out = []
     for loc, (p, order) in enumerate(zip(points, orders)):
         shape = next(s for n, s in p.tensors if n == p.node)
+        stem_pool = max(1, min(shape[1:]) // input_size) if input_size and len(shape) == 3 else 1  # (C, H, W)
         try:
             counts = exit_filter_counts(int(order.numel()), exits_per_location)
         except ExitError as e:
             raise ExitError(f"location `{p.name}`: {e}") from None
         for k, n_filters in enumerate(counts):
-            head = CompactHead(n_filters, [base_width * 2**b for b in range(blocks)], num_classes, shape[1:])
+            widths = [base_width * 2**b for b in range(blocks)]
+            head = CompactHead(n_filters, widths, num_classes, shape[1:], stem_pool)
             module = FilterSubsetExit(order[:n_filters], head, RankedDropout(n_filters, p_max))
             out.append(Candidate(p, loc, k, module))
     return out
@@ -216,7 +224,7 @@ def collect_exit_features(
             x, y = x[: max_samples - n], y[: max_samples - n]
         tapped, logits = _run_taps(stages, taps, x, final=final)
         for ci, c in enumerate(candidates):
-            h = tapped[c.point.node].index_select(1, c.module.index)
+            h = c.module.head.stem(tapped[c.point.node].index_select(1, c.module.index))
             feats[ci][0].append(torch.flatten(c.module.head.pool(h), 1))
             for d, block in enumerate(c.module.head.blocks):
                 h = block(h)
@@ -346,7 +354,7 @@ def _materialise(ex: FilterSubsetExit, depth: int, keep: torch.Tensor, lin: nn.L
         widths: list[int] = []
     else:
         widths = head.widths[: depth - 1] + [int(keep.numel())]
-    new = CompactHead(int(index.numel()), widths, lin.out_features, head.in_hw)
+    new = CompactHead(int(index.numel()), widths, lin.out_features, head.in_hw, head.stem_pool)
     with torch.no_grad():
         for d in range(depth):
             src, dst = head.blocks[d], new.blocks[d]
