@@ -13,7 +13,8 @@ from nestflex.exits import (
     flexdnn,
     operating_points,
 )
-from nestflex.exits.search import build_candidates
+from nestflex.exits.placement import resolve_positions
+from nestflex.exits.search import build_candidates, location_groups
 from nestflex.graph import trace
 from nestflex.models import create_model
 from tests.conftest import settle_batchnorm
@@ -147,7 +148,8 @@ def test_the_same_config_gives_the_same_exits_whatever_the_global_seed():
 
 
 def test_every_layer_candidates_on_a_residual_backbone():
-    """Several locations of a residual stage share one channel group: one ranking input each."""
+    """Several locations of a residual stage share one channel group; each is ranked on its own
+    activation (the map its exits read), so they get their own orders."""
     from dataclasses import replace
 
     torch.manual_seed(0)
@@ -157,6 +159,13 @@ def test_every_layer_candidates_on_a_residual_backbone():
     every = [p.name for p in trace(backbone).split_points if len(p.tensors[-1][1]) == 3]
     assert [c["location"] for c in result.report["candidates"]] == every and len(every) == 19
     assert result.report["plan"]["mean_macs"] <= result.report["plan"]["all_candidates_macs"]
+    graph = trace(backbone)
+    groups = location_groups(graph, resolve_positions(graph, every))
+    orders = {r["location"]: r["order"] for r in result.report["ranking"]}
+    shared = [[name for name, g in zip(every, groups) if g.id == gid] for gid in {g.id for g in groups}]
+    shared = [names for names in shared if len(names) > 1]
+    assert shared  # residual stages: several locations per group ...
+    assert any(len({tuple(orders[n]) for n in names}) > 1 for names in shared)  # ... ranked apart
 
 
 def test_rebuilt_from_spec_gives_the_same_outputs(result):

@@ -156,3 +156,25 @@ def test_errors_name_the_problem():
         exit_accuracy_curve(x, y, x, y, [0, 0, 1])
     with pytest.raises(PruningError, match=r"`tolerance` is an accuracy fraction"):
         min_filters(torch.ones(3), tolerance=2)
+
+
+def test_group_responses_are_the_sum_of_their_nodes_activations():
+    """A residual group's response sums its blocks' outputs; each node's own map stays available."""
+    from nestflex.models import create_model
+    from nestflex.pruning import pooled_activations, pooled_responses
+
+    torch.manual_seed(0)
+    model = create_model("resnet20", width=0.25).eval()
+    graph = trace(model, input_shape=(3, 32, 32))
+    group = max(graph.groups, key=lambda g: len(graph.response_nodes(g)))
+    nodes = graph.response_nodes(group)
+    assert len(nodes) > 1  # a residual stage
+    data = [(torch.randn(6, 3, 32, 32), torch.arange(6) % 10)]
+    summed, labels = pooled_responses(model, graph, [group], data, pool=2)
+    acts, labels2 = pooled_activations(model, graph, nodes, data, pool=2)
+    assert torch.equal(labels, labels2)
+    torch.testing.assert_close(summed[group.id], sum(acts[n] for n in nodes))
+    assert all(acts[n].shape == (6, group.width, 4) for n in nodes)
+    assert not torch.allclose(acts[nodes[0]], acts[nodes[-1]])
+    with pytest.raises(PruningError, match=r"the fit split is empty \(0 samples\)"):
+        pooled_activations(model, graph, nodes, [], name="fit")

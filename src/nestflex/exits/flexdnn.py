@@ -211,7 +211,7 @@ def flexdnn(
             ``config.calibration_folds`` (or none), ...
         PruningError: an empty ranking split.
     """
-    from nestflex.pruning.collective import collective_ranking, min_filters, pooled_responses
+    from nestflex.pruning.collective import collective_ranking, min_filters, pooled_activations
 
     if calibration_batches is not None:
         _check_calibration(calibration_batches, config.calibration_folds)
@@ -225,18 +225,21 @@ def flexdnn(
     start = time.perf_counter()
     graph = trace(backbone, input_shape=input_shape)
     points = resolve_positions(graph, list(config.locations))
-    groups = location_groups(graph, points)
-    fx, fy = pooled_responses(backbone, graph, groups, train_batches, pool=config.pool,
-                              max_samples=config.rank_samples, name="fit")
-    vx, vy = pooled_responses(backbone, graph, groups, val_batches, pool=config.pool,
-                              max_samples=config.rank_samples, name="validation")
+    location_groups(graph, points)  # every location must be a layer's filters (clear error otherwise)
+    # each location ranked on its own activation, the map its exits read: on a residual stage,
+    # where several locations share one channel group, each still gets its own order
+    nodes = [p.node for p in points]
+    fx, fy = pooled_activations(backbone, graph, nodes, train_batches, pool=config.pool,
+                                max_samples=config.rank_samples, name="fit")
+    vx, vy = pooled_activations(backbone, graph, nodes, val_batches, pool=config.pool,
+                                max_samples=config.rank_samples, name="validation")
     rankings, ranking_report = [], []
-    for p, g in zip(points, groups):
+    for p in points:
         t0 = time.perf_counter()
-        r = collective_ranking(fx[g.id], fy, vx[g.id], vy, num_classes=num_classes)
+        r = collective_ranking(fx[p.node], fy, vx[p.node], vy, num_classes=num_classes)
         rankings.append(r)
         ranking_report.append({
-            "location": p.name, "filters": g.width, "seconds": round(time.perf_counter() - t0, 4), "fits": r.fits,
+            "location": p.name, "filters": int(fx[p.node].shape[1]), "seconds": round(time.perf_counter() - t0, 4), "fits": r.fits,
             "all_filters_accuracy": float(r.kept_accuracy[-1]),
             "min_filters": min_filters(r.kept_accuracy, config.min_filters_tolerance),
             "order": r.order.tolist(),

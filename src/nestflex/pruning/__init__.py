@@ -8,6 +8,7 @@ from nestflex.pruning.collective import (
     collective_ranking,
     exit_accuracy_curve,
     min_filters,
+    pooled_activations,
     pooled_responses,
 )
 from nestflex.pruning.evaluate import accuracy
@@ -45,6 +46,7 @@ __all__ = [
     "collective_ranking",
     "exit_accuracy_curve",
     "min_filters",
+    "pooled_activations",
     "pooled_responses",
     "get_importance",
     "list_importances",

@@ -58,6 +58,7 @@ __all__ = [
     "collective_ranking",
     "exit_accuracy_curve",
     "min_filters",
+    "pooled_activations",
     "pooled_responses",
 ]
 
@@ -342,6 +343,52 @@ class _Collector(fx.Interpreter):
 
 
 @torch.no_grad()
+def pooled_activations(
+    model: nn.Module,
+    graph: StructureGraph,
+    nodes: Sequence[str],
+    data: Any,
+    *,
+    pool: int = 2,
+    max_samples: int | None = None,
+    batch_size: int = 128,
+    name: str = "ranking",
+) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    """Each graph node's output, average-pooled to ``pool x pool`` per channel, in eval mode.
+
+    Returns:
+        ``({node: (n, channels, d)}, labels (n,))``.
+
+    Raises:
+        PruningError: the data is empty.
+    """
+    watch = set(nodes)
+    param = next(model.parameters())
+    was_training = {m: m.training for m in model.modules()}
+    model.eval()
+    feats: dict[str, list[torch.Tensor]] = {node: [] for node in watch}
+    labels, n = [], 0
+    try:
+        for batch in _as_batches(data, name, batch_size):
+            x, y = batch[0], batch[1]
+            if max_samples is not None:
+                x, y = x[: max_samples - n], y[: max_samples - n]
+            col = _Collector(graph.gm, watch, pool)
+            col.run(x.to(param.device, param.dtype))
+            for node in watch:
+                feats[node].append(col.out[node])
+            labels.append(torch.as_tensor(y).long().cpu())
+            n += x.shape[0]
+            if max_samples is not None and n >= max_samples:
+                break
+    finally:
+        for m, flag in was_training.items():
+            m.train(flag)
+    if n == 0:
+        raise PruningError(f"the {name} split is empty (0 samples). HINT: pass a non-empty {name} dataset or DataLoader")
+    return {node: torch.cat(v) for node, v in feats.items()}, torch.cat(labels)
+
+
 def pooled_responses(
     model: nn.Module,
     graph: StructureGraph,
@@ -353,7 +400,8 @@ def pooled_responses(
     batch_size: int = 128,
     name: str = "ranking",
 ) -> tuple[dict[int, torch.Tensor], torch.Tensor]:
-    """Each group's responses, average-pooled to ``pool x pool`` per filter, in eval mode.
+    """Each group's responses, average-pooled to ``pool x pool`` per filter, in eval mode
+    (:func:`pooled_activations` of its response nodes).
 
     Returns:
         ``({group id: (n, width, d)}, labels (n,))``; a residual group's blocks are summed.
@@ -363,31 +411,10 @@ def pooled_responses(
     """
     # one entry per group: several exit locations of a residual stage share one group
     groups = list({g.id: g for g in groups}.values())
-    watch = {node: g.id for g in groups for node in graph.response_nodes(g)}
-    param = next(model.parameters())
-    was_training = {m: m.training for m in model.modules()}
-    model.eval()
-    feats: dict[int, list[torch.Tensor]] = {g.id: [] for g in groups}
-    labels, n = [], 0
-    try:
-        for batch in _as_batches(data, name, batch_size):
-            x, y = batch[0], batch[1]
-            if max_samples is not None:
-                x, y = x[: max_samples - n], y[: max_samples - n]
-            col = _Collector(graph.gm, set(watch), pool)
-            col.run(x.to(param.device, param.dtype))
-            for g in groups:
-                feats[g.id].append(sum(col.out[node] for node in graph.response_nodes(g)))
-            labels.append(torch.as_tensor(y).long().cpu())
-            n += x.shape[0]
-            if max_samples is not None and n >= max_samples:
-                break
-    finally:
-        for m, flag in was_training.items():
-            m.train(flag)
-    if n == 0:
-        raise PruningError(f"the {name} split is empty (0 samples). HINT: pass a non-empty {name} dataset or DataLoader")
-    return {gid: torch.cat(v) for gid, v in feats.items()}, torch.cat(labels)
+    nodes = [node for g in groups for node in graph.response_nodes(g)]
+    acts, labels = pooled_activations(model, graph, nodes, data, pool=pool, max_samples=max_samples,
+                                      batch_size=batch_size, name=name)
+    return {g.id: sum(acts[node] for node in graph.response_nodes(g)) for g in groups}, labels
 
 
 def _split(data: Any, val_fraction: float, seed: int) -> tuple[Any, Any]:
