@@ -85,8 +85,10 @@ def _curves(net, val, test, lossless=None, max_drop=0.05):
             front = threshold_front(conf, correct, net.exit_macs, net.backbone_macs, max_drop=max_drop)
         measured = [evaluate_thresholds(logits, labels, f["thresholds"], net.exit_macs, net.backbone_macs, "entropy",
                                         "final") for f in front]
-        front_points = [{"thresholds": f["thresholds"], "accuracy": r["accuracy"], "mean_macs": r["mean_macs"],
-                         "mean_macs_fraction": r["mean_macs_fraction"]} for f, r in zip(front, measured)]
+        # the test points are the validation ones' thresholds, by index: stored once, under val
+        front_points = [{**({"thresholds": f["thresholds"]} if name == "val" else {}), "accuracy": r["accuracy"],
+                         "mean_macs": r["mean_macs"], "mean_macs_fraction": r["mean_macs_fraction"]}
+                        for f, r in zip(front, measured)]
         prof = exit_profile(logits, labels, net.exit_macs, net.backbone_macs, thresholds=GRID, confidence="entropy",
                             fallback="final", at_thresholds=lossless)
         keep = ("threshold", "accuracy", "mean_macs", "mean_macs_fraction")
