@@ -212,7 +212,8 @@ def main(argv=None) -> dict:
     p.add_argument("--flex-base-width", type=int, default=FlexDNNConfig().base_width,
                    help="filters of the first conv block of FlexDNN's over-parameterised exits (doubling per block)")
     p.add_argument("--flex-input-size", type=int, default=FlexDNNConfig().input_size,
-                   help="FlexDNN exits average-pool a tapped map larger than this down to about this size first")
+                   help="FlexDNN exits average-pool a tapped map at least twice this size (smaller side) "
+                        "down to about this size first")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2],
                    help="training seeds: both exit families are trained once per seed; savings are medians")
     p.add_argument("--drops", type=float, nargs="+", default=[0.005, 0.01, 0.02],
@@ -260,7 +261,8 @@ def main(argv=None) -> dict:
         "epochs": args.epochs, "threshold_grid_step": 0.01, "seeds": list(args.seeds),
         "backbone": first["backbone"],
         "flexdnn_candidate_positions": args.flex_positions,
-        "flexdnn_base_width": args.flex_base_width, "flexdnn_input_size": args.flex_input_size, "spinn_positions": list(DEFAULT_POSITIONS),
+        "flexdnn_base_width": args.flex_base_width, "flexdnn_input_size": args.flex_input_size,
+        "spinn_positions": list(DEFAULT_POSITIONS),
         "matched_accuracy": matched,
         "target_15pct": bool(savings) and min(savings) >= 0.15,
         "per_seed": runs,

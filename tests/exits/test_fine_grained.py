@@ -62,5 +62,11 @@ def test_stem_pool_cuts_every_block_to_a_quarter_of_the_positions_per_factor_of_
     conv_macs = lambda head: _head_macs(head, (4, 32, 32)) - head.linear.weight.numel()  # noqa: E731
     assert conv_macs(pooled) * 16 == conv_macs(plain)
     assert "stem_pool=4" in repr(pooled)
+    # a side the factor does not divide: the last window is partial (ceil mode), as in the bundle's program
+    odd = CompactHead(4, [8], num_classes=10, in_hw=(7, 7), stem_pool=2).eval()
+    y = torch.randn(2, 4, 7, 7)
+    ref = odd.linear(torch.flatten(odd.pool(odd.blocks(torch.nn.functional.avg_pool2d(y, 2, ceil_mode=True))), 1))
+    torch.testing.assert_close(odd(y), ref)
+    assert torch.nn.functional.avg_pool2d(y, 2, ceil_mode=True).shape[-1] == 4
     with pytest.raises(NestflexError, match=r"`stem_pool` must be a positive int \(1: no pooling\), got 0"):
         CompactHead(4, [8], num_classes=10, in_hw=(8, 8), stem_pool=0)

@@ -193,6 +193,8 @@ def test_bad_input_errors():
         build_candidates([point], [torch.arange(8)], 10, exits_per_location=9)
     with pytest.raises(NestflexError, match=r"`input_size` must be a positive int or None \(no pooling\), got 0"):
         build_candidates([point], [torch.arange(8)], 10, input_size=0)
+    with pytest.raises(NestflexError, match=r"`FlexDNNConfig.input_size` must be a positive int or None.*got 0"):
+        FlexDNNConfig(input_size=0)
     with pytest.raises(NestflexError, match=r"the FlexDNN spec has no exits.*HINT"):
         build_flex_network(backbone, {"exits": []})
     with pytest.raises(NestflexError, match=r"`calibration_batches` has 0 samples, fewer than one\. HINT"):

@@ -69,5 +69,24 @@ def test_bad_input_names_the_argument():
         threshold_front(conf, correct, MACS[:2], 100.0)
     with pytest.raises(NestflexError, match=r"`conf` and `correct`.*N >= 1"):
         threshold_front(conf[:, :0], correct[:, :0], MACS, 100.0)
-    with pytest.raises(NestflexError, match=r"`max_drop` must be an accuracy fraction in \[0, 1\], got 5"):
+    with pytest.raises(NestflexError, match=r"`max_drop` must be an accuracy fraction in \[0, 1\], got 5.*HINT"):
         threshold_front(conf, correct, MACS, 100.0, max_drop=5)
+    with pytest.raises(NestflexError, match=r"`backbone_macs` must be positive.*got 0"):
+        threshold_front(conf, correct, MACS, 0)
+    with pytest.raises(NestflexError, match=r"`exit_macs` must not fall along the exits.*\[40.0, 10.0, 100.0\]"):
+        threshold_front(conf, correct, [40.0, 10.0, 100.0], 100.0)
+    with pytest.raises(NestflexError, match=r"`grid` values must be thresholds in \[0, 1\], got \[-0.5\]"):
+        threshold_front(conf, correct, MACS, 100.0, grid=[-0.5, 0.5])
+    with pytest.raises(NestflexError, match=r"`fallback` must be one of .*got 'first'"):
+        threshold_front(conf, correct, MACS, 100.0, fallback="first")
+
+
+def test_a_move_past_the_floor_does_not_stop_the_others():
+    """Exit 0's only move loses 0.3; exit 1's loses 0.05 and fits within max_drop=0.1."""
+    conf = torch.tensor([[0.9] * 10 + [0.0] * 10, [0.0] * 10 + [0.8] + [0.0] * 9, [1.0] * 20])
+    correct = torch.ones(3, 20, dtype=torch.bool)
+    correct[0, :6] = False  # exit 0 would release 10 samples, 6 of them wrong
+    correct[1, 10] = False  # exit 1 would release one, wrong
+    pts = threshold_front(conf, correct, [10.0, 40.0, 100.0], 100.0, max_drop=0.1)
+    assert [p["thresholds"] for p in pts] == [[1.0, 1.0], [1.0, 0.79]]
+    assert pts[-1]["accuracy"] == pytest.approx(0.95) and pts[-1]["mean_macs"] == pytest.approx(97.0)

@@ -178,3 +178,7 @@ def test_group_responses_are_the_sum_of_their_nodes_activations():
     assert not torch.allclose(acts[nodes[0]], acts[nodes[-1]])
     with pytest.raises(PruningError, match=r"the fit split is empty \(0 samples\)"):
         pooled_activations(model, graph, nodes, [], name="fit")
+    with pytest.raises(PruningError, match=r"`nodes` \['nope'\] are not in the traced graph. HINT"):
+        pooled_activations(model, graph, ["nope"], data)
+    with pytest.raises(PruningError, match=r"`max_samples` must be a positive int or None \(all\), got -1"):
+        pooled_activations(model, graph, nodes, data, max_samples=-1)

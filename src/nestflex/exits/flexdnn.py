@@ -57,9 +57,9 @@ class FlexDNNConfig:
             the insertion plan choose among them.
         exits_per_location: ``M`` over-parameterised exits per location.
         base_width, blocks: first-block filters and block count of each over-parameterised exit.
-        input_size: an exit on a map larger than this (smaller side) average-pools it down to
-            about this size before its first block (``None``: never), see
-            :func:`~nestflex.exits.search.build_candidates`.
+        input_size: an exit on a map at least twice this size (smaller side) average-pools it
+            by ``side // input_size`` before its first block, to about this size (``None``:
+            never), see :func:`~nestflex.exits.search.build_candidates`.
         p_max: ranked dropout of the lowest-ranked filter.
         epochs, lr: joint training of the exits (Adam) on the frozen backbone.
         rate_tolerance: exit rate an exit may lose while it is pruned.
@@ -103,6 +103,9 @@ class FlexDNNConfig:
         if isinstance(f, bool) or not isinstance(f, int) or f == 1 or f < 0:
             raise ExitError(f"`calibration_folds` must be 0 (in-sample thresholds) or an int >= 2, got {f!r}. "
                             "HINT: 5 is the progressive exits' default")
+        n = self.input_size
+        if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
+            raise ExitError(f"`FlexDNNConfig.input_size` must be a positive int or None (exits never pool), got {n!r}")
 
 
 @dataclass
@@ -158,8 +161,8 @@ def build_flex_network(backbone: nn.Module, spec: dict[str, Any]) -> MultiExitNe
     if not exits:
         raise ExitError("the FlexDNN spec has no exits (the plan kept none). HINT: use the backbone alone")
     heads = [
-        FilterSubsetExit(e["filters"], CompactHead(len(e["filters"]), e["widths"], spec["num_classes"], tuple(e["in_hw"]),
-                                                   e.get("stem_pool", 1)))  # specs before stem_pool had none
+        FilterSubsetExit(e["filters"], CompactHead(len(e["filters"]), e["widths"], spec["num_classes"],
+                                                   tuple(e["in_hw"]), e.get("stem_pool", 1)))  # older specs: none
         for e in exits
     ]
     return MultiExitNetwork(backbone, positions=[e["location"] for e in exits], head=_Prebuilt(heads),
@@ -239,7 +242,8 @@ def flexdnn(
         r = collective_ranking(fx[p.node], fy, vx[p.node], vy, num_classes=num_classes)
         rankings.append(r)
         ranking_report.append({
-            "location": p.name, "filters": int(fx[p.node].shape[1]), "seconds": round(time.perf_counter() - t0, 4), "fits": r.fits,
+            "location": p.name, "filters": int(fx[p.node].shape[1]), "seconds": round(time.perf_counter() - t0, 4),
+            "fits": r.fits,
             "all_filters_accuracy": float(r.kept_accuracy[-1]),
             "min_filters": min_filters(r.kept_accuracy, config.min_filters_tolerance),
             "order": r.order.tolist(),

@@ -9,9 +9,9 @@ every accuracy level, greedily:
 2. for each exit, find its next move: the highest grid value below its current threshold at
    which at least one more sample leaves there (lower confidence values change nothing until
    then, so the search jumps over them);
-3. take the move that saves the most MACs per unit of accuracy lost (moves that lose nothing
-   first, largest saving first), record the new operating point, repeat until accuracy falls
-   more than ``max_drop`` below the start or no exit can move.
+3. among the moves that keep accuracy within ``max_drop`` of the start, take the one that saves
+   the most MACs per unit of accuracy lost (moves that lose nothing first, largest saving first),
+   record the new operating point, and repeat until no exit can make such a move.
 
 Every point is evaluated with the runtime's policy (:func:`nestflex.deploy.exits.decide`), so
 MACs charge each head a sample runs. The points are fitted on the split given and, with one free
@@ -35,7 +35,7 @@ from typing import Any, Sequence
 
 import torch
 
-from nestflex.deploy.exits import ExitError, decide
+from nestflex.deploy.exits import FALLBACKS, ExitError, decide
 
 __all__ = ["FRONT_GRID", "threshold_front"]
 
@@ -72,19 +72,33 @@ def threshold_front(
         fallback: the runtime policy's fallback (``final``: FlexDNN's).
 
     Returns:
-        the operating points in the order found (accuracy falling, MACs falling): each
+        the operating points in the order found, MACs strictly falling (accuracy mostly falls too,
+        but a move that loses nothing may also gain): each
         ``{"thresholds", "accuracy", "mean_macs", "mean_macs_fraction"}``.
 
     Raises:
-        ExitError: mismatched shapes, no samples, a ``max_drop`` outside [0, 1].
+        ExitError: mismatched shapes, no samples, exit costs that fall along the exits, a
+            non-positive ``backbone_macs``, a ``max_drop`` or a ``grid`` value outside [0, 1], an
+            unknown ``fallback``.
     """
     if conf.ndim != 2 or conf.shape != correct.shape or conf.shape[1] == 0 or len(exit_macs) != conf.shape[0]:
         raise ExitError(f"`conf` and `correct` must both be (K, N) with N >= 1 and `exit_macs` K long; got "
-                        f"{tuple(conf.shape)}, {tuple(correct.shape)} and {len(exit_macs)} costs")
+                        f"{tuple(conf.shape)}, {tuple(correct.shape)} and {len(exit_macs)} costs. HINT: one row and "
+                        "one cost per exit, the final exit last (`MultiExitNetwork.exit_macs`)")
     if isinstance(max_drop, bool) or not isinstance(max_drop, (int, float)) or not 0.0 <= max_drop <= 1.0:
-        raise ExitError(f"`max_drop` must be an accuracy fraction in [0, 1], got {max_drop!r}")
-    values = torch.tensor(sorted({float(g) for g in grid} | {1.0}), dtype=conf.dtype)
+        raise ExitError(f"`max_drop` must be an accuracy fraction in [0, 1], got {max_drop!r}. HINT: 0.05 is 5 points")
+    if not backbone_macs > 0:
+        raise ExitError(f"`backbone_macs` must be positive (the reference for fractions), got {backbone_macs!r}")
     costs = torch.as_tensor(list(exit_macs), dtype=torch.float64)
+    if bool((costs[1:] < costs[:-1]).any()):
+        raise ExitError(f"`exit_macs` must not fall along the exits (a later exit runs everything an earlier one "
+                        f"did), got {costs.tolist()}")
+    bad = [g for g in grid if not 0.0 <= float(g) <= 1.0]
+    if bad:
+        raise ExitError(f"`grid` values must be thresholds in [0, 1], got {bad}")
+    if fallback not in FALLBACKS:
+        raise ExitError(f"`fallback` must be one of {', '.join(FALLBACKS)} (the runtime policy's), got {fallback!r}")
+    values = torch.tensor(sorted({float(g) for g in grid} | {1.0}), dtype=conf.dtype)
     early = conf.shape[0] - 1
     at = [len(values) - 1] * early  # every early exit closed: threshold 1
     state = _point(conf, correct, [1.0] * early, costs, backbone_macs, fallback)
@@ -104,12 +118,14 @@ def threshold_front(
             thr = list(state["thresholds"])
             thr[k] = round(float(values[j]), 6)
             trial = _point(conf, correct, thr, costs, backbone_macs, fallback)
+            if trial["accuracy"] < floor - 1e-12:  # too lossy now; another exit's move may still fit
+                continue
             saved, lost = state["mean_macs"] - trial["mean_macs"], state["accuracy"] - trial["accuracy"]
             # free moves (no accuracy lost) first, by saving; then the best saving per accuracy lost
             key = (1, saved, -lost) if lost <= 0 else (0, saved / lost, 0.0)
             if best_key is None or key > best_key:
                 best, best_key, best_at = trial, key, (k, j)
-        if best is None or best["accuracy"] < floor - 1e-12:
+        if best is None:
             break
         at[best_at[0]] = best_at[1]
         state = best

@@ -103,8 +103,8 @@ def build_candidates(
         base_width: filters of each exit's first block; block ``b`` has ``base_width * 2^b``.
         blocks: blocks per exit before pruning (FlexDNN: 4).
         p_max: ranked dropout rate of each exit's lowest-ranked filter.
-        input_size: exits average-pool a tapped map larger than this (its smaller side) by the
-            integer factor that brings it down to about this size before their first block
+        input_size: exits average-pool a tapped map whose smaller side is at least twice this by
+            ``side // input_size`` (down to about this size) before their first block
             (:class:`~nestflex.exits.fine_grained.CompactHead`'s ``stem_pool``); ``None``: never.
 
     Raises:

@@ -360,8 +360,16 @@ def pooled_activations(
         ``({node: (n, channels, d)}, labels (n,))``.
 
     Raises:
-        PruningError: the data is empty.
+        PruningError: the data is empty, a node the graph does not have, ``max_samples`` < 1.
     """
+    known = {n.name for n in graph.gm.graph.nodes}
+    unknown = [n for n in nodes if n not in known]
+    if unknown:
+        raise PruningError(f"`nodes` {unknown} are not in the traced graph. HINT: use split point names, e.g. "
+                           f"{[p.node for p in graph.split_points[:3]]}")
+    bad_count = isinstance(max_samples, bool) or not isinstance(max_samples, int) or max_samples < 1
+    if max_samples is not None and bad_count:
+        raise PruningError(f"`max_samples` must be a positive int or None (all), got {max_samples!r}")
     watch = set(nodes)
     param = next(model.parameters())
     was_training = {m: m.training for m in model.modules()}
