@@ -79,5 +79,6 @@ def test_inspect_and_bench_show_the_flex_exits(tmp_path):
     assert "flex_exits (3, flexdnn, backbone shared, confidence entropy, fallback final)" in text
     first = spec["exits"][0]
     assert f"{first['location']}  " in text and f"{len(first['filters'])}/32" in text  # top-k of relu3's 32 filters
+    assert f"{first['widths']} after 2x2 pooling" in text  # its input is average-pooled first (stem_pool=2)
     result = cli.bench_bundle(nd.load(info["bundle"]), repeats=1)
     assert [e["exit"] for e in result["flex_exits"]] == [0, 1, 2] and all(e["latency_ms"] > 0 for e in result["flex_exits"])

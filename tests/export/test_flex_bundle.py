@@ -40,6 +40,7 @@ def test_flex_exits_on_the_largest_level_store_only_their_heads(shared):
     assert fx["macs"] == flex.exit_macs and fx["backbone_macs"] == flex.backbone_macs
     for head, e in zip(fx["heads"], spec["exits"]):
         assert head["filters"] == e["filters"] and head["widths"] == e["widths"]
+        assert head["stem_pool"] == e["stem_pool"]
         assert [n["op"] for n in head["program"][:3]] == ["input", "param", "index_select"]
     names = m["weights"]["tensors"]
     assert not any(n.startswith("flex.backbone.") for n in names)

@@ -67,6 +67,11 @@ def inspect_table(bundle) -> str:
     return "\n".join(out)
 
 
+def _head_widths(h: dict[str, Any]) -> str:
+    sp = h.get("stem_pool", 1)  # bundles before stem_pool: never pooled
+    return f"{h.get('widths')}" + (f" after {sp}x{sp} pooling" if sp > 1 else "")
+
+
 def _exit_set_table(key: str, ex: dict[str, Any]) -> str:
     """One exit set (``exits`` or ``flex_exits``: same layout) as a table; FlexDNN heads also show
     how many of the tapped layer's filters feed them and their conv widths."""
@@ -79,7 +84,7 @@ def _exit_set_table(key: str, ex: dict[str, Any]) -> str:
         if flex:
             h = ex["heads"][k] if k < len(ex["heads"]) else {}
             row += [f"{len(h['filters'])}/{h.get('tap_channels', '?')}" if "filters" in h else None,
-                    h.get("widths") if "filters" in h else None]
+                    _head_widths(h) if "filters" in h else None]
         rows.append(row)
     kind = f", {ex['kind']}" if "kind" in ex else ""
     title = (f"{key} ({len(ex['names'])}{kind}, backbone {ex['backbone']}, confidence {ex['confidence']}, "

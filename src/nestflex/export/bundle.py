@@ -455,6 +455,7 @@ def _exits_entry(key, exits, largest, K, thresholds, confidence, fallback) -> tu
             row["tap_channels"] = int(next(shape for name, shape in tap.tensors if name == tap.node)[0])
             row["filters"] = [int(i) for i in index.tolist()]
             row["widths"] = list(getattr(getattr(head, "head", None), "widths", []))
+            row["stem_pool"] = int(getattr(getattr(head, "head", None), "stem_pool", 1))  # input pooled first
         heads.append(row)
     entry["heads"] = heads
     return entry, tensors
