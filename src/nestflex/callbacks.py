@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from nestflex.capacity.callback import FreezeAndGrow
 from nestflex.exits.callback import OverthinkingSchedule
+from nestflex.exits.flex_callback import FlexDNNExits
 from nestflex.export.callback import BundleExporter
 from nestflex.pruning import FilterPruning
 
-__all__: list[str] = ["BundleExporter", "FilterPruning", "FreezeAndGrow", "OverthinkingSchedule"]
+__all__: list[str] = ["BundleExporter", "FilterPruning", "FlexDNNExits", "FreezeAndGrow", "OverthinkingSchedule"]

@@ -11,8 +11,8 @@
 * calibration on a validation split (:mod:`~nestflex.exits.calibration`), and per-exit
   thresholds for every accuracy level (:mod:`~nestflex.exits.front`).
 
-Everything except :class:`MultiExitClassifier` and :class:`OverthinkingSchedule` needs torch
-alone; those two import Lightning and are loaded on first access.
+Everything except :class:`MultiExitClassifier`, :class:`OverthinkingSchedule` and
+:class:`FlexDNNExits` needs torch alone; those three import Lightning and are loaded on first access.
 
 Example:
     >>> import torch
@@ -76,6 +76,7 @@ _LAZY = {
     "MultiExitClassifier": "nestflex.exits.classifier",
     "MODES": "nestflex.exits.classifier",
     "OverthinkingSchedule": "nestflex.exits.callback",
+    "FlexDNNExits": "nestflex.exits.flex_callback",
 }
 
 __all__ = [
