@@ -13,9 +13,11 @@ writes, each file atomically, into ``dirpath``:
 
 Example::
 
-    trainer = Trainer(callbacks=[FlexDNNExits(config={"epochs": 4})])
-    trainer.fit(ImageClassifier("vgg16", width=0.25), datamodule)
-    net = build_flex_network(backbone, read_json("flexdnn/spec.json"))
+    flex = FlexDNNExits(config={"epochs": 4}, train_samples=5000, val_samples=4000)
+    module = ImageClassifier("vgg16", width=0.25)
+    Trainer(callbacks=[flex]).fit(module, datamodule=dm)
+    net = flex.result.network                      # or, in another process, from the files:
+    net = build_flex_network(module.model, json.loads(Path("flexdnn/spec.json").read_text()))
     net.load_state_dict(safetensors.torch.load_file("flexdnn/model.safetensors"))
 """
 
@@ -32,44 +34,82 @@ import torch
 from pytorch_lightning.callbacks import Callback
 from pytorch_lightning.utilities import rank_zero_info
 from torch import nn
-from torch.utils.data import DataLoader, Subset
+from torch.utils.data import DataLoader, IterableDataset, Subset
 from typing_extensions import override
 
-from nestflex._io import write_json
-from nestflex.deploy.exits import ExitError
+from nestflex._io import atomic_write_bytes, write_json
+from nestflex.deploy.exits import ExitError, get_confidence
 from nestflex.exits.flexdnn import FlexDNNConfig, FlexDNNResult, flexdnn
 
 __all__ = ["FlexDNNExits"]
 
 
-def _loader(trainer: pl.Trainer, which: str) -> Any:
-    """The fit's ``train``/``val`` loader: the DataModule's, else the one passed to ``fit``."""
-    dm = getattr(trainer, "datamodule", None)
-    if dm is not None and hasattr(dm, f"{which}_dataloader"):
-        return getattr(dm, f"{which}_dataloader")()
-    loader = trainer.train_dataloader if which == "train" else trainer.val_dataloaders
+def _single(loader: Any, which: str) -> Any:
+    """One DataLoader out of what Lightning holds: a loader, a one-element list/dict, or a
+    CombinedLoader of one."""
+    loader = getattr(loader, "iterables", loader)  # CombinedLoader
+    if isinstance(loader, dict):
+        loader = list(loader.values())
     if isinstance(loader, (list, tuple)):
+        if len(loader) > 1:
+            raise ExitError(f"`FlexDNNExits` needs one {which} loader, got {len(loader)}. HINT: fit with a single "
+                            f"{which} DataLoader (FlexDNN plans on one validation split)")
         loader = loader[0] if loader else None
     return loader
 
 
+def _loader(trainer: pl.Trainer, which: str) -> Any:
+    """The fit's ``train``/``val`` loader (the DataModule's or the one passed to ``fit``)."""
+    loader = trainer.train_dataloader if which == "train" else trainer.val_dataloaders
+    if loader is None:  # e.g. validation switched off during fit: ask the DataModule itself
+        dm = getattr(trainer, "datamodule", None)
+        try:
+            loader = getattr(dm, f"{which}_dataloader")() if dm is not None else None
+        except Exception:  # a DataModule without that split raises Lightning's own error
+            loader = None
+    return _single(loader, which)
+
+
+def _indices(loader: DataLoader) -> list[int] | None:
+    """The dataset indices ``loader`` visits (its sampler's, so a subset sampler is respected),
+    each once, in a fixed order; ``None`` for an iterable dataset."""
+    if isinstance(loader.dataset, IterableDataset) or loader.batch_sampler is None:
+        return None
+    return sorted({int(i) for batch in loader.batch_sampler for i in batch})
+
+
+def _subset(loader: DataLoader, indices: list[int], shuffle: bool, seed: int) -> DataLoader:
+    """A loader over ``indices`` of ``loader``'s dataset with its batch size, collate and workers."""
+    size = loader.batch_size or getattr(loader.batch_sampler, "batch_size", None) or 1
+    return DataLoader(Subset(loader.dataset, indices), batch_size=size, shuffle=shuffle,
+                      generator=torch.Generator().manual_seed(seed) if shuffle else None,
+                      collate_fn=loader.collate_fn, num_workers=loader.num_workers)
+
+
 class FlexDNNExits(Callback):
-    """Run FlexDNN on the trained network at ``on_fit_end`` (rank zero) and save the exits.
+    """Run FlexDNN on the trained network at ``on_fit_end`` and save the exits.
+
+    Runs on rank zero and on CPU (Lightning has moved the module there by ``on_fit_end``), over
+    the fit's whole loaders (``limit_*_batches`` do not apply) unless ``train_samples`` /
+    ``val_samples`` cap them; the other ranks wait at a barrier.
 
     Args:
         dirpath: output directory (default: ``<trainer.default_root_dir>/flexdnn``).
-        attr: attribute of the LightningModule that holds the network (ImageClassifier: ``model``).
+        attr: attribute of the LightningModule that holds the trained classifier (ImageClassifier:
+            ``model``).
         config: :class:`~nestflex.exits.FlexDNNConfig` fields (``None``: its defaults); a
-            ``locations`` list is accepted (LightningCLI YAML has no tuples).
+            ``locations`` list (or one value) is accepted, since LightningCLI YAML has no tuples.
         calibration_fraction: share of the validation images held out of the search and plan to
             fit the shipped thresholds on; 0 plans and calibrates on all of them.
+        train_samples, val_samples: at most this many training / validation images (a seeded
+            draw; ``None``: all), as the recipe's ``--flex-train-samples`` / ``--flex-val-samples``.
 
     Attributes:
         result: the :class:`~nestflex.exits.FlexDNNResult` (``None`` before the fit ends).
 
     Raises:
-        ExitError: an unknown ``config`` field or a bad value (at construction); at the end of
-            the fit, no network under ``attr`` or no validation loader.
+        ExitError: an unknown ``config`` field or a bad value (at construction), no network under
+            ``attr`` (at setup); at the end of the fit, no (or several) validation loaders.
     """
 
     def __init__(
@@ -78,6 +118,8 @@ class FlexDNNExits(Callback):
         attr: str = "model",
         config: dict[str, Any] | None = None,
         calibration_fraction: float = 0.5,
+        train_samples: int | None = None,
+        val_samples: int | None = None,
     ) -> None:
         super().__init__()
         known = {f.name for f in fields(FlexDNNConfig)}
@@ -86,70 +128,112 @@ class FlexDNNExits(Callback):
         if unknown:
             raise ExitError(f"`config` has unknown FlexDNNConfig fields {unknown}. HINT: use some of {sorted(known)}")
         if "locations" in given:
-            given["locations"] = tuple(given["locations"])
+            loc = given["locations"]
+            given["locations"] = tuple(loc) if isinstance(loc, (list, tuple)) else (loc,)
         self.config = FlexDNNConfig(**given)  # its own checks, now rather than after training
+        get_confidence(self.config.confidence)  # an unknown measure fails here, with the choices
+        for name in ("epochs", "exits_per_location", "base_width", "blocks", "rank_samples", "fit_samples"):
+            v = getattr(self.config, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ExitError(f"`config['{name}']` must be a positive int, got {v!r}")
         f = calibration_fraction
         if isinstance(f, bool) or not isinstance(f, (int, float)) or not 0.0 <= f < 1.0:
             raise ExitError(f"`calibration_fraction` must be in [0, 1), got {f!r}. HINT: 0.5 holds out half of the "
                             "validation images to fit the thresholds; 0 uses them all for both")
+        for name, v in (("train_samples", train_samples), ("val_samples", val_samples)):
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+                raise ExitError(f"`{name}` must be a positive int or None (all), got {v!r}")
         self.dirpath, self.attr, self.calibration_fraction = dirpath, attr, float(f)
+        self.train_samples, self.val_samples = train_samples, val_samples
         self.result: FlexDNNResult | None = None
 
     def output_dir(self, trainer: pl.Trainer) -> Path:
         return Path(self.dirpath if self.dirpath is not None else Path(trainer.default_root_dir) / "flexdnn")
 
-    def _splits(self, val: Any) -> tuple[Any, Any]:
-        """Planning and calibration loaders: one seeded draw of the validation images, disjoint."""
-        dataset = getattr(val, "dataset", None)
-        if self.calibration_fraction == 0 or dataset is None:
-            return val, None
-        n = len(dataset)
-        n_cal = int(round(n * self.calibration_fraction))
-        folds = max(self.config.calibration_folds, 1)
-        if n_cal < folds or n - n_cal < 1:
-            rank_zero_info(f"FlexDNNExits: {n} validation images are too few to hold {self.calibration_fraction} "
-                           f"of them out for calibration ({folds} folds); planning and calibrating on all of them")
-            return val, None
-        order = torch.randperm(n, generator=torch.Generator().manual_seed(self.config.seed)).tolist()
-        size = val.batch_size or 1
-        return (DataLoader(Subset(dataset, order[: n - n_cal]), batch_size=size),
-                DataLoader(Subset(dataset, order[n - n_cal:]), batch_size=size))
-
-    @override
-    def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if not trainer.is_global_zero:
-            return
+    def _network(self, pl_module: pl.LightningModule) -> nn.Module:
         net = getattr(pl_module, self.attr, None)
         if not isinstance(net, nn.Module):
             raise ExitError(f"`attr`={self.attr!r}: {type(pl_module).__name__} has no nn.Module attribute "
                             f"{self.attr!r}. HINT: pass the attribute that holds the trained classifier")
+        if hasattr(net, "exits") and hasattr(net, "backbone"):
+            raise ExitError(f"`attr`={self.attr!r} holds a multi-exit network; FlexDNN adds exits to a plain "
+                            f"classifier. HINT: point `attr` at the backbone, or train an ImageClassifier")
+        return net
+
+    @override
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if stage == "fit":
+            self._network(pl_module)  # a wrong `attr` fails before training, not after
+
+    def _splits(self, train: DataLoader, val: DataLoader) -> tuple[Any, Any, Any]:
+        """Training, planning and calibration loaders: seeded draws, planning and calibration
+        disjoint and both inside the validation loader's own images."""
+        seed = self.config.seed
+        gen = torch.Generator().manual_seed(seed)
+
+        def draw(idx: list[int], n: int | None) -> list[int]:
+            order = torch.randperm(len(idx), generator=gen)[: n if n is not None else len(idx)].tolist()
+            return [idx[i] for i in order]
+
+        t_idx, v_idx = _indices(train), _indices(val)
+        if t_idx is not None and self.train_samples is not None:
+            train = _subset(train, draw(t_idx, self.train_samples), shuffle=True, seed=seed)
+        if v_idx is None:
+            rank_zero_info("FlexDNNExits: an iterable validation dataset cannot be split or capped; planning and "
+                           "calibrating on all of it")
+            return train, val, None
+        v_idx = draw(v_idx, self.val_samples)
+        n_cal = int(round(len(v_idx) * self.calibration_fraction))
+        folds = max(self.config.calibration_folds, 1)
+        if self.calibration_fraction > 0 and (n_cal < folds or len(v_idx) - n_cal < 1):
+            rank_zero_info(f"FlexDNNExits: {len(v_idx)} validation images are too few to hold "
+                           f"{self.calibration_fraction} of them out for calibration ({folds} folds); planning and "
+                           "calibrating on all of them")
+            n_cal = 0
+        plan = _subset(val, v_idx[: len(v_idx) - n_cal], shuffle=False, seed=seed)
+        calibration = _subset(val, v_idx[len(v_idx) - n_cal:], shuffle=False, seed=seed) if n_cal else None
+        return train, plan, calibration
+
+    @override
+    def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if trainer.is_global_zero:
+            self._run(trainer, pl_module)
+        trainer.strategy.barrier("FlexDNNExits")  # the other ranks wait for the files
+
+    def _run(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        net = self._network(pl_module)
         train, val = _loader(trainer, "train"), _loader(trainer, "val")
-        if val is None:
-            raise ExitError("`FlexDNNExits` needs a validation loader (every search and plan decision is made on "
-                            "it). HINT: give trainer.fit a val_dataloaders argument or a DataModule with one")
+        if val is None or train is None:
+            missing = "validation" if val is None else "training"
+            raise ExitError(f"`FlexDNNExits` found no {missing} loader after fit (the exits are trained on the "
+                            "training split and every search and plan decision is made on the validation split). "
+                            "HINT: give trainer.fit val_dataloaders, or a DataModule with both splits")
         backbone = copy.deepcopy(net).cpu().eval()  # flexdnn freezes its backbone; the module keeps training state
         x = next(iter(val))[0]
         input_shape = tuple(x.shape[1:])
         with torch.no_grad():
-            num_classes = int(backbone(x[:1].cpu().float()).shape[-1])
-        plan, calibration = self._splits(val)
-        self.result = flexdnn(backbone, train, plan, self.config, num_classes=num_classes, input_shape=input_shape,
-                              calibration_batches=calibration)
+            out = backbone(x[:1].cpu().float())
+        if not isinstance(out, torch.Tensor) or out.ndim != 2:
+            raise ExitError(f"`attr`={self.attr!r}: the network must return (N, classes) logits, got "
+                            f"{type(out).__name__}. HINT: point `attr` at a plain classifier")
+        train, plan, calibration = self._splits(train, val)
+        self.result = flexdnn(backbone, train, plan, self.config, num_classes=int(out.shape[-1]),
+                              input_shape=input_shape, calibration_batches=calibration)
         self._save(self.result, self.output_dir(trainer))
 
     @staticmethod
     def _save(result: FlexDNNResult, out: Path) -> None:
-        from safetensors.torch import save_file
+        from safetensors.torch import save
 
         out.mkdir(parents=True, exist_ok=True)
-        weights = out / "model.safetensors"
+        spec, weights = out / "spec.json", out / "model.safetensors"
+        # the spec goes last: a crash part-way leaves no spec beside weights it does not describe
+        spec.unlink(missing_ok=True)
         if result.network is not None:
-            tmp = out / "model.safetensors.tmp"  # written beside, then renamed: never half a file
-            save_file({k: v.contiguous() for k, v in result.network.state_dict().items()}, str(tmp))
-            tmp.replace(weights)
-        elif weights.exists():
-            weights.unlink()  # a previous run's exits do not belong to this spec
+            atomic_write_bytes(weights, save({k: v.contiguous() for k, v in result.network.state_dict().items()}))
+        else:
+            weights.unlink(missing_ok=True)  # a previous run's exits do not belong to this spec
         write_json(out / "report.json", result.report)
-        write_json(out / "spec.json", result.spec)
+        write_json(spec, result.spec)
         kept = result.report["plan"]["kept_locations"]
         rank_zero_info(f"FlexDNNExits: {len(kept)} exits kept ({', '.join(kept) or 'none'}); wrote {out}")
