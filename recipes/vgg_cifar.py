@@ -122,9 +122,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--flex-exits-per-location", type=int, default=3,
                    help="flex stage: M over-parameterised exits per location (exit k takes the top ceil(kN/M) filters)")
     p.add_argument("--flex-base-width", type=int, default=8, help="flex stage: filters of each exit's first block")
-    p.add_argument("--flex-epochs", type=int, default=2, help="flex stage: joint training epochs of the exits")
-    p.add_argument("--flex-train-samples", type=int, default=5000,
-                   help="flex stage: training samples (seeded subset) the exits train on")
+    # the exits stage's training budget by default (all training images, --exit-epochs' 3 epochs): FlexDNN's conv
+    # heads need at least as much training as SPINN's pooled heads to be compared fairly (docs/flexdnn.md, Measured)
+    p.add_argument("--flex-epochs", type=int, default=3, help="flex stage: joint training epochs of the exits")
+    p.add_argument("--flex-train-samples", type=int, default=None,
+                   help="flex stage: train the exits on a seeded subset of this many training samples (default: all)")
     p.add_argument("--flex-val-samples", type=int, default=2000,
                    help="flex stage: validation samples for ranking, pruning and the plan")
     p.add_argument("--flex-calibration-samples", type=int, default=2000,
@@ -149,8 +151,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--grow-levels must be >= 2, --grow-epochs-per-level and --grow-latency-repeats >= 1")
     if args.flex_epochs < 1 or args.flex_exits_per_location < 1 or args.flex_base_width < 1:
         p.error("--flex-epochs, --flex-exits-per-location and --flex-base-width must be >= 1")
-    if args.flex_train_samples < 1 or args.flex_val_samples < 1:
-        p.error("--flex-train-samples and --flex-val-samples must be >= 1")
+    if (args.flex_train_samples is not None and args.flex_train_samples < 1) or args.flex_val_samples < 1:
+        p.error(f"--flex-train-samples (leave it out for all training images) and --flex-val-samples must be >= 1, "
+                f"got {args.flex_train_samples} and {args.flex_val_samples}")
     if args.flex_calibration_samples != 0 and args.flex_calibration_samples < 5:
         p.error(f"--flex-calibration-samples must be 0 (thresholds on the planning images) or >= 5 (the "
                 f"cross-validation folds), got {args.flex_calibration_samples}")
@@ -525,7 +528,8 @@ def run_flex(args: argparse.Namespace, ctx: dict[str, Any]) -> dict[str, Any]:
         if net is not None:
             net.load_state_dict(load_file(out / "model.safetensors"))
     else:
-        train = DataLoader(subset(dm.train_dataset, args.flex_train_samples), batch_size=args.batch_size, shuffle=True,
+        n_train = len(dm.train_dataset) if args.flex_train_samples is None else args.flex_train_samples
+        train = DataLoader(subset(dm.train_dataset, n_train), batch_size=args.batch_size, shuffle=True,
                            generator=torch.Generator().manual_seed(args.seed))
         n_val, n_cal, n = args.flex_val_samples, args.flex_calibration_samples, len(dm.val_dataset)
         folds = config["calibration_folds"]
@@ -550,7 +554,7 @@ def run_flex(args: argparse.Namespace, ctx: dict[str, Any]) -> dict[str, Any]:
         cfg = FlexDNNConfig(locations=tuple(config["positions"]), exits_per_location=args.flex_exits_per_location,
                             base_width=args.flex_base_width, epochs=args.flex_epochs,
                             rate_tolerance=args.flex_rate_tolerance, rank_samples=min(1000, args.flex_val_samples),
-                            fit_samples=min(2000, args.flex_train_samples), seed=args.seed,
+                            fit_samples=min(2000, n_train), seed=args.seed,
                             calibration_folds=config["calibration_folds"])
         result = flexdnn(backbone, train, val, cfg, num_classes=dm.num_classes, calibration_batches=calibration)
         net, spec, report = result.network, result.spec, result.report

@@ -30,6 +30,12 @@ def test_flex_stage_writes_plan_and_reuses_it(tmp_path, capsys):
     again = recipe.main([*TINY, *FLEX, "--out", str(out), "--stages", "flex"])
     assert "flex: reusing" in capsys.readouterr().out
     assert again["flexdnn"] == f
+    # the default trains on every training image (500 = 600 - 100 validation: 8 batches of 64), not a subset
+    i = FLEX.index("--flex-train-samples")
+    recipe.main([*TINY, *FLEX[:i], *FLEX[i + 2:], "--out", str(out), "--stages", "flex"])
+    assert "flex: reusing" not in capsys.readouterr().out
+    assert json.loads((out / "flex" / "config.json").read_text())["train_samples"] is None
+    assert json.loads((out / "flex" / "report.json").read_text())["training"]["steps"] == 8
 
 
 def test_bad_flex_flags_are_explained(tmp_path, capsys):
@@ -37,6 +43,10 @@ def test_bad_flex_flags_are_explained(tmp_path, capsys):
     with pytest.raises(SystemExit):
         recipe.main(["--flex-exits-per-location", "0", "--out", str(tmp_path)])
     assert "--flex-epochs, --flex-exits-per-location and --flex-base-width must be >= 1" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        recipe.main(["--flex-train-samples", "0", "--out", str(tmp_path)])
+    assert ("--flex-train-samples (leave it out for all training images) and --flex-val-samples must be >= 1, "
+            "got 0 and 2000") in capsys.readouterr().err
     with pytest.raises(SystemExit):
         recipe.main(["--flex-rate-tolerance", "1.5", "--out", str(tmp_path)])
     assert "--flex-rate-tolerance is a share of samples in [0, 1), got 1.5" in capsys.readouterr().err

@@ -13,7 +13,7 @@ writes, each file atomically, into ``dirpath``:
 
 Example::
 
-    flex = FlexDNNExits(config={"epochs": 4}, train_samples=5000, val_samples=4000)
+    flex = FlexDNNExits(config={"epochs": 8}, val_samples=4000)  # exits need real training: docs/flexdnn.md
     module = ImageClassifier("vgg16", width=0.25)
     Trainer(callbacks=[flex]).fit(module, datamodule=dm)
     net = flex.result.network                      # or, in another process, from the files:
