@@ -503,6 +503,7 @@ def run_flex(args: argparse.Namespace, ctx: dict[str, Any]) -> dict[str, Any]:
     from torch.utils.data import DataLoader, Subset
 
     from nestflex.exits import FlexDNNConfig, build_flex_network, evaluate_flex, flexdnn
+    from nestflex.pruning import accuracy as backbone_accuracy
     from nestflex.exits.placement import parse_positions
 
     dm = ctx["datamodule"]
@@ -577,7 +578,8 @@ def run_flex(args: argparse.Namespace, ctx: dict[str, Any]) -> dict[str, Any]:
         "calibration": {k: shipped[k] for k in ("split", "samples", "accuracy", "mean_macs", "mean_macs_fraction")
                         if k in shipped},
         "backbone_macs": report["backbone_macs"],
-        "min_filters": {r["location"]: {"filters": r["filters"], "min_filters": r["min_filters"]}
+        "min_filters": {r["location"]: {k: r[k] for k in ("filters", "min_filters", "min_filters_split")
+                                        if k in r}  # reports written before the split was recorded lack it
                         for r in report["ranking"]},
         "operating_points": len(report.get("profile", {}).get("operating_points", [])),
         "seconds": report["seconds"], "spec": "flex/spec.json", "report": "flex/report.json",
@@ -587,6 +589,10 @@ def run_flex(args: argparse.Namespace, ctx: dict[str, Any]) -> dict[str, Any]:
         summary.update(accuracy=test["accuracy"], mean_macs=test["mean_macs"],
                        mean_macs_fraction=test["mean_macs_fraction"], backbone_accuracy=test["final_accuracy"],
                        exit_rate=test["exit_rate"], checkpoint="flex/model.safetensors")
+    else:  # no exit pays for itself: the plan is the backbone alone, and the summary says what that gives
+        accuracy = backbone_accuracy(backbone, dm.test_dataloader())
+        summary.update(accuracy=accuracy, mean_macs=report["backbone_macs"], mean_macs_fraction=1.0,
+                       backbone_accuracy=accuracy, exit_rate=[])
     return {"summary": summary}
 
 

@@ -58,7 +58,7 @@ def test_bad_arguments_fail_at_construction_and_a_missing_network_at_fit_end(tmp
         FlexDNNExits(calibration_fraction=1.0)
     with pytest.raises(NestflexError, match=r"unknown confidence measure `entrpy`; choose from: entropy, max_prob"):
         FlexDNNExits(config={"confidence": "entrpy"})
-    with pytest.raises(NestflexError, match=r"`config\['epochs'\]` must be a positive int, got '2'"):
+    with pytest.raises(NestflexError, match=r"`FlexDNNConfig.epochs` must be a positive int, got '2'. HINT: the default is 2"):
         FlexDNNExits(config={"epochs": "2"})
     with pytest.raises(NestflexError, match=r"`val_samples` must be a positive int or None \(all\), got 0"):
         FlexDNNExits(val_samples=0)

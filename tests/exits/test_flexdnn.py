@@ -112,6 +112,22 @@ def test_a_calibration_split_fits_the_shipped_thresholds(folds):
     assert on_calib["accuracy"] == pytest.approx(cal["accuracy"]) and on_calib["mean_macs"] == pytest.approx(cal["mean_macs"])
     if not folds:  # in-sample lossless on the calibration split: no accuracy below the final exit's there
         assert cal["accuracy"] >= cal["final_accuracy"]
+    # the minimum filter count is read on the calibration split too, not on the one that chose the order
+    from nestflex.pruning.collective import exit_accuracy_curve, min_filters, pooled_activations
+
+    graph = trace(backbone)
+    points = resolve_positions(graph, list(CONFIG.locations))
+    fx, fy = pooled_activations(backbone, graph, [p.node for p in points], _batches(3, 0), pool=CONFIG.pool,
+                                max_samples=CONFIG.rank_samples, name="fit")
+    cx, cy = pooled_activations(backbone, graph, [p.node for p in points], calib, pool=CONFIG.pool,
+                                max_samples=CONFIG.rank_samples, name="calibration")
+    for rec, p in zip(result.report["ranking"], points):
+        curve = exit_accuracy_curve(fx[p.node], fy, cx[p.node], cy, rec["order"], num_classes=10)
+        a = float(curve[-1])
+        assert rec["min_filters_split"] == "calibration" and rec["min_filters_samples"] == 64
+        assert rec["min_filters_reference_accuracy"] == pytest.approx(a)
+        assert rec["min_filters_tolerance"] == pytest.approx(2 * (a * (1 - a) / 64) ** 0.5)
+        assert rec["min_filters"] == min_filters(curve, rec["min_filters_tolerance"], rule="first")
 
 
 def test_default_candidates_sit_after_every_layer_and_the_plan_chooses():
@@ -144,7 +160,20 @@ def test_the_same_config_gives_the_same_exits_whatever_the_global_seed():
     for outer in (1, 2):
         torch.manual_seed(outer)  # what ran before (e.g. loading a checkpoint) must not matter
         specs.append(flexdnn(backbone, _Augmented(_batches(2, 0)), _batches(2, 1), CONFIG).spec)
+        after = torch.rand(4)
+        torch.manual_seed(outer)
+        assert torch.equal(after, torch.rand(4))  # the caller's generator is where it was before the call
     assert specs[0] == specs[1]
+
+
+def test_without_a_calibration_split_the_minimum_filters_are_read_on_validation_and_say_so(result):
+    from nestflex.pruning.collective import min_filters
+
+    for rec in result.report["ranking"]:
+        n, a = rec["min_filters_samples"], rec["all_filters_accuracy"]
+        assert rec["min_filters_split"] == "validation" and n == 64 and rec["min_filters_reference_accuracy"] == a
+        assert rec["min_filters_tolerance"] == pytest.approx(2 * (a * (1 - a) / n) ** 0.5)
+        assert 1 <= rec["min_filters"] <= rec["filters"]
 
 
 def test_every_layer_candidates_on_a_residual_backbone():
@@ -191,6 +220,8 @@ def test_bad_input_errors():
     point = graph.split_points[0]  # 8 filters at width 0.125
     with pytest.raises(NestflexError, match=r"location `features.relu1`: a layer with 8 filters cannot feed M=9"):
         build_candidates([point], [torch.arange(8)], 10, exits_per_location=9)
+    with pytest.raises(NestflexError, match=r"`orders` must hold one filter order per location: 1 locations, 2 orders"):
+        build_candidates([point], [torch.arange(8), torch.arange(8)], 10)
     with pytest.raises(NestflexError, match=r"`input_size` must be a positive int or None \(no pooling\), got 0"):
         build_candidates([point], [torch.arange(8)], 10, input_size=0)
     with pytest.raises(NestflexError, match=r"`FlexDNNConfig.input_size` must be a positive int or None.*got 0"):
@@ -203,10 +234,40 @@ def test_bad_input_errors():
     with pytest.raises(NestflexError, match=r"`calibration_batches` has 3 samples, fewer than calibration_folds=5\. "
                                             r"HINT: pass at least 5 samples .*, or calibration_folds=0"):
         flexdnn(backbone, _batches(1, 0), _batches(1, 1), CONFIG, calibration_batches=few)
+    class Stream(torch.utils.data.IterableDataset):  # no len(): its samples are counted
+        def __iter__(self):
+            return iter([(torch.randn(3, 32, 32), 0)] * 4)
+
+    with pytest.raises(NestflexError, match=r"`calibration_batches` has 4 samples, fewer than calibration_folds=5"):
+        flexdnn(backbone, _batches(1, 0), _batches(1, 1), CONFIG,
+                calibration_batches=torch.utils.data.DataLoader(Stream(), batch_size=2))
     with pytest.raises(NestflexError, match=r"`calibration_batches` is a one-shot iterator.*HINT: pass a list"):
         flexdnn(backbone, _batches(1, 0), _batches(1, 1), CONFIG, calibration_batches=iter(_batches(1, 2)))
     with pytest.raises(NestflexError, match=r"`calibration_folds` must be 0 \(in-sample thresholds\) or an int >= 2, got 1"):
         FlexDNNConfig(calibration_folds=1)
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("locations", (), r"`FlexDNNConfig.locations` must be a non-empty tuple.*got \(\). HINT: \('all',\)"),
+    ("exits_per_location", 0, r"`FlexDNNConfig.exits_per_location` must be a positive int, got 0. HINT: the default is 3"),
+    ("rank_samples", 0, r"`FlexDNNConfig.rank_samples` must be a positive int, got 0"),
+    ("fit_samples", 2.5, r"`FlexDNNConfig.fit_samples` must be a positive int, got 2.5"),
+    ("pool", True, r"`FlexDNNConfig.pool` must be a positive int, got True"),
+    ("refit_iters", -1, r"`FlexDNNConfig.refit_iters` must be a positive int, got -1"),
+    ("p_max", 1.0, r"`FlexDNNConfig.p_max` must be a number in \[0, 1\), got 1.0. HINT: the default is 0.5"),
+    ("rate_tolerance", -0.1, r"`FlexDNNConfig.rate_tolerance` must be a number in \[0, 1\), got -0.1"),
+    ("lr", 0, r"`FlexDNNConfig.lr` must be a positive number, got 0"),
+    ("min_filters_tolerance", 1.5, r"`FlexDNNConfig.min_filters_tolerance` must be an accuracy fraction in \[0, 1\)"),
+    ("seed", "0", r"`FlexDNNConfig.seed` must be an int, got '0'"),
+    ("confidence", "entrpy", r"unknown confidence measure `entrpy`; choose from: entropy, max_prob"),
+])
+def test_every_config_field_is_checked_when_the_config_is_built(field, value, message):
+    with pytest.raises(NestflexError, match=message):
+        FlexDNNConfig(**{field: value})
+
+
+def test_a_locations_list_becomes_a_tuple():
+    assert FlexDNNConfig(locations=[0.3, "all"]).locations == (0.3, "all")
 
 
 def _bench_flex_plan():

@@ -45,5 +45,5 @@ def test_plan_input_errors():
         insertion_plan(torch.ones(1, 5), torch.ones(1, 5, dtype=torch.bool), [], [], 100)
     with pytest.raises(NestflexError, match=r"the calibration split is empty \(N = 0\)"):
         insertion_plan(torch.ones(2, 0), torch.ones(2, 0, dtype=torch.bool), [1], [1], 100)
-    with pytest.raises(NestflexError, match=r"`taps` must follow execution order"):
+    with pytest.raises(NestflexError, match=r"`taps` must follow execution order.*HINT: sort the candidates"):
         insertion_plan(torch.ones(3, 4), torch.ones(3, 4, dtype=torch.bool), [5, 1], [1, 1], 100)

@@ -156,6 +156,12 @@ def test_errors_name_the_problem():
         exit_accuracy_curve(x, y, x, y, [0, 0, 1])
     with pytest.raises(PruningError, match=r"`tolerance` is an accuracy fraction"):
         min_filters(torch.ones(3), tolerance=2)
+    with pytest.raises(PruningError, match=r"fit and evaluation features differ in shape: \(3, 1\) vs \(3, 2\)\. HINT"):
+        exit_accuracy_curve(x, y, torch.randn(4, 3, 2), y, [0, 1, 2])
+    with pytest.raises(PruningError, match=r"got a list of \(x, y\) batches, i.e. one split\. HINT: pass data=\(fit, validation\)"):
+        get_importance("collective")(model, graph, data=[_toy(8, 0), _toy(8, 1)])
+    with pytest.raises(PruningError, match=r"`val_fraction` must be in \(0, 1\), got '0.3'"):
+        CollectiveImportance(val_fraction="0.3")
 
 
 def test_group_responses_are_the_sum_of_their_nodes_activations():
@@ -182,3 +188,19 @@ def test_group_responses_are_the_sum_of_their_nodes_activations():
         pooled_activations(model, graph, ["nope"], data)
     with pytest.raises(PruningError, match=r"`max_samples` must be a positive int or None \(all\), got -1"):
         pooled_activations(model, graph, nodes, data, max_samples=-1)
+
+
+def test_the_cost_benchmarks_naive_fit_is_the_same_probe_and_its_estimate_sums_every_step():
+    from tests.scripts import load_script
+
+    bench = load_script("benchmarks/collective_cost.py")
+    g = torch.Generator().manual_seed(0)
+    fx, vx = torch.randn(80, 6, 4, generator=g, dtype=torch.float64), torch.randn(40, 6, 4, generator=g, dtype=torch.float64)
+    fy, vy = torch.randint(0, 10, (80,), generator=g), torch.randint(0, 10, (40,), generator=g)
+    # the naive algorithm's fit from scratch is the probe the closed-form path starts from
+    assert bench.one_exit_fit(fx, fy, vx, vy) == _RidgePath(fx, fy, vx, vy, 10, 1e-3).accuracy()
+    # constant fit time: fits x time; linear time t(k) = k: sum over m of m * (m - 1), interpolated exactly
+    assert bench.naive_estimate({1: 2.0, 9: 2.0}, 10) == pytest.approx(2.0 * sum(range(2, 11)))
+    assert bench.naive_estimate({1: 1.0, 5: 5.0, 9: 9.0}, 10) == pytest.approx(sum(m * (m - 1) for m in range(2, 11)))
+    with pytest.raises(ValueError, match="width 6 outside the timed range 1..5"):
+        bench.naive_estimate({1: 1.0, 5: 5.0}, 10)

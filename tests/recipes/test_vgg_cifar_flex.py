@@ -70,3 +70,23 @@ def test_a_small_validation_split_is_shared_between_planning_and_calibration(tmp
     f = recipe.main(args)["flexdnn"]
     assert "planning on 100 and cross-validating the thresholds on those same images" in capsys.readouterr().out
     assert f["calibration"]["split"] == "validation" and f["calibration"]["samples"] == 100
+
+
+@pytest.mark.slow
+def test_a_plan_that_keeps_no_exit_reports_the_backbone_alone(tmp_path, monkeypatch):
+    """When no exit pays for itself the summary still says what the flex stage ships: the backbone."""
+    import dataclasses
+    import importlib
+
+    flex_module = importlib.import_module("nestflex.exits.flexdnn")  # the package's `flexdnn` is the function
+
+    real = flex_module.insertion_plan
+    monkeypatch.setattr(flex_module, "insertion_plan",
+                        lambda *a, **k: dataclasses.replace(real(*a, **k), kept=[], thresholds=[]))
+    recipe = _recipe()
+    summary = recipe.main([*TINY, *FLEX, "--out", str(tmp_path / "run"), "--stages", "baseline,flex"])
+    f = summary["flexdnn"]
+    assert f["kept_locations"] == [] and f["thresholds"] == [] and f["operating_points"] == 0
+    assert f["mean_macs"] == f["backbone_macs"] and f["mean_macs_fraction"] == 1.0 and f["exit_rate"] == []
+    assert f["accuracy"] == f["backbone_accuracy"] == pytest.approx(summary["baseline"]["accuracy"])
+    assert not (tmp_path / "run" / "flex" / "model.safetensors").exists()

@@ -38,7 +38,7 @@ from torch.utils.data import DataLoader, IterableDataset, Subset
 from typing_extensions import override
 
 from nestflex._io import atomic_write_bytes, write_json
-from nestflex.deploy.exits import ExitError, get_confidence
+from nestflex.deploy.exits import ExitError
 from nestflex.exits.flexdnn import FlexDNNConfig, FlexDNNResult, flexdnn
 
 __all__ = ["FlexDNNExits"]
@@ -130,12 +130,7 @@ class FlexDNNExits(Callback):
         if "locations" in given:
             loc = given["locations"]
             given["locations"] = tuple(loc) if isinstance(loc, (list, tuple)) else (loc,)
-        self.config = FlexDNNConfig(**given)  # its own checks, now rather than after training
-        get_confidence(self.config.confidence)  # an unknown measure fails here, with the choices
-        for name in ("epochs", "exits_per_location", "base_width", "blocks", "rank_samples", "fit_samples"):
-            v = getattr(self.config, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ExitError(f"`config['{name}']` must be a positive int, got {v!r}")
+        self.config = FlexDNNConfig(**given)  # checks every field now, rather than after training
         f = calibration_fraction
         if isinstance(f, bool) or not isinstance(f, (int, float)) or not 0.0 <= f < 1.0:
             raise ExitError(f"`calibration_fraction` must be in [0, 1), got {f!r}. HINT: 0.5 holds out half of the "

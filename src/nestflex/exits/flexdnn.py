@@ -20,8 +20,9 @@ separate calibration split when one is given); a test split is only ever measure
 
 from __future__ import annotations
 
+import math
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Iterable, Sequence
 
 import torch
@@ -66,7 +67,10 @@ class FlexDNNConfig:
         confidence: confidence measure (FlexDNN: ``entropy``).
         rank_samples: samples per split for the collective ranking.
         fit_samples: training samples whose pooled features refit pruned exits' classifiers.
-        min_filters_tolerance: accuracy an exit on the top filters may lose and still "match".
+        min_filters_tolerance: accuracy an exit on the top filters may lose and still "match"
+            the all-filter exit when the minimum filter count is read (``None``: two binomial
+            standard errors of the all-filter exit's accuracy on the split it is read on, the
+            resolution of that split; see :func:`flexdnn`).
         pool: per-filter pooling of the ranking probe.
         refit_iters: L-BFGS iterations of each pruned exit's classifier refit.
         calibration_folds: the planned exits' final thresholds are lossless by this many folds of
@@ -92,13 +96,41 @@ class FlexDNNConfig:
     confidence: str = "entropy"
     rank_samples: int = 1000
     fit_samples: int = 2000
-    min_filters_tolerance: float = 0.0
+    min_filters_tolerance: float | None = None
     pool: int = 2
     refit_iters: int = 100
     calibration_folds: int = 5
     seed: int = 0
 
     def __post_init__(self) -> None:
+        # every field is checked here, so a bad value fails when the config is built, not after
+        # minutes of ranking and training (the callback and the recipe rely on it)
+        if isinstance(self.locations, list):  # YAML and JSON have no tuples; the dataclass is frozen
+            object.__setattr__(self, "locations", tuple(self.locations))
+        if not isinstance(self.locations, tuple) or not self.locations:
+            raise ExitError(f"`FlexDNNConfig.locations` must be a non-empty tuple of MACs fractions or split point "
+                            f"names, got {self.locations!r}. HINT: ('all',) puts a candidate after every layer")
+        for name in ("exits_per_location", "base_width", "blocks", "epochs", "rank_samples", "fit_samples",
+                     "pool", "refit_iters"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ExitError(f"`FlexDNNConfig.{name}` must be a positive int, got {v!r}. "
+                                f"HINT: the default is {_DEFAULTS[name]!r}")
+        for name, low, high in (("p_max", 0.0, 1.0), ("rate_tolerance", 0.0, 1.0)):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not low <= v < high:
+                raise ExitError(f"`FlexDNNConfig.{name}` must be a number in [{low:g}, {high:g}), got {v!r}. "
+                                f"HINT: the default is {_DEFAULTS[name]!r}")
+        if isinstance(self.lr, bool) or not isinstance(self.lr, (int, float)) or not self.lr > 0:
+            raise ExitError(f"`FlexDNNConfig.lr` must be a positive number, got {self.lr!r}. HINT: the default is "
+                            f"{_DEFAULTS['lr']!r}")
+        t = self.min_filters_tolerance
+        if t is not None and (isinstance(t, bool) or not isinstance(t, (int, float)) or not 0.0 <= t < 1.0):
+            raise ExitError(f"`FlexDNNConfig.min_filters_tolerance` must be an accuracy fraction in [0, 1) or None "
+                            f"(two standard errors of the all-filter exit's accuracy), got {t!r}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
+            raise ExitError(f"`FlexDNNConfig.seed` must be an int, got {self.seed!r}")
+        get_confidence(self.confidence)  # an unknown measure fails now, with the registered ones
         f = self.calibration_folds
         if isinstance(f, bool) or not isinstance(f, int) or f == 1 or f < 0:
             raise ExitError(f"`calibration_folds` must be 0 (in-sample thresholds) or an int >= 2, got {f!r}. "
@@ -106,6 +138,10 @@ class FlexDNNConfig:
         n = self.input_size
         if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
             raise ExitError(f"`FlexDNNConfig.input_size` must be a positive int or None (exits never pool), got {n!r}")
+
+
+#: the defaults, for the hints of :meth:`FlexDNNConfig.__post_init__`
+_DEFAULTS = {f.name: f.default for f in fields(FlexDNNConfig)}
 
 
 @dataclass
@@ -177,7 +213,8 @@ def _check_calibration(batches: Iterable, folds: int) -> None:
                         "HINT: pass a list of (x, y) batches or a DataLoader")
     # a DataLoader knows its size without loading a batch; lists of batches are counted
     dataset = getattr(batches, "dataset", None)
-    n = len(dataset) if dataset is not None else sum(len(b[1]) for b in batches)
+    sized = dataset is not None and not isinstance(dataset, torch.utils.data.IterableDataset)
+    n = len(dataset) if sized else sum(len(b[1]) for b in batches)  # an IterableDataset has no len: count
     if n == 0 or n < folds:
         raise ExitError(
             f"`calibration_batches` has {n} samples, fewer than " + ("one" if n == 0 else f"calibration_folds={folds}")
@@ -209,18 +246,28 @@ def flexdnn(
             are optimistic on new data (docs/flexdnn.md); ``None`` uses the validation split.
 
     Raises:
-        ExitError: a location with fewer filters than ``M``, an empty validation split,
-            ``calibration_batches`` that is a one-shot iterator or has fewer samples than
-            ``config.calibration_folds`` (or none), ...
-        PruningError: an empty ranking split.
-    """
-    from nestflex.pruning.collective import collective_ranking, min_filters, pooled_activations
+        ExitError: a location with fewer filters than ``M``, ``calibration_batches`` that is a
+            one-shot iterator or has fewer samples than ``config.calibration_folds`` (or none), ...
+        PruningError: an empty training or validation split (found while ranking).
 
+    Both are :class:`~nestflex.errors.NestflexError`. The report's ranking records carry the
+    minimum filter count per location (``min_filters`` and how it was read, see
+    :func:`_read_min_filters`). torch's global generator is seeded with ``config.seed`` inside a
+    fork: the caller's generator state is the same after the call.
+    """
     if calibration_batches is not None:
         _check_calibration(calibration_batches, config.calibration_folds)
     # Seeded before anything draws: augmenting training loaders use torch's global generator, and
     # the ranking's fit samples come from them, so an unseeded run ranked differently each time.
-    torch.manual_seed(config.seed)
+    # Forked, so the caller's generator is left where it was.
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(config.seed)
+        return _flexdnn(backbone, train_batches, val_batches, config, num_classes, input_shape, calibration_batches)
+
+
+def _flexdnn(backbone, train_batches, val_batches, config, num_classes, input_shape, calibration_batches):
+    from nestflex.pruning.collective import collective_ranking, pooled_activations
+
     backbone.eval()
     for p in backbone.parameters():
         p.requires_grad_(False)
@@ -243,9 +290,9 @@ def flexdnn(
         rankings.append(r)
         ranking_report.append({
             "location": p.name, "filters": int(fx[p.node].shape[1]), "seconds": round(time.perf_counter() - t0, 4),
+            "validation_samples": int(vy.numel()),
             "fits": r.fits,
             "all_filters_accuracy": float(r.kept_accuracy[-1]),
-            "min_filters": min_filters(r.kept_accuracy, config.min_filters_tolerance),
             "order": r.order.tolist(),
         })
     timings["rank"] = time.perf_counter() - start
@@ -323,6 +370,9 @@ def flexdnn(
                  "mean_macs_fraction": plan.mean_macs / backbone_macs},
         "seconds": {k: round(v, 2) for k, v in timings.items()},
     }
+    # last, so that reading it draws nothing before the search (the runs stay comparable)
+    _read_min_filters(ranking_report, rankings, points, fx, fy, calibration_batches, backbone, graph, config,
+                      num_classes)
     if network is not None:
         prof = exit_profile(logits, lab, network.exit_macs, network.backbone_macs, network.exit_names,
                             network.positions, DEFAULT_THRESHOLDS, config.confidence, "final",
@@ -338,6 +388,38 @@ def flexdnn(
         report["profile"] = {"split": split_name, "exit_macs": network.exit_macs,
                              "operating_points": operating_points(prof["sweep"], [lossless])}
     return FlexDNNResult(network=network, spec=spec, report=report)
+
+
+def _read_min_filters(ranking_report, rankings, points, fx, fy, calibration_batches, backbone, graph,
+                      config: FlexDNNConfig, num_classes: int) -> None:
+    """Add FlexDNN's minimum filter count to each location's ranking record: the fewest top-ranked
+    filters whose exit matches the all-filter exit.
+
+    Read on the calibration split when there is one: the validation split chose the order, and
+    its curve is optimistic (on a recipe run it gave 3 of 128 filters at a late layer). The rule is
+    the smallest count within tolerance (``min_filters(rule="first")``, robust to single noisy
+    dips); the default tolerance is two binomial standard errors of the all-filter exit's accuracy
+    on that split, the smallest difference it can resolve (the minimum-filters benchmark's rule).
+    """
+    from nestflex.pruning.collective import exit_accuracy_curve, min_filters, pooled_activations
+
+    split = "validation"
+    if calibration_batches is not None:
+        split = "calibration"
+        hx, hy = pooled_activations(backbone, graph, [p.node for p in points], calibration_batches,
+                                    pool=config.pool, max_samples=config.rank_samples, name="calibration")
+    for rec, r, p in zip(ranking_report, rankings, points):
+        if split == "calibration":
+            curve = exit_accuracy_curve(fx[p.node], fy, hx[p.node], hy, r.order, num_classes=num_classes)
+            n = int(hy.numel())
+        else:  # the selection's own curve: the same probes scored on the split that chose the order
+            curve, n = r.kept_accuracy, int(rec["validation_samples"])
+        a = float(curve[-1])
+        tol = config.min_filters_tolerance
+        if tol is None:
+            tol = min(2.0 * math.sqrt(max(a * (1.0 - a), 0.0) / n), 0.999)
+        rec.update(min_filters=min_filters(curve, tol, rule="first"), min_filters_split=split,
+                   min_filters_samples=n, min_filters_tolerance=tol, min_filters_reference_accuracy=a)
 
 
 def evaluate_flex(network: MultiExitNetwork, spec: dict[str, Any], batches: Iterable) -> dict[str, Any]:

@@ -132,7 +132,8 @@ def insertion_plan(
     if conf.shape[1] == 0:
         raise ExitError("the calibration split is empty (N = 0). HINT: plan on a non-empty validation split")
     if any(b > a for a, b in zip(taps[1:], taps[:-1])):
-        raise ExitError(f"`taps` must follow execution order (non-decreasing MACs), got {list(taps)}")
+        raise ExitError(f"`taps` must follow execution order (non-decreasing MACs), got {list(taps)}. "
+                        "HINT: sort the candidates (and the rows of `conf` and `correct`) by their tap MACs")
     kept = list(range(k))
     state = subset_cost(kept, conf, correct, taps, head_macs, backbone_macs)
     first = state["mean_macs"]

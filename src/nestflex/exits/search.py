@@ -78,7 +78,9 @@ def location_groups(graph: StructureGraph, points: Sequence[SplitPoint]) -> list
     for p in points:
         g = next((g for g in graph.groups if p.node in graph.response_nodes(g)), None)
         if g is None:
-            raise ExitError(f"exit location `{p.name}` is not the response of a channel group; pick another layer")
+            raise ExitError(f"exit location `{p.name}` is not the response of a channel group (FlexDNN ranks a "
+                            f"layer's filters, so an exit must read a layer's output). HINT: pick a layer's "
+                            f"activation, or locations=('all',) for every one")
         out.append(g)
     return out
 
@@ -115,6 +117,9 @@ def build_candidates(
     if input_size is not None and (isinstance(input_size, bool) or not isinstance(input_size, int) or input_size < 1):
         raise ExitError(f"`input_size` must be a positive int or None (no pooling), got {input_size!r}")
     out = []
+    if len(points) != len(orders):
+        raise ExitError(f"`orders` must hold one filter order per location: {len(points)} locations, "
+                        f"{len(orders)} orders")
     for loc, (p, order) in enumerate(zip(points, orders)):
         shape = next(s for n, s in p.tensors if n == p.node)
         stem_pool = max(1, min(shape[1:]) // input_size) if input_size and len(shape) == 3 else 1  # (C, H, W)

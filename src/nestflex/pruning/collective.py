@@ -97,6 +97,17 @@ def _check_features(name: str, feats: torch.Tensor, labels: torch.Tensor) -> Non
         )
 
 
+def _check_pair(fit: torch.Tensor, fit_labels: torch.Tensor, name: str, other: torch.Tensor,
+                other_labels: torch.Tensor) -> None:
+    _check_features("fit", fit, fit_labels)
+    _check_features(name, other, other_labels)
+    if other.shape[1:] != fit.shape[1:]:
+        raise PruningError(
+            f"fit and {name} features differ in shape: {tuple(fit.shape[1:])} vs {tuple(other.shape[1:])}. "
+            "HINT: collect both from the same layer with the same pooling"
+        )
+
+
 class _RidgePath:
     """Ridge probe on blocks of features, with exact block removal (see the module docstring)."""
 
@@ -186,13 +197,7 @@ def collective_ranking(
     Raises:
         PruningError: an empty split, mismatched shapes, or an argument out of range.
     """
-    _check_features("fit", fit_features, fit_labels)
-    _check_features("validation", val_features, val_labels)
-    if val_features.shape[1:] != fit_features.shape[1:]:
-        raise PruningError(
-            f"fit and validation features differ in shape: {tuple(fit_features.shape[1:])} vs "
-            f"{tuple(val_features.shape[1:])}"
-        )
+    _check_pair(fit_features, fit_labels, "validation", val_features, val_labels)
     if not (isinstance(ridge, (int, float)) and ridge > 0):
         raise PruningError(f"`ridge` must be a positive number, got {ridge!r}")
     if not (isinstance(stop_fraction, (int, float)) and 0.0 <= stop_fraction < 1.0):
@@ -250,8 +255,7 @@ def exit_accuracy_curve(
         ``(N,)`` float64; entry ``k - 1`` is the accuracy with ``k`` filters (and the correctness
         with ``return_correct``).
     """
-    _check_features("fit", fit_features, fit_labels)
-    _check_features("evaluation", eval_features, eval_labels)
+    _check_pair(fit_features, fit_labels, "evaluation", eval_features, eval_labels)
     order = torch.as_tensor(order, dtype=torch.long)
     n_filters = fit_features.shape[1]
     if sorted(order.tolist()) != list(range(n_filters)):
@@ -426,7 +430,16 @@ def pooled_responses(
 
 
 def _split(data: Any, val_fraction: float, seed: int) -> tuple[Any, Any]:
-    if isinstance(data, (tuple, list)) and len(data) == 2 and not isinstance(data[0], torch.Tensor):
+    def is_batch(b: Any) -> bool:
+        return isinstance(b, (tuple, list)) and len(b) == 2 and all(isinstance(t, torch.Tensor) for t in b)
+
+    if isinstance(data, (tuple, list)) and (is_batch(data) or any(is_batch(b) for b in data)):
+        # one list of (x, y) batches (two of them would otherwise pass for a (fit, validation) pair)
+        raise PruningError(
+            "`collective` got a list of (x, y) batches, i.e. one split. HINT: pass data=(fit, validation), each "
+            "a Dataset, DataLoader or list of batches, or one Dataset to split by `val_fraction`"
+        )
+    if isinstance(data, (tuple, list)) and len(data) == 2:
         return data[0], data[1]
     ds = data.dataset if isinstance(data, DataLoader) else data
     if not isinstance(ds, Dataset):
@@ -489,7 +502,7 @@ class CollectiveImportance(Importance):
         for arg, v in (("pool", pool), ("max_samples", max_samples), ("batch_size", batch_size)):
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise PruningError(f"`{arg}` must be a positive int, got {v!r}")
-        if not 0.0 < val_fraction < 1.0:
+        if isinstance(val_fraction, bool) or not isinstance(val_fraction, (int, float)) or not 0.0 < val_fraction < 1.0:
             raise PruningError(f"`val_fraction` must be in (0, 1), got {val_fraction!r}")
         if not (isinstance(stop_fraction, (int, float)) and 0.0 <= stop_fraction < 1.0):
             raise PruningError(
