@@ -503,8 +503,8 @@ def run_flex(args: argparse.Namespace, ctx: dict[str, Any]) -> dict[str, Any]:
     from torch.utils.data import DataLoader, Subset
 
     from nestflex.exits import FlexDNNConfig, build_flex_network, evaluate_flex, flexdnn
-    from nestflex.pruning import accuracy as backbone_accuracy
     from nestflex.exits.placement import parse_positions
+    from nestflex.pruning import accuracy as backbone_accuracy
 
     dm = ctx["datamodule"]
     dm.setup("fit")

@@ -127,9 +127,8 @@ class FlexDNNExits(Callback):
         unknown = sorted(set(given) - known)
         if unknown:
             raise ExitError(f"`config` has unknown FlexDNNConfig fields {unknown}. HINT: use some of {sorted(known)}")
-        if "locations" in given:
-            loc = given["locations"]
-            given["locations"] = tuple(loc) if isinstance(loc, (list, tuple)) else (loc,)
+        if "locations" in given and not isinstance(given["locations"], (list, tuple)):
+            given["locations"] = (given["locations"],)  # one location; the config turns lists into tuples
         self.config = FlexDNNConfig(**given)  # checks every field now, rather than after training
         f = calibration_fraction
         if isinstance(f, bool) or not isinstance(f, (int, float)) or not 0.0 <= f < 1.0:
