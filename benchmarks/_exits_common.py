@@ -8,14 +8,12 @@ nothing else.
 
 from __future__ import annotations
 
-import os
-import platform
-import sys
 import time
 from typing import Callable
 
 import torch
 
+from nestflex._machine import machine as _machine
 from nestflex.data import SYNTHETIC_MEAN, SYNTHETIC_STD, eval_transform, make_synthetic, train_transform
 from nestflex.exits import MultiExitNetwork, loss_weights, multi_exit_loss
 from nestflex.models import create_model
@@ -131,11 +129,5 @@ def train(
 
 
 def machine() -> dict[str, object]:
-    return {
-        "cpu_cores": os.cpu_count(),
-        "torch_threads": torch.get_num_threads(),
-        "torch_version": torch.__version__,
-        "python": sys.version.split()[0],
-        "platform": platform.platform(),
-        "note": "shared 2-core machine, other jobs running concurrently: wall times are noisy",
-    }
+    """The project's machine record (:func:`nestflex._machine.machine`) with a note on timing noise."""
+    return _machine(note="shared 2-core machine, other jobs running concurrently: wall times are noisy")

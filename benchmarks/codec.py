@@ -27,7 +27,6 @@ Example:
 from __future__ import annotations
 
 import argparse
-import platform
 import statistics
 import sys
 from pathlib import Path
@@ -37,7 +36,7 @@ import torch
 from nestflex._machine import machine
 from nestflex._io import read_json, write_json
 from nestflex.deploy.codec import decode, encode, fake_quantize
-from _timing import median_seconds  # benchmarks/ is on sys.path when run as a script
+from nestflex.deploy.timing import median_s
 
 SCHEMA_VERSION = 1
 BITS = (8, 6, 4, 3, 2)
@@ -63,12 +62,12 @@ def _measure(tensors: list[torch.Tensor], bits: int | None, codec: str, repeats:
     samples = [[t[i : i + 1].clone() for t in tensors] for i in range(n)]
 
     frame = encode(tensors, bits, codec)
-    enc_b = median_seconds(lambda: encode(tensors, bits, codec), repeats)
-    dec_b = median_seconds(lambda: decode(frame), repeats)
+    enc_b = median_s(lambda: encode(tensors, bits, codec), repeats)
+    dec_b = median_s(lambda: decode(frame), repeats)
 
     frames = [encode(s, bits, codec) for s in samples]
-    enc_s = median_seconds(lambda: [encode(s, bits, codec) for s in samples], repeats)
-    dec_s = median_seconds(lambda: [decode(f) for f in frames], repeats)
+    enc_s = median_s(lambda: [encode(s, bits, codec) for s in samples], repeats)
+    dec_s = median_s(lambda: [decode(f) for f in frames], repeats)
     per_sample_bytes = sum(len(f) for f in frames)
     mb = float_bytes / 1e6
     return {
@@ -102,8 +101,8 @@ def _frame_overhead(repeats: int) -> list[dict]:
             "float32_bytes": tiny[0].numel() * 4,
             "frame_bytes": len(frame),
             # many calls per timed run: one call is a few microseconds, below the timer's resolution
-            "encode_us": 1e6 * median_seconds(lambda: [encode(tiny, bits, codec) for _ in range(100)], repeats) / 100,
-            "decode_us": 1e6 * median_seconds(lambda: [decode(frame) for _ in range(100)], repeats) / 100,
+            "encode_us": 1e6 * median_s(lambda: [encode(tiny, bits, codec) for _ in range(100)], repeats) / 100,
+            "decode_us": 1e6 * median_s(lambda: [decode(frame) for _ in range(100)], repeats) / 100,
         })
     return rows
 
@@ -112,8 +111,7 @@ def _machine() -> dict:
     import numcodecs
     import numpy
 
-    return {**machine(), "blosc_threads": 1, "numpy": numpy.__version__, "numcodecs": numcodecs.__version__,
-            "platform": platform.platform()}
+    return machine(blosc_threads=1, numpy=numpy.__version__, numcodecs=numcodecs.__version__)
 
 
 def _plots(out: Path, splits: list[dict]) -> None:

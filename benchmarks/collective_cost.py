@@ -17,17 +17,14 @@ their values). Run with one torch thread (``OMP_NUM_THREADS=1``) for the figures
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _timing import alternating_medians  # noqa: E402
-
-from nestflex._io import write_json  # noqa: E402
-from nestflex._machine import machine  # noqa: E402
-from nestflex.pruning import collective_ranking  # noqa: E402
+from nestflex._io import write_json
+from nestflex._machine import machine
+from nestflex.deploy.timing import alternating_median_s
+from nestflex.pruning import collective_ranking
 
 
 def one_exit_fit(fx, fy, vx, vy, num_classes: int = 10, ridge: float = 1e-3) -> float:
@@ -75,7 +72,7 @@ def main(argv=None) -> dict:
         fns = {"ranking": lambda: collective_ranking(fx, fy, vx, vy, stop_fraction=0.0)}
         for k in widths:
             fns[k] = lambda k=k: one_exit_fit(fx[:, :k], fy, vx[:, :k], vy)
-        med = alternating_medians(fns, args.repeats)
+        med = alternating_median_s(fns, args.repeats)
         t_rank, fit_seconds = med.pop("ranking"), med
         naive = naive_estimate(fit_seconds, n)
         rows.append({"filters": n, "features": n * d, "ranking_seconds": round(t_rank, 4),

@@ -21,9 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -31,6 +29,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _exits_common import batches, build, machine, synthetic_splits, train  # noqa: E402
 
+from nestflex.deploy.timing import alternating_median_s  # noqa: E402
 from nestflex.exits import DEFAULT_POSITIONS  # noqa: E402
 from nestflex.exits.placement import parse_positions  # noqa: E402
 
@@ -145,15 +144,8 @@ def main(argv: list[str] | None = None) -> int:
             len(xs),
             lambda t=t: [net.early_exit(xs[i : i + 1], t, args.confidence) for i in range(len(xs))],
         )
-    times: dict[str, list[float]] = {name: [] for name in work}
-    for _, fn in work.values():
-        fn()  # warm-up
-    for _ in range(args.repeats):
-        for name, (_, fn) in work.items():
-            start = time.perf_counter()
-            fn()
-            times[name].append(time.perf_counter() - start)
-    rate = {name: work[name][0] / statistics.median(ts) for name, ts in times.items()}
+    seconds = alternating_median_s({name: fn for name, (_, fn) in work.items()}, args.repeats)
+    rate = {name: work[name][0] / s for name, s in seconds.items()}
 
     backbone = {
         "batched_samples_per_s": rate["backbone_batched"],

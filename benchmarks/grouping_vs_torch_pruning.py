@@ -15,15 +15,15 @@ Writes ``summary.json`` and ``build_time.png`` under ``--out``.
 from __future__ import annotations
 
 import argparse
-import os
 from pathlib import Path
 
 import torch
 
 from nestflex._io import write_json
+from nestflex._machine import machine
+from nestflex.deploy.timing import median_s
 from nestflex.graph import trace
 from nestflex.models import create_model
-from _timing import median_seconds  # benchmarks/ is on sys.path when run as a script
 
 MODELS = ["vgg16", "resnet56", "timm:resnet18", "timm:mobilenetv2_100"]
 
@@ -63,15 +63,15 @@ def main() -> None:
             "identical": ours == theirs,
             "only_nestflex": sorted(sorted(g) for g in ours - theirs),
             "only_torch_pruning": sorted(sorted(g) for g in theirs - ours),
-            "nestflex_seconds": median_seconds(lambda: trace(model), args.repeats),
-            "torch_pruning_seconds": median_seconds(lambda: _torch_pruning_groups(tp, model), args.repeats),
+            "nestflex_seconds": median_s(lambda: trace(model), args.repeats),
+            "torch_pruning_seconds": median_s(lambda: _torch_pruning_groups(tp, model), args.repeats),
         })
         print(rows[-1]["model"], rows[-1]["nestflex_groups"], rows[-1]["torch_pruning_groups"], rows[-1]["identical"])
     out = Path(args.out)
     write_json(out / "summary.json", {
         "benchmark": "grouping_vs_torch_pruning",
         "torch_pruning": tp.__version__ if hasattr(tp, "__version__") else "unknown",
-        "machine": {"cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(), "torch": torch.__version__},
+        "machine": machine(),
         "note": "nestflex_seconds includes fx tracing, shape propagation, MACs and split points",
         "rows": rows,
     })

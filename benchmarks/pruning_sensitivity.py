@@ -17,11 +17,10 @@ import sys
 import time
 from pathlib import Path
 
-import torch
 from torch.utils.data import DataLoader, Subset
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _recipe_model import load_model, recipe_datamodule  # noqa: E402
+from _recipe_model import load_model, machine, recipe_datamodule  # noqa: E402
 
 from nestflex._io import write_json  # noqa: E402
 from nestflex.graph import trace  # noqa: E402
@@ -78,7 +77,7 @@ def main(argv=None) -> dict:
         "trr_at_least_as_good": wins,
         "per_layer": table,
         "profiles": profiles,
-        "machine": {"cpus": torch.get_num_threads(), "torch": torch.__version__},
+        "machine": machine(),
     }
     out = Path(args.out)
     write_json(out / "summary.json", summary)

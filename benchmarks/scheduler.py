@@ -7,7 +7,7 @@ between the smallest and the largest configuration, alpha drawn from {0.01, 0.1,
 * **decision time**: median wall time of one decision for 6 apps x 5 levels at a 1 % unit, per
   scheduler (``greedy_total``, ``greedy_max``, ``greedy_total_jump``, the cached variants
   resuming from their cache, and the exact solver), median over instances of the per-instance
-  median of ``--repeats`` runs (``benchmarks/_timing.py``). Target <= 1 ms (SPINN reports 11 ms
+  median of ``--repeats`` runs (:mod:`nestflex.deploy.timing`). Target <= 1 ms (SPINN reports 11 ms
   for its scheduler on a Jetson CPU);
 * **optimality gap**: ``(C_greedy - C_exact) / C_exact`` per instance (instances with
   ``C_exact = 0`` count as gap 0 if the greedy also reaches 0), median and p95. Target <= 2 %
@@ -34,7 +34,7 @@ from pathlib import Path
 from nestflex._io import write_json
 from nestflex._machine import machine
 from nestflex.deploy.scheduler import AppProfile, get_scheduler
-from _timing import median_seconds  # benchmarks/ is on sys.path when run as a script
+from nestflex.deploy.timing import median_s
 
 SCHEMA_VERSION = 1
 TARGET_DECISION_MS = 1.0
@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
             continue
         for name in GREEDY:
             s = get_scheduler(name)
-            times[name].append(median_seconds(lambda: s.schedule(apps, **kw), args.repeats))
+            times[name].append(median_s(lambda: s.schedule(apps, **kw), args.repeats))
             c = get_scheduler(CACHED[name])
             c.schedule(apps, **kw)  # fills the cache; the timed calls resume from it
 
@@ -104,10 +104,10 @@ def main(argv: list[str] | None = None) -> int:
                 c.refresh_every = 10**9  # time the resumed path only
                 c.schedule(apps, **kw)
 
-            times[CACHED[name]].append(median_seconds(cached_call, args.repeats))
+            times[CACHED[name]].append(median_s(cached_call, args.repeats))
         for o in ("total", "max"):
             s = get_scheduler(f"exact_{o}")
-            times[f"exact_{o}"].append(median_seconds(lambda: s.schedule(apps, **kw), 3))
+            times[f"exact_{o}"].append(median_s(lambda: s.schedule(apps, **kw), 3))
 
     # cached vs full on a stream of events: one app replaced at a time, from a pool of 8
     pool_rng = random.Random(args.seed + 1)

@@ -19,9 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
-import sys
 import time
 from pathlib import Path
 from typing import Callable
@@ -29,6 +27,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
+from nestflex._machine import machine
 from nestflex.data import (
     SYNTHETIC_CLASSES,
     SYNTHETIC_MEAN,
@@ -252,14 +251,7 @@ def main(argv: list[str] | None = None) -> int:
             "test_accuracy_per_difficulty_quintile": rows,
             "test_accuracy_per_class": dict(zip(SYNTHETIC_CLASSES, per_class)),
         },
-        "machine": {
-            "cpu_cores": os.cpu_count(),
-            "torch_threads": torch.get_num_threads(),
-            "torch_version": torch.__version__,
-            "python": sys.version.split()[0],
-            "platform": platform.platform(),
-            "processor": platform.processor() or platform.machine(),
-        },
+        "machine": machine(),
     }
     (args.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     plot_accuracy(

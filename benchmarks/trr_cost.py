@@ -13,20 +13,17 @@ hits both alike.
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _timing import alternating_medians  # noqa: E402
-
-from nestflex._io import write_json  # noqa: E402
-from nestflex._machine import machine  # noqa: E402
-from nestflex.data import SyntheticShapes  # noqa: E402
-from nestflex.graph import trace  # noqa: E402
-from nestflex.models import create_model  # noqa: E402
-from nestflex.pruning import TRR, get_importance, sample_triplets  # noqa: E402
+from nestflex._io import write_json
+from nestflex._machine import machine
+from nestflex.data import SyntheticShapes
+from nestflex.deploy.timing import alternating_median_s
+from nestflex.graph import trace
+from nestflex.models import create_model
+from nestflex.pruning import TRR, get_importance, sample_triplets
 
 
 def main(argv=None) -> dict:
@@ -53,7 +50,7 @@ def main(argv=None) -> dict:
                 idx = order[start : start + 3 * args.batch]
                 model(torch.stack([data[int(i)][0] for i in idx]))
 
-    t = alternating_medians({"trr": lambda: trr(model, graph, data=data), "forward": forward,
+    t = alternating_median_s({"trr": lambda: trr(model, graph, data=data), "forward": forward,
                              "l1": lambda: get_importance("l1")(model, graph)}, args.repeats)
     t_trr, t_fwd, t_l1 = t["trr"], t["forward"], t["l1"]
     summary = {

@@ -1,8 +1,13 @@
 #!/usr/bin/env python
-"""End-to-end nestflex recipe: VGG on CIFAR-10 (or the embedded synthetic default).
+"""End-to-end nestflex recipe: VGG on CIFAR-10 (or MNIST, or the embedded synthetic default).
 
     python recipes/vgg_cifar.py                      # defaults: synthetic data if no CIFAR-10
     python recipes/vgg_cifar.py --data cifar10 --data-dir ~/data --width 1 --epochs 160
+    python recipes/vgg_cifar.py --data mnist --data-dir ~/mnist   # the four IDX files; 1x32x32 input
+
+Every stage builds and traces the network at the data's per-sample shape (the DataModule's
+``input_shape``: 3x32x32 for CIFAR-10 and the synthetic set, 1x32x32 for MNIST, whose 28x28
+digits are zero-padded by 2 pixels), and the bundle declares that input and normalisation.
 
 Stages run in order and each reuses what an earlier run already left in ``--out`` (matching
 configuration), so an interrupted run resumes where it stopped:
@@ -43,7 +48,7 @@ import torch
 
 from nestflex._io import read_json, write_json
 from nestflex._machine import machine
-from nestflex.data import resolve_data
+from nestflex.data import DATA_KINDS, resolve_data
 from nestflex.graph import trace
 from nestflex.models import list_models
 
@@ -62,10 +67,12 @@ def stage(name: str):
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--data", default="auto", choices=["auto", "cifar10", "synthetic"],
-                   help="auto: CIFAR-10 if found in --data-dir, else the synthetic dataset")
-    p.add_argument("--data-dir", default="data", help="where CIFAR-10 lives (python-batch layout)")
-    p.add_argument("--download", action="store_true", help="download CIFAR-10 into --data-dir if missing")
+    p.add_argument("--data", default="auto", choices=list(DATA_KINDS),
+                   help="auto: CIFAR-10 if found in --data-dir, else the synthetic dataset; mnist: only when asked")
+    p.add_argument("--data-dir", default="data",
+                   help="where CIFAR-10 (python-batch layout) or MNIST (the four IDX files, gzipped or not) lives")
+    p.add_argument("--download", action="store_true",
+                   help="download CIFAR-10 into --data-dir if missing (MNIST is never downloaded)")
     p.add_argument("--model", default="vgg16", help=f"one of {', '.join(list_models())} or timm:<name>")
     p.add_argument("--width", type=float, default=0.25, help="channel multiplier (1.0 = the paper's VGG)")
     p.add_argument("--epochs", type=int, default=6)
@@ -193,7 +200,8 @@ def run_baseline(args: argparse.Namespace, ctx: dict[str, Any]) -> dict[str, Any
 
     pl.seed_everything(args.seed, workers=True)
     dm = ctx["datamodule"]
-    module = ImageClassifier(args.model, num_classes=dm.num_classes, width=args.width, lr=args.lr, max_epochs=args.epochs)
+    module = ImageClassifier(args.model, num_classes=dm.num_classes, width=args.width, lr=args.lr, max_epochs=args.epochs,
+                             input_shape=dm.input_shape)
     last = out / "last.ckpt"
     resume = last if last.exists() and (out / "config.json").exists() and read_json(out / "config.json") == config else None
     write_json(out / "config.json", config)
@@ -220,7 +228,7 @@ def run_baseline(args: argparse.Namespace, ctx: dict[str, Any]) -> dict[str, Any
     trainer.fit(module, datamodule=dm, ckpt_path=str(resume) if resume else None)
     seconds = time.perf_counter() - start
     test = trainer.test(module, datamodule=dm, verbose=False)[0]
-    graph = trace(module.model.cpu())
+    graph = trace(module.model.cpu(), dm.input_shape)
     result = {
         "accuracy": round(float(test["test_acc"]), 4),
         "params": graph.params(),
@@ -277,7 +285,7 @@ def run_prune(args: argparse.Namespace, ctx: dict[str, Any]) -> dict[str, Any]:
     pruner = FilterPruning(
         args.prune_criterion, max_drop=args.prune_max_drop / 100, step=args.prune_step,
         epochs_per_step=args.prune_epochs_per_step, max_steps=args.prune_max_steps, dirpath=out,
-        criterion_kwargs=kwargs,
+        criterion_kwargs=kwargs, input_shape=ctx["datamodule"].input_shape,
     )
     logs = Path(args.out) / "logs"
     version = f"prune-resume{len(list(logs.glob('prune-resume*'))) + 1}" if resume else "prune"
@@ -366,10 +374,10 @@ def run_grow(args: argparse.Namespace, ctx: dict[str, Any]) -> dict[str, Any]:
     epochs = (levels - 1) * args.grow_epochs_per_level
     hp = dict(base.hparams) | {"lr": args.grow_lr, "max_epochs": epochs, "restart_epochs": args.grow_epochs_per_level}
     module = ImageClassifier(**hp)
-    grower = FreezeAndGrow(road_path, levels=levels, epochs_per_level=args.grow_epochs_per_level,
-                           init=args.grow_init, dirpath=out)
-    final = out / "model.ckpt"
     dm = ctx["datamodule"]
+    grower = FreezeAndGrow(road_path, levels=levels, epochs_per_level=args.grow_epochs_per_level,
+                           init=args.grow_init, dirpath=out, input_shape=dm.input_shape)
+    final = out / "model.ckpt"
     if same and final.exists() and (out / "result.json").exists():
         print(f"grow: reusing {final} (same configuration)")
         grower.build(module)
@@ -408,7 +416,8 @@ def run_grow(args: argparse.Namespace, ctx: dict[str, Any]) -> dict[str, Any]:
     dm.setup("test")
     net = module.model.cpu()
     # test split: the levels were trained and evaluated (capacity.json) on train/validation only
-    levels_profile = profile_levels(net, dm.test_dataloader(), batch_sizes=(1, 64), repeats=args.grow_latency_repeats)
+    levels_profile = profile_levels(net, dm.test_dataloader(), batch_sizes=(1, 64), repeats=args.grow_latency_repeats,
+                                    input_shape=dm.input_shape)
     memory = memory_report(net)
     switching = switching_table(net, repeats=3)
     write_json(out / "profile.json", {"levels": levels_profile, "memory": memory, "switching": switching,
@@ -452,7 +461,8 @@ def run_exits(args: argparse.Namespace, ctx: dict[str, Any]) -> dict[str, Any]:
         backbone = _exit_backbone(args, ctx)
         module = MultiExitClassifier(args.model, num_classes=dm.num_classes, width=args.width,
                                      positions=config["positions"], head=args.exit_head, mode=args.exit_mode,
-                                     lr=args.exit_lr, max_epochs=args.exit_epochs, backbone=backbone)
+                                     lr=args.exit_lr, max_epochs=args.exit_epochs, backbone=backbone,
+                                     input_shape=dm.input_shape)
         last = out / "last.ckpt"
         resume = last if last.exists() and same else None
         write_json(out / "config.json", config)
@@ -557,7 +567,8 @@ def run_flex(args: argparse.Namespace, ctx: dict[str, Any]) -> dict[str, Any]:
                             rate_tolerance=args.flex_rate_tolerance, rank_samples=min(1000, args.flex_val_samples),
                             fit_samples=min(2000, n_train), seed=args.seed,
                             calibration_folds=config["calibration_folds"])
-        result = flexdnn(backbone, train, val, cfg, num_classes=dm.num_classes, calibration_batches=calibration)
+        result = flexdnn(backbone, train, val, cfg, num_classes=dm.num_classes, input_shape=dm.input_shape,
+                         calibration_batches=calibration)
         net, spec, report = result.network, result.spec, result.report
         out.mkdir(parents=True, exist_ok=True)
         if net is not None:
@@ -684,8 +695,7 @@ def run_export(args: argparse.Namespace, ctx: dict[str, Any]) -> dict[str, Any]:
     else:
         model, levels = _baseline_module(args, ctx).model.cpu(), None
     synthetic = bool(ctx["data"]["synthetic"])
-    model_info = {"name": args.model, "width": args.width, "data": "synthetic" if synthetic else "cifar10",
-                  "synthetic": synthetic}
+    model_info = {"name": args.model, "width": args.width, "data": ctx["datamodule"].name, "synthetic": synthetic}
     exits = calibration = None
     if (out / "exits" / "model.ckpt").exists() and (out / "exits" / "calibration.json").exists():
         if "exits" in ctx:
@@ -703,8 +713,8 @@ def run_export(args: argparse.Namespace, ctx: dict[str, Any]) -> dict[str, Any]:
     if calibration is not None:  # the lossless thresholds were calibrated under their own fallback
         policy = {"confidence": calibration["confidence"], "fallback": calibration["lossless"]["fallback"]}
     flex = _flex_exits(args, ctx)  # FlexDNN's planned exits from the flex stage's saved outputs (no retraining)
-    info = export_bundle(out / "bundle.nfx", model, exits=exits, levels=levels, mean=dm.mean, std=dm.std,
-                         classes=dm.classes, calibration=calibration, split_profile=profiles["split_quantization"],
+    info = export_bundle(out / "bundle.nfx", model, exits=exits, levels=levels, input_shape=dm.input_shape,
+                         mean=dm.mean, std=dm.std, classes=dm.classes, calibration=calibration, split_profile=profiles["split_quantization"],
                          precision_profile=profiles["layer_precision"], model_info=model_info, switching=switching,
                          **policy, **flex)
     summary = {"bundle": "bundle.nfx", **{k: v for k, v in info.items() if k != "bundle"}}
@@ -775,7 +785,8 @@ def _grown_module(args: argparse.Namespace, ctx: dict[str, Any]):
     config = read_json(out / "config.json")
     module = ImageClassifier(**dict(_baseline_module(args, ctx).hparams))
     grower = FreezeAndGrow(Path(args.out) / "prune" / "roadmap.json", levels=config["levels"],
-                           epochs_per_level=config["epochs_per_level"], init=config["init"], dirpath=out)
+                           epochs_per_level=config["epochs_per_level"], init=config["init"], dirpath=out,
+                           input_shape=ctx["datamodule"].input_shape)
     grower.build(module)
     module.load_state_dict(torch.load(out / "model.ckpt", map_location="cpu", weights_only=True)["state_dict"])
     set_level(module, config["levels"] - 1)
@@ -847,7 +858,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if dm.synthetic:
         data.update(train_size=dm.train_size, test_size=dm.test_size)
     ctx: dict[str, Any] = {"datamodule": dm, "data": data}
-    summary.update(data=data, model={"name": args.model, "width": args.width, "num_classes": dm.num_classes},
+    summary.update(data=data, model={"name": args.model, "width": args.width, "num_classes": dm.num_classes,
+                                     "input_shape": list(dm.input_shape)},
                    machine=machine())
     # wall seconds of this invocation per stage (a reused stage shows its reuse time, not its training time)
     timing: dict[str, Any] = {"stages": {}, "seconds": 0.0}

@@ -1,6 +1,7 @@
 """Helpers for tests that run the repository's scripts (recipes, benchmarks): files, not modules."""
 
 import importlib.util
+import sys
 from pathlib import Path
 from types import ModuleType
 
@@ -20,5 +21,6 @@ def load_script(relative: str) -> ModuleType:
     path = ROOT / relative
     spec = importlib.util.spec_from_file_location(path.stem, path)
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses (and pickle) look a class's module up by name
     spec.loader.exec_module(module)
     return module

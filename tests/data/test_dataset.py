@@ -25,10 +25,17 @@ def _u8(*shape: int) -> torch.Tensor:
     ("images", "targets", "match"),
     [
         (torch.zeros(2, 3, 4, 4), torch.zeros(2), r"`images` must be a uint8 tensor .*got torch\.float32"),
-        (_u8(2, 1, 4, 4), torch.zeros(2), r"shape \(N, 3, H, W\), .*\(2, 1, 4, 4\)"),
+        (_u8(2, 0, 4, 4), torch.zeros(2), r"shape \(N, C, H, W\), .*\(2, 0, 4, 4\)"),
+        (_u8(2, 4, 4), torch.zeros(2), r"shape \(N, C, H, W\), .*\(2, 4, 4\)"),
         (_u8(2, 3, 4, 4), torch.zeros(3), r"`targets` must have shape \(2,\), got \(3,\)"),
     ],
 )
 def test_errors(images, targets, match):
     with pytest.raises(DataError, match=match):
         ImageTensorDataset(images, targets, classes=("a", "b"))
+
+
+def test_greyscale_images():
+    ds = ImageTensorDataset(_u8(3, 1, 28, 28), torch.zeros(3), classes=("a", "b"))
+    image, label = ds[0]
+    assert image.shape == (1, 28, 28) and image.dtype == torch.float32 and label == 0

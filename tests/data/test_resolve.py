@@ -86,8 +86,8 @@ def test_download_only_when_asked(tmp_path, monkeypatch, cifar_factory):
 
 
 def test_unknown_kind_and_kwarg(tmp_path):
-    assert DATA_KINDS == ("auto", "cifar10", "synthetic")
-    match = r"`kind` must be one of \['auto', 'cifar10', 'synthetic'\], got 'imagenet'"
+    assert DATA_KINDS == ("auto", "cifar10", "mnist", "synthetic")
+    match = r"`kind` must be one of \['auto', 'cifar10', 'mnist', 'synthetic'\], got 'imagenet'"
     with pytest.raises(DataError, match=match):
         resolve_data("imagenet", tmp_path)
     match = r"unknown DataModule argument\(s\) \['batchsize'\]; accepted: \[.*'batch_size'"
@@ -97,7 +97,7 @@ def test_unknown_kind_and_kwarg(tmp_path):
 
 def test_light_imports_do_not_pull_lightning():
     code = (
-        "import sys, nestflex.data, nestflex.data.synthetic, nestflex.data.cifar; "
+        "import sys, nestflex.data, nestflex.data.synthetic, nestflex.data.cifar, nestflex.data.mnist; "
         "nestflex.data.make_synthetic(2); "
         "assert 'pytorch_lightning' not in sys.modules and 'lightning' not in sys.modules, "
         "'lightning imported'"

@@ -10,9 +10,11 @@ from nestflex.data import (
     CIFAR10_STD,
     Compose,
     Normalize,
+    Pad,
     RandomCropFlip,
     compute_mean_std,
     eval_transform,
+    pad,
     random_crop_flip,
     to_float,
     train_transform,
@@ -109,6 +111,30 @@ def test_train_transform_pipeline():
     assert out.dtype == torch.float32 and out.shape == (6, 3, 32, 32)
 
 
+def test_pad_adds_a_zero_border():
+    x = torch.full((2, 1, 28, 28), 7, dtype=torch.uint8)
+    out = pad(x, 2)
+    assert out.shape == (2, 1, 32, 32) and out.dtype == torch.uint8
+    assert torch.equal(out[:, :, 2:30, 2:30], x) and out.sum() == x.sum()  # zeros around
+    assert torch.equal(Pad(2)(x[0]), out[0]) and repr(Pad(2)) == "Pad(2)" and pad(x, 0) is x
+
+
+def test_greyscale_pipelines_with_a_border_and_no_flip():
+    x = torch.randint(0, 256, (4, 1, 28, 28), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+    plain = eval_transform((0.1307,), (0.3081,), border=2)
+    assert plain(x).shape == (4, 1, 32, 32) and "Pad(2)" in repr(plain)
+    torch.testing.assert_close(plain(x)[:, :, 2:30, 2:30], (x.float() / 255 - 0.1307) / 0.3081)
+    t = train_transform((0.1307,), (0.3081,), padding=2, generator=torch.Generator().manual_seed(0), flip=False,
+                        border=2)
+    assert repr(t).startswith("Compose(Pad(2), RandomCropFlip(padding=2, flip=False)")
+    out = t(x)
+    assert out.shape == (4, 1, 32, 32)
+    # each image is a shift of the padded original, never a mirror image
+    padded = torch.nn.functional.pad(plain(x), (2, 2, 2, 2), value=-0.1307 / 0.3081)
+    for i in range(4):
+        assert any(torch.allclose(out[i], padded[i, :, r: r + 32, c: c + 32]) for r in range(5) for c in range(5))
+
+
 def test_errors():
     with pytest.raises(DataError, match=r"`std` must be > 0 for every channel, got \(0\.1, 0\.0, 0\.1\)"):
         Normalize((0.5, 0.5, 0.5), (0.1, 0.0, 0.1))
@@ -118,6 +144,10 @@ def test_errors():
         Normalize(CIFAR10_MEAN, CIFAR10_STD)(torch.zeros(1, 32, 32))
     with pytest.raises(DataError, match=r"`padding` must be an integer >= 0, got -1"):
         RandomCropFlip(padding=-1)
+    with pytest.raises(DataError, match=r"`border` must be an integer >= 0, got -2"):
+        Pad(-2)
+    with pytest.raises(DataError, match=r"`border` must be an integer >= 0, got 1.5"):
+        pad(torch.zeros(1, 4, 4), 1.5)
     match = r"expected an image \(C, H, W\) or a batch \(B, C, H, W\), got shape \(32, 32\)"
     with pytest.raises(DataError, match=match):
         random_crop_flip(torch.zeros(32, 32))

@@ -1,9 +1,12 @@
 """Corrupt, tampered, missing or future bundles are refused with one clear message."""
 
 import json
+import re
 import shutil
+from pathlib import Path
 
 import pytest
+import torch
 
 import nestflex.deploy as nd
 from nestflex.deploy.bundle import manifest_digest
@@ -48,7 +51,7 @@ def test_a_flipped_byte_in_the_weights_is_refused(bundle):
 
 
 def test_an_edited_manifest_is_refused(bundle):
-    _rewrite(bundle, lambda m: m["exits"].update(thresholds=[0.1, 0.1]), redigest=False)
+    _rewrite(bundle, lambda m: m["exit_sets"][0].update(thresholds=[0.1, 0.1]), redigest=False)
     with pytest.raises(nd.BundleError, match=r"manifest.json was modified after export \(its digest does not match"):
         nd.load(bundle)
 
@@ -66,7 +69,8 @@ def test_a_missing_file_is_refused(bundle):
 def test_a_future_schema_version_is_refused(bundle):
     _rewrite(bundle, lambda m: m.update(schema_version=nd.SCHEMA_VERSION + 1))
     with pytest.raises(nd.BundleError, match=rf"has schema_version {nd.SCHEMA_VERSION + 1}, written by nestflex .*; "
-                                             rf"this runtime \(nestflex .*\) reads schema_version <= 1. HINT: upgrade"):
+                                             rf"this runtime \(nestflex .*\) reads schema_version <= "
+                                             rf"{nd.SCHEMA_VERSION}. HINT: upgrade"):
         nd.load(bundle)
 
 
@@ -82,8 +86,9 @@ def test_a_manifest_that_does_not_match_the_weights_is_refused(bundle):
         m["weights"]["tensors"][name]["shape"][0] += 1
 
     _rewrite(bundle, shrink)
-    with pytest.raises(nd.BundleError, match=r"the manifest does not match the weights: tensor 'backbone\..*' is "
-                                             r"float32\[.*\] in weights.safetensors, the manifest says"):
+    with pytest.raises(nd.BundleError, match=r"manifest.json is invalid \(\d+ problems?\): `weights.tensors\['backbone\."
+                                             r"features.conv1.weight'\]` says float32\[9, 3, 3, 3\], but "
+                                             r"weights.safetensors holds float32\[8, 3, 3, 3\].*HINT: the manifest"):
         nd.load(bundle)
 
 
@@ -125,22 +130,151 @@ def test_a_flipped_filter_index_of_a_flex_exit_is_refused(flex_bundle):
 
 def test_an_inconsistent_exit_set_is_refused_in_one_message(flex_bundle):
     def break_both(m):
-        m["flex_exits"]["thresholds"] = [0.5]
-        m["exits"]["backbone"] = "own"  # without its program
+        m["exit_sets"][1]["thresholds"] = [0.5]
+        m["exit_sets"][0]["backbone"] = "own"  # without its program
 
     _rewrite(flex_bundle, break_both)
-    with pytest.raises(nd.BundleError, match=r"the exits in manifest.json are inconsistent: `exits.backbone` is 'own': "
-                                             r"expected 'shared', or 'own' with a `program`; `flex_exits` has 2 early "
-                                             r"exits but \{'taps': 2, 'heads': 2, 'thresholds': 1\}. HINT: the manifest"):
+    with pytest.raises(nd.BundleError, match=r"manifest.json is invalid \(2 problems\): `exit_sets\[0\].program` is "
+                                             r"missing; an `own` backbone stores its program here; "
+                                             r"`exit_sets\[1\].thresholds` has 1 entries, expected 2 \(one per early "
+                                             r"exit: `names` lists 3 exits, the final one last\).*HINT: the manifest"):
         nd.load(flex_bundle)
 
 
-def test_a_bundle_from_before_flex_exits_still_loads_and_runs(flex_bundle):
-    # schema 1 bundles written before the `flex_exits` set and the `kind` key: the change is additive
+def test_corruption_and_manifest_problems_are_reported_together(flex_bundle):
+    path = flex_bundle / "weights.safetensors"
+    data = bytearray(path.read_bytes())
+    data[-100] ^= 0xFF
+    path.write_bytes(bytes(data))
+    _rewrite(flex_bundle, lambda m: m["levels"][1].update(memory_mb=float("nan"), accuracy=91), redigest=False)
+    with pytest.raises(nd.BundleError) as e:
+        nd.load(flex_bundle)
+    assert re.search(r"flex.nfx' is corrupt or was tampered with: .*file 'weights.safetensors' fails its sha256 "
+                     r"checksum.*HINT: copy the bundle again.* Also, manifest.json is invalid \(2 problems\): "
+                     r"`levels\[1\].memory_mb` must be a finite number, got nan \(number\). HINT: JSON has no NaN"
+                     r".*`levels\[1\].accuracy` must be a finite number in \[0, 1\] or null, got 91 \(number\). "
+                     r"HINT: accuracies are fractions", str(e.value))
+    assert len(e.value.problems) == 4  # the digest (NaN is not canonical JSON), the checksum, two fields
+
+
+def test_filters_that_differ_from_the_index_tensor_are_refused(flex_bundle):
+    # consistent shapes, other values: the head would read other filters than the plan says
+    _rewrite(flex_bundle, lambda m: m["exit_sets"][1]["heads"][0]["filters"].reverse())
+    with pytest.raises(nd.BundleError, match=r"`exit_sets\[1\].heads\[0\].filters` is \[.*\]\.\.\., but the index "
+                                             r"tensor 'flex_exits.0.index' in weights.safetensors holds"):
+        nd.load(flex_bundle)
+
+
+# wrong JSON types, NaN/Infinity, over-deep values: always one BundleError naming the field
+BAD_EDITS = {
+    "levels is a string": (lambda m: m.update(levels="x"), r"`levels` must be a list, got 'x' \(string\)"),
+    "capacity is a list": (lambda m: m.update(capacity=[]), r"`capacity` must be an object, got \[\] \(array\)"),
+    "exit_sets is an object": (lambda m: m.update(exit_sets={}), r"`exit_sets` must be a list or null"),
+    "tensor table is a number": (lambda m: m["weights"].update(tensors=5), r"`weights.tensors` must be an object"),
+    "files is a list": (lambda m: m.update(files=[]), r"`files` must be an object"),
+    "producer torch is a number": (lambda m: m["producer"].update(torch=2), r"`producer.torch` must be a non-empty "
+                                                                            r"string or null, got 2"),
+    "memory is Infinity": (lambda m: m["levels"][0].update(memory_mb=float("inf")), r"`levels\[0\].memory_mb` must "
+                                                                                    r"be a finite number, got inf"),
+    "a head is null": (lambda m: m["exit_sets"][0]["heads"].__setitem__(1, None), r"`exit_sets\[0\].heads\[1\]` "
+                                                                                  r"must be an object, got None"),
+    "a node's args is a string": (lambda m: m["capacity"]["program"][1].update(args="x"),
+                                  r"`capacity.program\[1\].args` must be a list, got 'x'"),
+    "provenance nested too deep": (lambda m: m.update(model=json.loads("[" * 200 + "]" * 200)),
+                                   r"`model(\[0\])+` is nested deeper than 32 levels"),
+    "schema_version is a string": (lambda m: m.update(schema_version="2"), r"`schema_version` must be a positive "
+                                                                          r"int, got '2'"),
+}
+
+
+@pytest.mark.parametrize("name", list(BAD_EDITS))
+def test_a_field_of_the_wrong_type_is_one_bundle_error(bundle, name):
+    edit, pattern = BAD_EDITS[name]
+    path = bundle / "manifest.json"
+    m = json.loads(path.read_text())
+    edit(m)
+    try:
+        m["integrity"]["manifest_sha256"] = manifest_digest(m)
+    except ValueError:  # NaN, Infinity: not canonical JSON, so also a digest mismatch
+        pass
+    path.write_text(json.dumps(m))
+    with pytest.raises(nd.BundleError, match=pattern):
+        nd.load(bundle)
+
+
+def test_a_number_json_cannot_hold_is_one_bundle_error(bundle):
+    path = bundle / "manifest.json"
+    path.write_text(path.read_text().replace('"macs":', '"macs":1' + "0" * 5000 + ',"was_macs":', 1))
+    with pytest.raises(nd.BundleError, match=r"manifest.json is not valid JSON \(ValueError: Exceeds the limit"):
+        nd.load(bundle)
+
+
+# --------------------------------------------------------------------------------------------
+# schema 1: the committed fixture was written by the exporter before schema 2 (tests/deploy/fixtures/README.md)
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+@pytest.fixture
+def v1(tmp_path):
+    return shutil.copytree(FIXTURES / "bundle_v1.nfx", tmp_path / "v1.nfx")
+
+
+def test_a_schema_1_bundle_loads_upgraded():
+    b = nd.load(FIXTURES / "bundle_v1.nfx")
+    raw = json.loads((FIXTURES / "bundle_v1.nfx" / "manifest.json").read_text())
+    assert raw["schema_version"] == 1 and "exit_sets" not in raw
+    assert b.spec.schema_version == 1 and b.manifest["schema_version"] == nd.SCHEMA_VERSION == 2
+    assert [s.kind for s in b.spec.exit_sets] == ["progressive", "flexdnn"]
+    # the sections read as they were written, now as a list with their kind
+    assert b.exit_sets == {"exits": raw["exits"], "flex_exits": raw["flex_exits"]}
+    assert b.exits == raw["exits"] and b.flex_exits == raw["flex_exits"]
+    assert all(b.manifest[k] == raw[k] for k in raw if k not in ("schema_version", "exits", "flex_exits"))
+    assert "schema_version=1" in repr(b)
+
+
+def test_a_schema_1_bundle_runs_with_the_outputs_of_its_model():
+    from safetensors.torch import load_file
+
+    ref = load_file(str(FIXTURES / "bundle_v1_reference.safetensors"))  # the training model's outputs, and the
+    b = nd.load(FIXTURES / "bundle_v1.nfx")                              # schema-1 runtime's, at export time
+    x = ref["x"]
+    rt = b.capacity(0)
+    for k in range(b.num_levels):
+        rt.set_level(k)
+        torch.testing.assert_close(rt(x), ref[f"level_{k}"], atol=1e-5, rtol=0)
+        assert torch.equal(rt(x), ref[f"runtime_level_{k}"])
+    for key, kind in (("exits", "progressive"), ("flex_exits", "flexdnn")):
+        prog = b.progressive(rt, exit_set=kind)
+        for k, logits in enumerate(prog.all_exits(x)):
+            torch.testing.assert_close(logits, ref[f"{key}_{k}"], atol=1e-5, rtol=0)
+        out = prog(x)
+        assert torch.equal(out.logits, ref[f"runtime_{key}_logits"])
+        assert torch.equal(out.exit_index, ref[f"runtime_{key}_exit_index"])
+        assert torch.equal(out.answer_index, ref[f"runtime_{key}_answer_index"])
+    head, tail = rt.split(b.splits[0]["name"])
+    assert torch.equal(tail(*head(x)), rt(x))
+
+
+def test_a_schema_1_bundle_before_flex_exits_and_kind_still_loads_and_runs(v1):
+    # the oldest schema-1 bundles: no `flex_exits` set, no `kind` key
     def older(m):
         del m["flex_exits"], m["exits"]["kind"]
+        m["onnx"] = []
 
-    _rewrite(flex_bundle, older)
-    b = nd.load(flex_bundle)
-    assert list(b.exit_sets) == ["exits"] and b.flex_exits is None
-    assert b.progressive()(__import__("torch").randn(2, 3, 32, 32)).logits.shape == (2, 10)
+    _rewrite(v1, older)
+    b = nd.load(v1)
+    assert list(b.exit_sets) == ["exits"] and b.flex_exits is None and b.exits["kind"] == "progressive"
+    assert b.progressive()(torch.randn(2, 3, 32, 32)).logits.shape == (2, 10)
+
+
+def test_schema_1_problems_are_reported_under_its_own_keys(v1):
+    def broken(m):
+        m["flex_exits"]["kind"] = "progressive"
+        m["exits"]["taps"][1] = "nope"
+
+    _rewrite(v1, broken)
+    with pytest.raises(nd.BundleError, match=r"`flex_exits.kind` must be 'flexdnn' under `flex_exits`, got "
+                                             r"'progressive' \(string\).*`exits.taps\[1\]` names 'nope', which is "
+                                             r"not a node of the backbone program"):
+        nd.load(v1)

@@ -8,7 +8,9 @@ import pytest
 
 import nestflex.deploy as nd
 from nestflex.deploy import cli
-from tests.export.bundles import write_bundle, write_flex_bundle
+from nestflex.capacity.profile import profile_levels
+from nestflex.export import export_bundle
+from tests.export.bundles import exits_on, nested_vgg, write_bundle, write_flex_bundle
 
 
 @pytest.fixture(scope="module")
@@ -49,30 +51,6 @@ def test_errors_are_one_line_and_exit_2(tmp_path):
     assert out.returncode == 2 and "--repeats and --batch-size must be >= 1, got 0 and 1" in out.stderr
 
 
-def test_simulate_forwards_its_argv(monkeypatch, capsys):
-    seen = []
-    fake = type(sys)("nestflex.deploy.simulation")
-    fake.main = lambda argv: seen.append(argv) or 0
-    monkeypatch.setitem(sys.modules, "nestflex.deploy.simulation", fake)
-    assert cli.main(["simulate", "--bundle", "x.nfx", "--help-me"]) == 0
-    assert seen == [["--bundle", "x.nfx", "--help-me"]]
-
-
-def test_simulate_without_the_module_says_so(monkeypatch, capsys):
-    import importlib
-
-    real = importlib.import_module
-
-    def missing(name, *a, **k):
-        if name == "nestflex.deploy.simulation":
-            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
-        return real(name, *a, **k)
-
-    monkeypatch.setattr(cli.importlib, "import_module", missing)
-    assert cli.main(["simulate", "--anything"]) == 2
-    assert "`nestflex simulate` needs nestflex.deploy.simulation" in capsys.readouterr().err
-
-
 def test_inspect_and_bench_show_the_flex_exits(tmp_path):
     info, _, _, _, spec = write_flex_bundle(tmp_path, onnx=False)
     text = cli.inspect_table(nd.load(info["bundle"]))
@@ -82,3 +60,32 @@ def test_inspect_and_bench_show_the_flex_exits(tmp_path):
     assert f"{first['widths']} after 2x2 pooling" in text  # its input is average-pooled first (stem_pool=2)
     result = cli.bench_bundle(nd.load(info["bundle"]), repeats=1)
     assert [e["exit"] for e in result["flex_exits"]] == [0, 1, 2] and all(e["latency_ms"] > 0 for e in result["flex_exits"])
+
+
+@pytest.fixture(scope="module")
+def profiled(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("run")
+    net = nested_vgg(tmp)
+    rows = profile_levels(net, None, batch_sizes=(1,), repeats=1, input_shape=(3, 32, 32))
+    info = export_bundle(tmp / "model.nfx", net, exits=exits_on(net), thresholds=[0.5, 0.6], onnx=False,
+                         levels=[{**r, "accuracy": a} for r, a in zip(rows, [0.7, 0.8, 0.85])])
+    return info["bundle"]
+
+
+def test_run_serves_bundles_live_and_prints_a_table_per_app(profiled, tmp_path, capsys):
+    out = tmp_path / "run.json"
+    assert cli.main(["run", profiled, profiled, "--seconds", "1.2", "--interval", "0.5", "--fps", "40",
+                     "--memory-mb", "5", "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "scheduler greedy_total" in text and "model-2" in text and "exp. accuracy" in text
+    stats = json.loads(out.read_text())
+    assert set(stats["apps"]) == {"model", "model-2"}
+    assert all(a["answered"] > 0 for a in stats["apps"].values())
+    assert stats["resident_bytes"] <= 5e6
+
+
+def test_run_refuses_a_budget_no_app_fits_in_one_line(profiled, capsys):
+    assert cli.main(["run", profiled, "--seconds", "1", "--memory-mb", "0.001"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: app 'model' does not fit: `memory_mb`=0.001")
+    assert cli.main(["run", profiled, "--fps", "0"]) == 2

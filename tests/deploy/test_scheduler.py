@@ -260,3 +260,29 @@ def test_knee_scheduler_runs_fixed_levels_with_equal_shares():
     assert [a.level for a in d.allocations] == [1, 1, 1]
     assert [a.share for a in d.allocations] == pytest.approx([1 / 3] * 3)
     assert d.memory_mb == 6.0  # over the 1 MB budget: the baseline does not look at it
+
+
+def test_largest_scheduler_keeps_every_app_as_large_as_memory_allows():
+    app = AppProfile.from_levels("a", rows([0.70, 0.82, 0.84, 0.85], [1, 2, 3, 4], [1, 2, 4, 8], [1, 2, 4, 8]))
+    apps = [app.renamed(n) for n in "abc"]
+    d = get_scheduler("flexdnn").schedule(apps, memory_mb=24.0)
+    assert [a.level for a in d.allocations] == [3, 3, 3] and [a.share for a in d.allocations] == pytest.approx([1 / 3] * 3)
+    d = get_scheduler("flexdnn").schedule(apps, memory_mb=14.0)  # one steps down at a time, the later app first
+    assert [a.level for a in d.allocations] == [2, 2, 2] and d.memory_mb <= 14.0
+    d = get_scheduler("flexdnn").schedule(apps, memory_mb=18.0)
+    assert [a.level for a in d.allocations] == [3, 2, 2]
+    with pytest.raises(SchedulerError, match="smaller than the smallest configuration"):
+        get_scheduler("flexdnn").schedule(apps, memory_mb=2.0)
+
+
+def test_fixed_scheduler_freezes_levels_by_app_name():
+    from nestflex.deploy.scheduler import FixedScheduler
+
+    app = AppProfile.from_levels("a", rows([0.70, 0.82, 0.84, 0.85], [1, 2, 3, 4], [1, 2, 4, 8], [1, 2, 4, 8]))
+    apps = [app.renamed(n) for n in "abc"]
+    d = FixedScheduler({"a": 3, "c": 0}).schedule(apps, memory_mb=1.0)
+    assert [a.level for a in d.allocations] == [3, 1, 0]  # b: not named, its knee
+    with pytest.raises(SchedulerError, match=r"app 'a': frozen level 7 is not one of its levels \[0, 1, 2, 3\]"):
+        FixedScheduler({"a": 7}).schedule(apps, memory_mb=1.0)
+    with pytest.raises(SchedulerError, match="`levels` must map app names to level numbers >= 0"):
+        FixedScheduler({"a": -1})

@@ -3,6 +3,7 @@ import pytorch_lightning as pl
 import torch
 from pytorch_lightning.callbacks import Callback
 
+from nestflex.errors import GraphError
 from nestflex.exits import ExitError, MultiExitClassifier, OverthinkingSchedule, tau_schedule
 from nestflex.training import ImageClassifier
 from tests.exits.conftest import tiny_loader
@@ -114,6 +115,27 @@ def test_checkpoint_rebuilds_the_multi_exit_network(tmp_path):
     module.eval(), loaded.eval()
     assert all(torch.equal(a, b) for a, b in zip(module(x), loaded(x)))
     assert loaded.model.exit_names == module.model.exit_names
+
+
+def test_greyscale_input_shape_is_resolved_and_saved(tmp_path):
+    base = ImageClassifier("vgg11", width=0.125, input_shape=(1, 32, 32))
+    module = MultiExitClassifier("vgg11", width=0.125, positions=(0.5,), backbone=base.model, max_epochs=1)
+    assert module.input_shape == module.model.input_shape == (1, 32, 32)  # the backbone's own
+    assert module.hparams.input_shape == (1, 32, 32)
+    data = torch.utils.data.DataLoader(
+        torch.utils.data.TensorDataset(torch.randn(8, 1, 32, 32), torch.randint(0, 10, (8,))), batch_size=4)
+    trainer = _trainer(tmp_path, max_epochs=1, limit_train_batches=1, limit_val_batches=0)
+    trainer.fit(module, data)
+    trainer.save_checkpoint(tmp_path / "m.ckpt", weights_only=True)
+    loaded = MultiExitClassifier.load_from_checkpoint(tmp_path / "m.ckpt", map_location="cpu", weights_only=True)
+    x = torch.randn(2, 1, 32, 32)
+    module.eval(), loaded.eval()
+    assert loaded.input_shape == (1, 32, 32) and all(torch.equal(a, b) for a, b in zip(module(x), loaded(x)))
+    fresh = MultiExitClassifier("resnet20", width=0.25, positions=(0.5,), input_shape=(1, 32, 32))
+    assert fresh.model.backbone.conv1.in_channels == 1
+    with pytest.raises(GraphError, match=r"MultiExitClassifier \(val\) traces the model at per-sample input_shape "
+                                        r"\(1, 32, 32\), but the data's samples are \(3, 32, 32\)"):
+        fresh.validation_step((torch.randn(2, 3, 32, 32), torch.zeros(2, dtype=torch.long)), 0)
 
 
 @pytest.mark.parametrize(

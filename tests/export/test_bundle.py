@@ -34,8 +34,9 @@ def test_manifest_describes_the_bundle(written):
     assert [r["macs"] for r in m["levels"]] == sorted(r["macs"] for r in m["levels"])
     assert m["levels"][-1]["weight_bytes"] == m["capacity"]["largest_level_bytes"] == info["largest_level_bytes"]
     assert m["levels"][-1]["weight_bytes"] == state_bytes(extract_level(net, LEVELS - 1)) - 8 * 9  # no BN counters
-    # exits share the backbone: only heads are stored besides it
-    ex = m["exits"]
+    # exits share the backbone: only heads are stored besides it; the sets are a list, each with its kind
+    assert [s["kind"] for s in m["exit_sets"]] == ["progressive"] and "exits" not in m
+    ex = m["exit_sets"][0]
     assert ex["backbone"] == "shared" and ex["level"] == LEVELS - 1 and ex["thresholds"] == [0.5, 0.6]
     assert ex["names"] == exits.exit_names and len(ex["heads"]) == 2 and "program" not in ex
     assert not any(n.startswith("progressive.") for n in m["weights"]["tensors"])
@@ -152,7 +153,9 @@ def test_bad_exports_are_explained(tmp_path):
 def test_provenance_and_switching_reach_the_scheduler(tmp_path):
     """``model_info`` and ``switching`` are stored as given; the scheduler and the simulation read them."""
     from nestflex.deploy.scheduler import AppProfile
-    from nestflex.deploy.simulation import _synthetic_flag
+    from tests.scripts import load_script
+
+    synthetic_flag = load_script("benchmarks/_simulation.py").synthetic_flag
 
     info = {"name": "vgg11", "width": 0.125, "data": "synthetic", "synthetic": True}
     switching = [{"from": 0, "to": 2, "kind": "upgrade", "page_in": 10, "page_out": 2, "nested_ms": 4.25}]
@@ -165,7 +168,29 @@ def test_provenance_and_switching_reach_the_scheduler(tmp_path):
     assert bundle.manifest["model"] == info and bundle.manifest["switching"] == switching
     app = AppProfile.from_bundle(tmp_path / "model.nfx")
     assert app.name == "vgg11-w0.125" and app.switch_time_ms(0, 2) == 4.25 and app.switch_time_ms(2, 0) is None
-    assert _synthetic_flag(tmp_path / "model.nfx") is True
+    assert synthetic_flag(tmp_path / "model.nfx") is True
+
+
+def test_the_writer_and_the_reader_share_one_schema(written):
+    """The manifest on disk is ``Manifest.to_json()`` of what the reader parses back, field for field."""
+    from nestflex.deploy.schema import Manifest, read_safetensors_header
+
+    info = written[0]
+    raw = json.loads(open(f"{info['bundle']}/manifest.json").read())
+    spec = Manifest.from_json(raw, weights_header=read_safetensors_header(f"{info['bundle']}/weights.safetensors"))
+    assert spec.to_json() == raw and Manifest.from_json(spec.to_json()) == spec
+    assert nd.load(info["bundle"]).spec == spec
+
+
+def test_level_rows_the_runtime_would_refuse_are_refused_at_export(tmp_path):
+    net = create_model("vgg11", width=0.125).eval()
+    row = {"level": 0, "accuracy": 91.0, "params": 1, "macs": 1, "memory_mb": float("nan"), "latency_ms": None}
+    with pytest.raises(ExportError, match=r"`levels\[0\]` is invalid \(2 problems\): `levels\[0\].accuracy` must be "
+                                          r"a finite number in \[0, 1\] or null, got 91.0 \(number\). HINT: accuracies "
+                                          r"are fractions .*; `levels\[0\].memory_mb` must be a finite number >= 0, got "
+                                          r"nan \(number\). HINT: fix the argument; the bundle would not load with it"):
+        export_bundle(tmp_path / "m.nfx", net, levels=[row], onnx=False)
+    assert not (tmp_path / "m.nfx").exists()
 
 
 def test_provenance_must_be_json(tmp_path):

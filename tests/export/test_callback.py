@@ -51,3 +51,18 @@ def test_bad_arguments_are_explained():
 
     with pytest.raises(ExportError, match=r"`attr`='net': ImageClassifier has no nn.Module attribute 'net'"):
         bundle_arguments(ImageClassifier("vgg11", width=0.125), attr="net")
+
+
+def test_bundle_arguments_take_the_shape_and_refuse_a_mismatch():
+    from nestflex.export.callback import bundle_arguments
+
+    class _DM:
+        mean, std, classes, input_shape = (0.13,), (0.31,), tuple("0123456789"), (1, 32, 32)
+
+    grey = ImageClassifier("vgg11", width=0.125, input_shape=(1, 32, 32))
+    kwargs = bundle_arguments(grey, _DM())
+    assert kwargs["input_shape"] == (1, 32, 32) and kwargs["mean"] == [0.13]
+    with pytest.raises(ExportError, match=r"the network is traced at per-sample input_shape \(3, 32, 32\), but the "
+                                          r"DataModule's samples are \(1, 32, 32\).*HINT: build the module with "
+                                          r"`input_shape=datamodule.input_shape`"):
+        bundle_arguments(ImageClassifier("vgg11", width=0.125), _DM())

@@ -30,7 +30,7 @@ def _manifest(info):
 def test_flex_exits_on_the_largest_level_store_only_their_heads(shared):
     info, net, exits, flex, spec = shared
     m = _manifest(info)
-    fx, ex = m["flex_exits"], m["exits"]
+    ex, fx = m["exit_sets"]
     assert (ex["kind"], fx["kind"]) == ("progressive", "flexdnn")
     # same layout as the progressive set: the runtime and the loader treat both alike
     assert set(ex) - {"calibration"} <= set(fx)
@@ -64,8 +64,8 @@ def test_flex_exits_on_the_largest_level_store_only_their_heads(shared):
 def test_flex_exits_on_another_backbone_store_it_as_their_own_component(own):
     info, net, exits, flex, spec = own
     m = _manifest(info)
-    fx = m["flex_exits"]
-    assert m["exits"] is None and fx["backbone"] == "own" and fx["level"] is None and "program" in fx
+    (fx,) = m["exit_sets"]
+    assert fx["kind"] == "flexdnn" and fx["backbone"] == "own" and fx["level"] is None and "program" in fx
     assert "flex.backbone.*" in fx["note"] and info["flex_exits_backbone"] == "own"
     own_names = {n for n in m["weights"]["tensors"] if n.startswith("flex.backbone.")}
     want = {f"flex.backbone.{k}" for k in flex.backbone.state_dict() if not k.endswith("num_batches_tracked")}
@@ -82,7 +82,7 @@ def _ort(path, *inputs):
 def test_flex_heads_and_stages_agree_under_onnxruntime(shared):
     info, net, exits, flex, spec = shared
     m = _manifest(info)
-    rows = [o for o in m["onnx"] if o.get("exit_set") == "flex_exits"]
+    rows = [o for o in m["onnx"] if o.get("exit_set") == "flexdnn"]
     assert [(o["kind"], o.get("stage", o.get("exit"))) for o in rows] == [
         ("stage", 0), ("exit", 0), ("stage", 1), ("exit", 1), ("stage", 2)]
     assert all(o["file"].startswith("onnx/flex_") for o in rows)

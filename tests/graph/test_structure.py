@@ -232,3 +232,30 @@ def test_untraceable_top_level_forward_names_the_model():
 def test_wrong_input_shape_is_explained():
     with pytest.raises(GraphError, match=r"failed on an input of shape \(1, 1, 32, 32\).*input_shape"):
         trace(create_model("resnet20"), input_shape=(1, 32, 32))
+
+
+def test_input_shape_of_explicit_then_the_models_own_then_the_default():
+    from nestflex.graph import DEFAULT_INPUT_SHAPE, input_shape_of
+
+    grey = create_model("resnet20", width=0.25, in_chans=1)
+    assert input_shape_of(grey) == (1, 32, 32) and input_shape_of(grey, (1, 28, 28)) == (1, 28, 28)
+    assert input_shape_of(nn.Linear(4, 2)) == DEFAULT_INPUT_SHAPE == (3, 32, 32)
+    assert trace(grey).input_shape == (1, 32, 32) and trace(grey, (1, 28, 28)).input_shape == (1, 28, 28)
+    with pytest.raises(GraphError, match=r"`input_shape` must be a sequence of positive integers \(C, H, W\), "
+                                         r"got \(1, 0, 32\)"):
+        input_shape_of(grey, (1, 0, 32))
+    grey.input_shape = "32"
+    with pytest.raises(GraphError, match=r"`CifarResNet.input_shape` must be a sequence of positive integers"):
+        trace(grey)
+
+
+def test_check_input_shape_and_checked_batches():
+    from nestflex.graph import check_input_shape, checked_batches
+
+    check_input_shape((1, 32, 32), (torch.zeros(2, 1, 32, 32), torch.zeros(2)), "x")  # a (x, y) batch
+    batches = [(torch.zeros(2, 3, 32, 32), torch.zeros(2))] * 3
+    match = (r"profile_levels traces the model at per-sample input_shape \(1, 32, 32\), but the data's samples are "
+             r"\(3, 32, 32\)\. HINT: pass `input_shape=\(3, 32, 32\)` \(a DataModule's `input_shape`\)")
+    with pytest.raises(GraphError, match=match):
+        next(checked_batches(batches, (1, 32, 32), "profile_levels"))
+    assert len(list(checked_batches(batches, (3, 32, 32), "ok"))) == 3

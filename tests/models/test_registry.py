@@ -12,6 +12,17 @@ def test_every_registered_model_runs_on_cifar_input(name):
     assert model.num_classes == 7
 
 
+@pytest.mark.parametrize("name", list_models())
+def test_every_registered_model_takes_greyscale_input(name):
+    from nestflex.graph import input_shape_of, trace
+
+    model = create_model(name, width=0.25, in_chans=1).eval()
+    assert model(torch.randn(2, 1, 32, 32)).shape == (2, 10)
+    assert model.input_shape == (1, 32, 32) == input_shape_of(model)
+    assert trace(model).input_shape == (1, 32, 32)  # traced at its own shape without being told
+    assert create_model(name, width=0.25).input_shape == (3, 32, 32)
+
+
 def test_width_multiplier_shrinks_channels():
     full, quarter = create_model("vgg16"), create_model("vgg16", width=0.25)
     assert full.features.conv1.out_channels == 64 and quarter.features.conv1.out_channels == 16
@@ -23,7 +34,10 @@ def test_unknown_model_lists_known_names():
         create_model("vgg61")
 
 
-@pytest.mark.parametrize("kwargs, match", [({"width": 0}, "`width`"), ({"num_classes": 1}, "`num_classes`")])
+@pytest.mark.parametrize("kwargs, match", [
+    ({"width": 0}, "`width`"), ({"num_classes": 1}, "`num_classes`"),
+    ({"in_chans": 0}, r"`in_chans` must be an integer >= 1 \(3 for RGB, 1 for greyscale\), got 0"),
+])
 def test_bad_arguments(kwargs, match):
     with pytest.raises(ModelError, match=match):
         create_model("resnet20", **kwargs)
@@ -36,6 +50,8 @@ def test_timm_models_get_a_cifar_stem(name):
     feats = model.forward_features(torch.randn(1, 3, 32, 32))
     assert feats.shape[-1] == (4 if "resnet" in name else 2)
     assert model(torch.randn(1, 3, 32, 32)).shape == (1, 10)
+    grey = create_model(name, in_chans=1).eval()
+    assert grey(torch.randn(1, 1, 32, 32)).shape == (1, 10) and grey.input_shape == (1, 32, 32)
 
 
 def test_timm_errors():

@@ -171,7 +171,7 @@ def test_combined_drop_is_measured_and_backed_off(setup, profiled):
 
 def test_assignment_slower_than_float32_falls_back(setup, profiled, monkeypatch):
     model, images, labels, _ = setup
-    monkeypatch.setattr(precision_mod, "_paired_median_ms", lambda fns, repeats: {"float32": 1.0, "mixed": 2.0})
+    monkeypatch.setattr(precision_mod, "alternating_median_ms", lambda fns, repeats, **kw: {"float32": 1.0, "mixed": 2.0})
     reference = build_mixed_precision_model(model, {})
     result, ref_ms = precision_mod._choose(model, reference, profiled["layers"], ["float32", "bfloat16", "int8"], 100.0,
                                            [16], 3, images[:CALIB], images[CALIB:], labels[CALIB:], 1.0, (3, 32, 32))

@@ -169,6 +169,35 @@ def test_fast_dev_run(tmp_path):
     assert road.footprints[0].step == 0 and road.status in ("max_epochs", "max_steps")
 
 
+def test_input_shape_is_validated_and_checked_against_the_data(tmp_path):
+    from nestflex.errors import GraphError
+
+    with pytest.raises(GraphError, match=r"`input_shape` must be a sequence of positive integers \(C, H, W\), got "
+                                         r"\(0, 32\)"):
+        _prune(input_shape=(0, 32))
+    # traced at 40x40, fed 32x32: fails at the first evaluation, before anything is pruned
+    with pytest.raises(GraphError, match=r"FilterPruning traces the model at per-sample input_shape \(3, 40, 40\), "
+                                         r"but the data's samples are \(3, 32, 32\)"):
+        _trainer(tmp_path, [_prune(criterion="l1", input_shape=(3, 40, 40))], fast_dev_run=True).fit(
+            _module(), datamodule=_dm())
+    assert not (tmp_path / "pruning" / "roadmap.json").exists()
+
+
+def test_greyscale_module_is_traced_at_its_own_shape(tmp_path):
+    from nestflex.data import MNISTDataModule
+    from tests.data.mnist_files import make_fake_mnist
+
+    data = make_fake_mnist(tmp_path / "mnist", n_train=160, n_test=32)
+    dm = MNISTDataModule(data["root"], batch_size=32, val_size=64)
+    module = ImageClassifier("vgg11", width=0.125, max_epochs=2, input_shape=dm.input_shape)
+    cb = _prune(criterion="l1", allocation="uniform")  # no input_shape: the module's (1, 32, 32)
+    _trainer(tmp_path, [cb], epochs=2).fit(module, datamodule=dm)
+    road = Roadmap.load(tmp_path / "pruning" / "roadmap.json")
+    vanilla = trace(ImageClassifier("vgg11", width=0.125, input_shape=(1, 32, 32)))
+    assert road.footprints[0].macs == vanilla.macs() and road.footprints[0].params == vanilla.params()
+    assert module.model.features.conv1.in_channels == 1
+
+
 class _Kill(Callback):
     def __init__(self, at):
         self.at = at

@@ -20,7 +20,7 @@ def test_baseline_stage_writes_summary_and_reuses_it(tmp_path, capsys):
     on_disk = json.loads((out / "summary.json").read_text())
     assert on_disk == json.loads(json.dumps(summary))
     assert on_disk["data"]["name"] == "synthetic" and on_disk["data"]["synthetic"] is True
-    assert on_disk["model"] == {"name": "vgg11", "width": 0.125, "num_classes": 10}
+    assert on_disk["model"] == {"name": "vgg11", "width": 0.125, "num_classes": 10, "input_shape": [3, 32, 32]}
     base = on_disk["baseline"]
     assert 0 <= base["accuracy"] <= 1 and base["params"] > 0 and base["macs"] > 0
     assert (out / base["checkpoint"]).exists() and (out / "baseline_curves.png").exists()

@@ -28,7 +28,7 @@ from nestflex.capacity.levels import LevelPlan, choose_levels, plan_levels
 from nestflex.capacity.model import INITS, check_roadmap, roadmap_sources
 from nestflex.capacity.nested import extract_level, is_nested, nest_, set_level
 from nestflex.errors import CapacityError
-from nestflex.graph import trace
+from nestflex.graph import checked_batches, input_shape_of, trace
 from nestflex.pruning.callback import _rng_state, _set_rng_state
 from nestflex.pruning.evaluate import accuracy, trainer_eval_loader
 from nestflex.pruning.roadmap import Roadmap
@@ -58,7 +58,10 @@ class FreezeAndGrow(Callback):
         eval_batches: validation batches per level evaluation (``None``: all).
         dirpath: where ``capacity.json`` goes (default ``<default_root_dir>/capacity``).
         eval_dataloader: loader for evaluations (default: the validation dataloader).
-        input_shape: per-sample input shape for tracing.
+        input_shape: per-sample input shape for tracing; default: the module's own
+            (:func:`nestflex.graph.input_shape_of`: its ``input_shape`` attribute, as
+            :class:`~nestflex.training.ImageClassifier` has, else ``(3, 32, 32)``). Evaluation
+            batches of another shape raise ``GraphError``.
 
     Example::
 
@@ -77,7 +80,7 @@ class FreezeAndGrow(Callback):
         eval_batches: int | None = None,
         dirpath: str | os.PathLike | None = None,
         eval_dataloader: Any = None,
-        input_shape: Sequence[int] = (3, 32, 32),
+        input_shape: Sequence[int] | None = None,
     ) -> None:
         if not isinstance(levels, int) or isinstance(levels, bool) or levels < 2:
             raise CapacityError(f"`levels` must be an int >= 2 (the seed and the vanilla model at least), got {levels!r}")
@@ -91,7 +94,9 @@ class FreezeAndGrow(Callback):
         self.levels, self.steps = levels, list(steps) if steps is not None else None
         self.epochs_per_level, self.init, self.eval_batches = epochs_per_level, init, eval_batches
         self.dirpath = Path(dirpath) if dirpath is not None else None
-        self.eval_dataloader, self.input_shape = eval_dataloader, tuple(input_shape)
+        self.eval_dataloader = eval_dataloader
+        # validated now; None: the module's own, at use
+        self.input_shape = input_shape_of(torch.nn.Module(), input_shape) if input_shape is not None else None
         self.plan: LevelPlan | None = None
         self.records: list[dict[str, Any]] = []
         self._freezer: LevelFreezer | None = None
@@ -115,12 +120,13 @@ class FreezeAndGrow(Callback):
     def build(self, module: torch.nn.Module) -> LevelPlan:
         """Nest ``module`` in place from the roadmap; returns the plan (pure routing to helpers)."""
         road = Roadmap.load(self.roadmap_path)
-        check_roadmap(module, road, self.input_shape)
+        shape = input_shape_of(module, self.input_shape)
+        check_roadmap(module, road, shape)
         steps = self.steps if self.steps is not None else choose_levels(road, self.levels)
         if len(steps) != self.levels:
             raise CapacityError(f"`steps` has {len(steps)} entries but `levels`={self.levels}")
         plan = plan_levels(road, steps)
-        nest_(module, plan, roadmap_sources(module, road, self.roadmap_path.parent, plan, self.init), self.input_shape)
+        nest_(module, plan, roadmap_sources(module, road, self.roadmap_path.parent, plan, self.init), shape)
         rank_zero_info(f"freeze-&-grow: {plan.num_levels} levels at roadmap steps {list(plan.steps)}, "
                        f"MACs {list(plan.macs)}")
         return plan
@@ -202,9 +208,11 @@ class FreezeAndGrow(Callback):
         current = self._freezer.level if self._freezer is not None else 1
         set_level(pl_module, level)
         batches = 1 if trainer.fast_dev_run else self.eval_batches
+        shape = input_shape_of(pl_module, self.input_shape)
         with torch.random.fork_rng(devices=[]):
-            acc = accuracy(pl_module, self._eval_loader(trainer), max_batches=batches)
-        graph = trace(extract_level(pl_module, level), self.input_shape)
+            acc = accuracy(pl_module, checked_batches(self._eval_loader(trainer), shape, "FreezeAndGrow"),
+                           max_batches=batches)
+        graph = trace(extract_level(pl_module, level), shape)
         set_level(pl_module, current)
         self.records = [r for r in self.records if r["level"] != level] + [{
             "level": level, "step": self.plan.steps[level], "accuracy": round(acc, 6),

@@ -42,8 +42,11 @@ def read_state(path: str | Path, model: nn.Module) -> dict[str, torch.Tensor]:
     raise CapacityError(f"checkpoint {path} does not hold the weights of {type(model).__name__}")
 
 
-def check_roadmap(model: nn.Module, roadmap: Roadmap, input_shape: tuple[int, ...] = (3, 32, 32)) -> None:
-    """Raise unless ``model`` is the unpruned architecture the roadmap was made for."""
+def check_roadmap(model: nn.Module, roadmap: Roadmap, input_shape: Sequence[int] | None = None) -> None:
+    """Raise unless ``model`` is the unpruned architecture the roadmap was made for.
+
+    ``input_shape``: traced at it; default the model's own (:func:`nestflex.graph.input_shape_of`).
+    """
     groups = {g.name: g.width for g in trace(model, input_shape).groups}
     for name, width in roadmap.groups.items():
         if name not in groups:
@@ -89,7 +92,7 @@ def nest_from_roadmap(
     levels: int = 5,
     steps: Sequence[int] | None = None,
     init: str = "footprint",
-    input_shape: tuple[int, ...] = (3, 32, 32),
+    input_shape: Sequence[int] | None = None,
 ) -> LevelPlan:
     """Nest ``model`` (unpruned, in place) with levels from ``roadmap``'s footprints.
 
@@ -133,7 +136,7 @@ class MultiCapacityModel(nn.Module):
 
     @classmethod
     def from_roadmap(cls, net: nn.Module, roadmap: str | Path, levels: int = 5, steps: Sequence[int] | None = None,
-                     init: str = "footprint", input_shape: tuple[int, ...] = (3, 32, 32)) -> "MultiCapacityModel":
+                     init: str = "footprint", input_shape: Sequence[int] | None = None) -> "MultiCapacityModel":
         return cls(net, nest_from_roadmap(net, roadmap, levels, steps, init, input_shape))
 
     @property

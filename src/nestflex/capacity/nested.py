@@ -145,7 +145,7 @@ def nest_(
     model: nn.Module,
     plan: LevelPlan,
     sources: Sequence[Source],
-    input_shape: tuple[int, ...] = (3, 32, 32),
+    input_shape: Sequence[int] | None = None,
 ) -> nn.Module:
     """Turn the unpruned ``model`` into a multi-capacity model in place.
 

@@ -15,15 +15,14 @@ nested layout (:func:`paging_bytes`). Independent models page in all of ``b`` an
 from __future__ import annotations
 
 import io
-import statistics
-import time
-from typing import Any, Callable, Iterable
+from typing import Any, Iterable, Sequence
 
 import torch
 from torch import nn
 
 from nestflex.capacity.nested import extract_level, get_level, level_regions, num_levels, set_level
-from nestflex.graph import trace
+from nestflex.deploy.timing import median_ms
+from nestflex.graph import checked_batches, input_shape_of, trace
 from nestflex.pruning.evaluate import accuracy
 
 __all__ = [
@@ -39,16 +38,6 @@ __all__ = [
 
 #: bytes per MB in every report (decimal, as the paper's tables)
 MB = 1e6
-
-
-def _median_seconds(fn: Callable[[], object], repeats: int) -> float:
-    fn()  # warm-up
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 def state_bytes(model: nn.Module) -> int:
@@ -147,21 +136,25 @@ def switching_table(model: nn.Module, repeats: int = 5) -> list[dict[str, Any]]:
 
         rows.append({
             "from": a, "to": b, "kind": "upgrade" if b > a else "downgrade", **p,
-            "nested_ms": round(_median_seconds(nested_switch, repeats) * 1e3, 4),
-            "independent_ms": round(_median_seconds(independent_switch, repeats) * 1e3, 4),
+            "nested_ms": round(median_ms(nested_switch, repeats), 4),
+            "independent_ms": round(median_ms(independent_switch, repeats), 4),
         })
     set_level(model, start_level)
     return rows
 
 
 @torch.no_grad()
-def latency_ms(model: nn.Module, batch_size: int, repeats: int = 10, input_shape=(3, 32, 32)) -> float:
-    """Median CPU forward time (ms) of ``model`` in eval mode at ``batch_size``."""
+def latency_ms(model: nn.Module, batch_size: int, repeats: int = 10, input_shape: Sequence[int] | None = None) -> float:
+    """Median CPU forward time (ms) of ``model`` in eval mode at ``batch_size``.
+
+    ``input_shape``: per-sample shape of the random input; default the model's own
+    (:func:`nestflex.graph.input_shape_of`).
+    """
     was = model.training
     model.eval()
-    x = torch.randn(batch_size, *input_shape)
+    x = torch.randn(batch_size, *input_shape_of(model, input_shape))
     try:
-        return _median_seconds(lambda: model(x), repeats) * 1e3
+        return median_ms(lambda: model(x), repeats)
     finally:
         model.train(was)
 
@@ -172,12 +165,15 @@ def profile_levels(
     batch_sizes: Iterable[int] = (1, 64),
     repeats: int = 10,
     max_batches: int | None = None,
-    input_shape: tuple[int, ...] = (3, 32, 32),
+    input_shape: Sequence[int] | None = None,
 ) -> list[dict[str, Any]]:
     """Accuracy, params, MACs, weight memory and CPU latency of every level (NestDNN §3.4).
 
-    Latency is timed on the plain extract of each level (what a deployment would run).
+    Latency is timed on the plain extract of each level (what a deployment would run). Levels
+    are traced and timed at ``input_shape``, by default the model's own
+    (:func:`nestflex.graph.input_shape_of`); a ``loader`` of another shape raises ``GraphError``.
     """
+    input_shape = input_shape_of(model, input_shape)
     K = num_levels(model)
     start = get_level(model)
     rows = []
@@ -186,7 +182,8 @@ def profile_levels(
         plain = extract_level(model, k)
         graph = trace(plain, input_shape)
         row: dict[str, Any] = {"level": k}
-        row["accuracy"] = round(accuracy(model, loader, max_batches=max_batches), 4) if loader is not None else None
+        row["accuracy"] = None if loader is None else round(
+            accuracy(model, checked_batches(loader, input_shape, "profile_levels"), max_batches=max_batches), 4)
         row.update(params=graph.params(), macs=graph.macs(), memory_mb=round(state_bytes(plain) / MB, 4),
                    latency_ms={str(b): round(latency_ms(plain, b, repeats, input_shape), 3) for b in batch_sizes})
         rows.append(row)

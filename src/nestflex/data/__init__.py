@@ -1,15 +1,18 @@
-"""Datasets: real CIFAR-10 and the embedded synthetic default.
+"""Datasets: real CIFAR-10 and MNIST, and the embedded synthetic default.
 
 * :mod:`nestflex.data.synthetic`: :class:`SyntheticShapes` / :func:`make_synthetic`, a
   deterministic 10-class 32x32 dataset with per-sample difficulty (the offline default).
 * :mod:`nestflex.data.cifar`: :class:`CIFAR10` from the python-batch files, read with a
   restricted unpickler; downloads only when asked.
-* transforms: pad-4 crop + flip and normalisation in plain torch, per image or per batch.
-* :class:`CIFAR10DataModule`, :class:`SyntheticDataModule` and :func:`resolve_data` for
-  Lightning and the recipes.
+* :mod:`nestflex.data.mnist`: :class:`MNIST` from the four standard IDX files (gzipped or
+  not), validated; never downloaded.
+* transforms: zero border, pad-and-crop (+ flip) and normalisation in plain torch, per image or
+  per batch.
+* :class:`CIFAR10DataModule`, :class:`MNISTDataModule`, :class:`SyntheticDataModule` and
+  :func:`resolve_data` for Lightning and the recipes.
 
 Everything except the DataModules and :func:`resolve_data` needs torch and numpy only. Those
-three import Lightning, so they are loaded on first access, and ``import nestflex.data`` (or
+import Lightning, so they are loaded on first access, and ``import nestflex.data`` (or
 ``nestflex.data.synthetic``) works where Lightning is not installed.
 
 Example:
@@ -27,9 +30,11 @@ from nestflex.data._dataset import ImageTensorDataset
 from nestflex.data._transforms import (
     Compose,
     Normalize,
+    Pad,
     RandomCropFlip,
     compute_mean_std,
     eval_transform,
+    pad,
     random_crop_flip,
     to_float,
     train_transform,
@@ -42,6 +47,15 @@ from nestflex.data.cifar import (
     cifar10_available,
     download_cifar10,
     load_cifar10,
+)
+from nestflex.data.mnist import (
+    MNIST,
+    MNIST_CLASSES,
+    MNIST_MEAN,
+    MNIST_STD,
+    load_mnist,
+    mnist_available,
+    read_idx,
 )
 from nestflex.data.synthetic import (
     SYNTHETIC_CLASSES,
@@ -57,6 +71,7 @@ from nestflex.data.synthetic import (
 _LAZY = {
     "ImageDataModule": "nestflex.data.datamodule",
     "CIFAR10DataModule": "nestflex.data.datamodule",
+    "MNISTDataModule": "nestflex.data.datamodule",
     "SyntheticDataModule": "nestflex.data.datamodule",
     "DATA_KINDS": "nestflex.data.resolve",
     "resolve_data": "nestflex.data.resolve",
@@ -79,12 +94,21 @@ __all__ = [
     "cifar10_available",
     "download_cifar10",
     "load_cifar10",
+    "MNIST",
+    "MNIST_CLASSES",
+    "MNIST_MEAN",
+    "MNIST_STD",
+    "load_mnist",
+    "mnist_available",
+    "read_idx",
     # transforms
     "Compose",
     "Normalize",
+    "Pad",
     "RandomCropFlip",
     "compute_mean_std",
     "eval_transform",
+    "pad",
     "random_crop_flip",
     "to_float",
     "train_transform",

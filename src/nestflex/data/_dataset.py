@@ -1,4 +1,4 @@
-"""The one in-memory image dataset that CIFAR-10 and the synthetic set both build on."""
+"""The one in-memory image dataset that CIFAR-10, MNIST and the synthetic set all build on."""
 
 from __future__ import annotations
 
@@ -13,13 +13,13 @@ __all__ = ["ImageTensorDataset"]
 
 
 class ImageTensorDataset(Dataset):
-    """A ``Dataset`` over uint8 ``(N, 3, H, W)`` images and int64 labels held in memory.
+    """A ``Dataset`` over uint8 ``(N, C, H, W)`` images and int64 labels held in memory.
 
     Args:
-        images: uint8 tensor ``(N, 3, H, W)``.
+        images: uint8 tensor ``(N, C, H, W)`` (C = 3 for RGB, 1 for greyscale).
         targets: int64 tensor ``(N,)``.
         classes: class names, index = label.
-        transform: callable applied to one uint8 ``(3, H, W)`` image; ``None`` returns float32
+        transform: callable applied to one uint8 ``(C, H, W)`` image; ``None`` returns float32
             in [0, 1].
 
     Two datasets may share the same tensors with different transforms (training augmentation
@@ -35,9 +35,9 @@ class ImageTensorDataset(Dataset):
         classes: Sequence[str],
         transform: Callable[[torch.Tensor], torch.Tensor] | None = None,
     ) -> None:
-        if images.dtype != torch.uint8 or images.dim() != 4 or images.shape[1] != 3:
+        if images.dtype != torch.uint8 or images.dim() != 4 or images.shape[1] < 1:
             raise DataError(
-                "`images` must be a uint8 tensor of shape (N, 3, H, W), "
+                "`images` must be a uint8 tensor of shape (N, C, H, W), "
                 f"got {images.dtype} {tuple(images.shape)}"
             )
         if targets.shape != (images.shape[0],):

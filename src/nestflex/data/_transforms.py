@@ -24,8 +24,10 @@ from nestflex.errors import DataError
 
 __all__ = [
     "to_float",
+    "pad",
     "random_crop_flip",
     "Normalize",
+    "Pad",
     "RandomCropFlip",
     "Compose",
     "train_transform",
@@ -47,6 +49,19 @@ def _as_batch(x: torch.Tensor) -> tuple[torch.Tensor, bool]:
 def to_float(x: torch.Tensor) -> torch.Tensor:
     """uint8 0..255 -> float32 0..1; float input is returned as float32 unchanged."""
     return x.float().div(255) if x.dtype == torch.uint8 else x.float()
+
+
+def pad(x: torch.Tensor, border: int) -> torch.Tensor:
+    """Zero border of ``border`` pixels on every side (MNIST: 28x28 -> 32x32 with ``border=2``).
+
+    Example:
+        >>> pad(torch.ones(1, 28, 28, dtype=torch.uint8), 2).shape
+        torch.Size([1, 32, 32])
+    """
+    if isinstance(border, bool) or not isinstance(border, int) or border < 0:
+        raise DataError(f"`border` must be an integer >= 0, got {border!r}")
+    _as_batch(x)  # shape check only
+    return F.pad(x, (border, border, border, border)) if border else x
 
 
 def random_crop_flip(
@@ -102,6 +117,21 @@ class RandomCropFlip:
         return f"RandomCropFlip(padding={self.padding}, flip={self.flip})"
 
 
+class Pad:
+    """Callable form of :func:`pad`."""
+
+    def __init__(self, border: int) -> None:
+        if isinstance(border, bool) or not isinstance(border, int) or border < 0:
+            raise DataError(f"`border` must be an integer >= 0, got {border!r}")
+        self.border = border
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return pad(x, self.border)
+
+    def __repr__(self) -> str:
+        return f"Pad({self.border})"
+
+
 class Normalize:
     """Convert to float in [0, 1] (if uint8), then subtract ``mean`` and divide by ``std`` per channel.
 
@@ -145,15 +175,28 @@ class Compose:
 
 
 def train_transform(
-    mean: Sequence[float], std: Sequence[float], padding: int = 4, generator: torch.Generator | None = None
+    mean: Sequence[float],
+    std: Sequence[float],
+    padding: int = 4,
+    generator: torch.Generator | None = None,
+    flip: bool = True,
+    border: int = 0,
 ) -> Compose:
-    """Standard CIFAR training augmentation: pad-4 random crop, horizontal flip, normalisation."""
+    """Training augmentation: random crop from a ``padding``-pixel zero padding, flip, normalisation.
+
+    The defaults are the standard CIFAR recipe (pad-4 crop + horizontal flip). MNIST passes
+    ``border=2`` (28x28 -> 32x32 first, as :func:`eval_transform`), ``padding=2`` and
+    ``flip=False``: a mirrored digit is another glyph, not the same class.
+    """
     # Crop/flip on uint8 before the float conversion: 4x less memory traffic, same result.
-    return Compose(RandomCropFlip(padding, True, generator), Normalize(mean, std))
+    steps: list[Transform] = [Pad(border)] if border else []
+    return Compose(*steps, RandomCropFlip(padding, flip, generator), Normalize(mean, std))
 
 
-def eval_transform(mean: Sequence[float], std: Sequence[float]) -> Normalize:
-    """Evaluation transform: normalisation only."""
+def eval_transform(mean: Sequence[float], std: Sequence[float], border: int = 0) -> Transform:
+    """Evaluation transform: the zero ``border`` (if any), then normalisation."""
+    if border:
+        return Compose(Pad(border), Normalize(mean, std))
     return Normalize(mean, std)
 
 

@@ -1,18 +1,21 @@
-"""LightningDataModules for CIFAR-10 and the synthetic dataset.
+"""LightningDataModules for CIFAR-10, MNIST and the synthetic dataset.
 
-Both split the same way: a seeded validation hold-out of the training split (5,000 samples by
+All split the same way: a seeded validation hold-out of the training split (5,000 samples by
 default; exit thresholds are calibrated on it, so it must never be trained on), an optional
 seeded subset of the rest for quick runs (``max_train_samples``), and the official test split.
-Training batches get pad-4 random crop + horizontal flip, every split gets per-channel
-normalisation with the dataset's :attr:`mean` / :attr:`std`.
+Training batches get a random crop from a zero padding (+ horizontal flip where the classes
+allow it), every split gets per-channel normalisation with the dataset's :attr:`mean` /
+:attr:`std`. :attr:`input_shape` is the per-sample shape the loaders yield, known before
+:meth:`setup`: models are built and traced from it (MNIST: ``(1, 32, 32)``, its 28x28 digits
+padded by 2 pixels).
 
 Example:
     >>> from nestflex.data import SyntheticDataModule
     >>> dm = SyntheticDataModule(batch_size=16, train_size=200, test_size=50, val_size=40)
     >>> dm.setup()
     >>> x, y = next(iter(dm.train_dataloader()))
-    >>> x.shape, len(dm.val_dataset), len(dm.test_dataset), dm.synthetic
-    (torch.Size([16, 3, 32, 32]), 40, 50, True)
+    >>> x.shape, len(dm.val_dataset), len(dm.test_dataset), dm.synthetic, dm.input_shape
+    (torch.Size([16, 3, 32, 32]), 40, 50, True, (3, 32, 32))
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from torch.utils.data import DataLoader, RandomSampler, Subset
 from nestflex.data._dataset import ImageTensorDataset
 from nestflex.data._transforms import eval_transform, train_transform
 from nestflex.data.cifar import CIFAR10, CIFAR10_CLASSES, CIFAR10_MEAN, CIFAR10_STD, download_cifar10
+from nestflex.data.mnist import MNIST, MNIST_CLASSES, MNIST_MEAN, MNIST_STD
 from nestflex.data.synthetic import (
     SYNTHETIC_CLASSES,
     SYNTHETIC_MEAN,
@@ -38,7 +42,14 @@ from nestflex.data.synthetic import (
 )
 from nestflex.errors import DataError
 
-__all__ = ["EpochShuffleSampler", "ImageDataModule", "CIFAR10DataModule", "SyntheticDataModule", "DEFAULT_VAL_SIZE"]
+__all__ = [
+    "EpochShuffleSampler",
+    "ImageDataModule",
+    "CIFAR10DataModule",
+    "MNISTDataModule",
+    "SyntheticDataModule",
+    "DEFAULT_VAL_SIZE",
+]
 
 DEFAULT_VAL_SIZE = 5000
 
@@ -102,7 +113,11 @@ class ImageDataModule(pl.LightningDataModule):
 
     Attributes:
         name, synthetic, num_classes, classes, mean, std: describe the dataset (available before
-            :meth:`setup`).
+            :meth:`setup`); ``mean``/``std`` have one value per channel.
+        input_shape: per-sample ``(C, H, W)`` of what the loaders yield, after the transforms
+            (available before :meth:`setup`, checked against the data in it).
+        border, crop_padding, flip: the transforms: a zero border added to every image of every
+            split, the zero padding of the training crop, and whether training images are flipped.
         train_dataset, val_dataset, test_dataset: after :meth:`setup`.
         train_indices, val_indices: indices into the full training split, after :meth:`setup`.
     """
@@ -111,8 +126,12 @@ class ImageDataModule(pl.LightningDataModule):
     synthetic: bool = False
     num_classes: int = 10
     classes: tuple[str, ...] = ()
-    mean: tuple[float, float, float] = (0.5, 0.5, 0.5)
-    std: tuple[float, float, float] = (0.25, 0.25, 0.25)
+    mean: tuple[float, ...] = (0.5, 0.5, 0.5)
+    std: tuple[float, ...] = (0.25, 0.25, 0.25)
+    input_shape: tuple[int, int, int] = (3, 32, 32)
+    border: int = 0
+    crop_padding: int = 4
+    flip: bool = True
 
     def __init__(
         self,
@@ -174,11 +193,22 @@ class ImageDataModule(pl.LightningDataModule):
         if self.max_train_samples is not None:
             rest = rest[: self.max_train_samples]
         self.train_indices = rest.sort().values
-        augmented = _with_transform(train, train_transform(self.mean, self.std))
-        plain = _with_transform(train, eval_transform(self.mean, self.std))
+        train_t = train_transform(self.mean, self.std, self.crop_padding, flip=self.flip, border=self.border)
+        eval_t = eval_transform(self.mean, self.std, border=self.border)
+        augmented = _with_transform(train, train_t)
+        plain = _with_transform(train, eval_t)
         self.train_dataset = Subset(augmented, self.train_indices.tolist())
         self.val_dataset = Subset(plain, self.val_indices.tolist())
-        self.test_dataset = _with_transform(test, eval_transform(self.mean, self.std))
+        self.test_dataset = _with_transform(test, eval_t)
+        for split, images in (("train", train.images), ("test", test.images)):
+            # the eval transform: the training one draws random numbers, and setup must not
+            shape = tuple(eval_t(images[0]).shape) if len(images) else tuple(self.input_shape)
+            if shape != tuple(self.input_shape):
+                raise DataError(
+                    f"{type(self).__name__}: the {split} split yields samples of shape {shape}, but "
+                    f"`input_shape` is {tuple(self.input_shape)}; models would be built and traced for the "
+                    "wrong shape. HINT: a subclass that changes its images or transforms must set `input_shape`"
+                )
 
     def _loader(self, dataset: torch.utils.data.Dataset, train: bool) -> DataLoader:
         if dataset is None:
@@ -209,6 +239,7 @@ class ImageDataModule(pl.LightningDataModule):
             "name": self.name,
             "synthetic": self.synthetic,
             "num_classes": self.num_classes,
+            "input_shape": list(self.input_shape),
             "seed": self.seed,
             "val_size": self.val_size,
             "max_train_samples": self.max_train_samples,
@@ -270,6 +301,61 @@ class CIFAR10DataModule(ImageDataModule):
         test = CIFAR10(self.data_dir, "test")
         self.classes = train.classes
         return train, test
+
+    def describe(self) -> dict[str, object]:
+        return {**super().describe(), "data_dir": self.data_dir}
+
+
+class MNISTDataModule(ImageDataModule):
+    """MNIST from the four standard IDX files in ``data_dir``, padded to 1x32x32.
+
+    The 28x28 digits get a 2-pixel zero border in every split (LeNet-5's 32x32 input), because
+    the CIFAR networks need it: VGG halves the resolution five times (28 -> 14 -> 7 -> 3 -> 1 ->
+    nothing) and its classifier expects one pixel per channel after the last pooling, which a
+    32x32 input gives. Training adds random shifts of up to 2 pixels (a crop from a further zero
+    padding) and no flip: a mirrored digit is another glyph. Normalisation uses the usual MNIST
+    mean/std (:data:`~nestflex.data.mnist.MNIST_MEAN`).
+
+    Args:
+        data_dir: directory holding the IDX files (or their ``raw/`` or ``MNIST/raw/``); nothing
+            is ever downloaded.
+        **kwargs: see :class:`ImageDataModule` (batch_size, num_workers, max_train_samples,
+            val_size, seed, pin_memory).
+
+    Raises:
+        DataError: bad arguments here; missing or corrupt files in :meth:`setup`.
+
+    Example:
+        >>> dm = MNISTDataModule("../shared/data/mnist")  # doctest: +SKIP
+        >>> dm.setup(); len(dm.train_dataset), len(dm.val_dataset), dm.input_shape  # doctest: +SKIP
+        (55000, 5000, (1, 32, 32))
+    """
+
+    name = "mnist"
+    synthetic = False
+    classes = MNIST_CLASSES
+    mean = MNIST_MEAN
+    std = MNIST_STD
+    input_shape = (1, 32, 32)
+    border = 2
+    crop_padding = 2
+    flip = False
+
+    def __init__(
+        self,
+        data_dir: str | os.PathLike[str] = "./data",
+        batch_size: int = 128,
+        num_workers: int = 0,
+        max_train_samples: int | None = None,
+        val_size: int | float = DEFAULT_VAL_SIZE,
+        seed: int = 0,
+        pin_memory: bool = False,
+    ) -> None:
+        super().__init__(batch_size, num_workers, max_train_samples, val_size, seed, pin_memory)
+        self.data_dir = os.fspath(data_dir)
+
+    def _load_splits(self) -> tuple[ImageTensorDataset, ImageTensorDataset]:
+        return MNIST(self.data_dir, "train"), MNIST(self.data_dir, "test")
 
     def describe(self) -> dict[str, object]:
         return {**super().describe(), "data_dir": self.data_dir}

@@ -1,9 +1,11 @@
-"""Choose the dataset for a recipe: ``resolve_data("auto" | "cifar10" | "synthetic", data_dir)``.
+"""Choose the dataset for a recipe: ``resolve_data("auto" | "cifar10" | "mnist" | "synthetic", data_dir)``.
 
 Recipes must run offline out of the box, and must never pass off synthetic numbers as CIFAR-10
 ones. So ``auto`` takes CIFAR-10 when its files are in ``data_dir`` (downloading it only when
 ``download=True``), else the synthetic dataset, and the resolver returns one line saying which
-and why, for the recipe to print and to copy into its ``summary.json``.
+and why, for the recipe to print and to copy into its ``summary.json``. MNIST is used only when
+asked for (``"mnist"``): its 1x32x32 samples change the network's input, which ``auto`` must not
+do behind the user's back; and it is never downloaded.
 
 Example:
     >>> from nestflex.data import resolve_data
@@ -27,13 +29,14 @@ from nestflex.data.cifar import (
     find_cifar10_dir,
     require_cifar10_dir,
 )
-from nestflex.data.datamodule import CIFAR10DataModule, ImageDataModule, SyntheticDataModule
+from nestflex.data.datamodule import CIFAR10DataModule, ImageDataModule, MNISTDataModule, SyntheticDataModule
+from nestflex.data.mnist import find_mnist_dir, require_mnist_dir
 from nestflex.errors import DataError
 
 __all__ = ["DATA_KINDS", "resolve_data"]
 
 #: Values accepted by :func:`resolve_data` (and by the recipes' ``--data`` option).
-DATA_KINDS: tuple[str, ...] = ("auto", "cifar10", "synthetic")
+DATA_KINDS: tuple[str, ...] = ("auto", "cifar10", "mnist", "synthetic")
 
 _COMMON_KWARGS = frozenset(
     {"batch_size", "num_workers", "max_train_samples", "val_size", "seed", "pin_memory"}
@@ -50,10 +53,12 @@ def resolve_data(
     """Build the DataModule a recipe asked for, and a one-line message saying which and why.
 
     Args:
-        kind: ``"auto"`` (CIFAR-10 if present, else synthetic), ``"cifar10"`` (required) or
-            ``"synthetic"``.
-        data_dir: where CIFAR-10 is looked for (``data_dir/cifar-10-batches-py`` or ``data_dir``).
-        download: fetch CIFAR-10 into ``data_dir`` if it is missing (for ``auto`` and ``cifar10``).
+        kind: ``"auto"`` (CIFAR-10 if present, else synthetic), ``"cifar10"`` (required),
+            ``"mnist"`` (required) or ``"synthetic"``.
+        data_dir: where CIFAR-10 is looked for (``data_dir/cifar-10-batches-py`` or ``data_dir``),
+            or MNIST's four IDX files (``data_dir``, ``data_dir/raw`` or ``data_dir/MNIST/raw``).
+        download: fetch CIFAR-10 into ``data_dir`` if it is missing (for ``auto`` and ``cifar10``);
+            an error with ``"mnist"``, which is never downloaded.
         **dm_kwargs: DataModule arguments: ``batch_size``, ``num_workers``,
             ``max_train_samples``, ``val_size``, ``seed``, ``pin_memory``; and, used only when the
             synthetic dataset is chosen, ``train_size`` and ``test_size``.
@@ -63,7 +68,8 @@ def resolve_data(
 
     Raises:
         DataError: unknown ``kind`` or keyword; ``kind="cifar10"`` with the files missing and
-            ``download=False``; a failed download.
+            ``download=False``; a failed download; ``kind="mnist"`` with the files missing or
+            ``download=True``.
     """
     if kind not in DATA_KINDS:
         raise DataError(f"`kind` must be one of {list(DATA_KINDS)}, got {kind!r}")
@@ -81,7 +87,18 @@ def resolve_data(
             f"data: using the synthetic dataset (seed {seed}), as requested — figures on it are synthetic"
         )
 
-    cifar_kwargs = {k: v for k, v in dm_kwargs.items() if k in _COMMON_KWARGS}
+    real_kwargs = {k: v for k, v in dm_kwargs.items() if k in _COMMON_KWARGS}
+    if kind == "mnist":
+        if download:
+            raise DataError(
+                f"`download=True` with kind 'mnist': nestflex never downloads MNIST. HINT: put the four standard "
+                f"IDX files in {data_dir} (or its raw/) and drop `download` (recipes: `--download`)"
+            )
+        where = require_mnist_dir(data_dir)  # raises the DataError naming the path and the expected files
+        return MNISTDataModule(data_dir, **real_kwargs), (
+            f"data: MNIST found in {where} (28x28 digits padded to 1x32x32)"
+        )
+    cifar_kwargs = real_kwargs
     if cifar10_available(data_dir):
         where = find_cifar10_dir(data_dir)
         return CIFAR10DataModule(data_dir, **cifar_kwargs), f"data: CIFAR-10 found in {where}"

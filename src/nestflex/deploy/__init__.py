@@ -35,6 +35,8 @@ from nestflex.deploy.exits import (
     register_confidence,
 )
 from nestflex.deploy.runtime import CapacityRuntime, PagingReport, ProgressiveRuntime
+from nestflex.deploy.engine import Engine, EngineError, FrameResult
+from nestflex.deploy.profiler import OnlineProfiler, ProfilerError
 from nestflex.deploy.scheduler import (
     AppProfile,
     Decision,
@@ -78,8 +80,14 @@ __all__ = [
     "CapacityRuntime",
     "ProgressiveRuntime",
     "PagingReport",
-    # NestDNN's resource-aware scheduler (nestflex.deploy.scheduler); the multi-tenant
-    # simulation is nestflex.deploy.simulation (imported on demand: `nestflex simulate`)
+    # the device engine and its online profiler (nestflex.deploy.engine, nestflex.deploy.profiler)
+    "Engine",
+    "EngineError",
+    "FrameResult",
+    "OnlineProfiler",
+    "ProfilerError",
+    # NestDNN's resource-aware scheduler (nestflex.deploy.scheduler); its multi-tenant
+    # simulation is a benchmark, not runtime: benchmarks/multitenant.py
     "SchedulerError",
     "AppProfile",
     "Decision",

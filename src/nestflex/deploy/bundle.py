@@ -1,22 +1,26 @@
-"""The nestflex bundle: schema, integrity checks and :func:`load`.
+"""The nestflex bundle on disk: integrity checks, :func:`load` and :class:`Bundle`.
 
 A bundle is one directory (``model.nfx`` by convention) that describes itself:
 
-* ``manifest.json``: schema and producer version, the input spec (shape, dtype, normalisation),
-  the classes, the multi-capacity levels (profile rows + widths) and the program that runs them,
-  the exit sets (``exits``: SPINN/SDN, ``flex_exits``: FlexDNN; same layout: heads, thresholds,
-  confidence, fallback, calibration or plan), the split points (tensor
-  shapes, float32 bytes, quantisation summary), the profiles it ships, the ONNX exports, and
-  every file with its sha256 and size;
+* ``manifest.json``: the :class:`~nestflex.deploy.schema.Manifest` (one typed definition, in
+  :mod:`nestflex.deploy.schema`): schema and producer version, the input spec, the classes, the
+  multi-capacity levels (profile rows + widths) and the program that runs them, the exit sets
+  (``exit_sets``: a list of sets with a ``kind``, ``progressive`` for SPINN/SDN and ``flexdnn``
+  for FlexDNN, same layout: heads, thresholds, confidence, fallback, calibration or plan), the
+  split points (tensor shapes, float32 bytes, quantisation summary), the precision plan, the
+  profiles it ships, the ONNX exports, and every file with its sha256 and size;
 * ``weights.safetensors``: every tensor ONCE, the multi-capacity weights in nested order (level
   ``k`` reads a prefix), then the exit heads;
 * ``onnx/*.onnx``: one graph per level, per backbone stage and per exit head (for other runtimes);
 * ``profiles/*.json``: the split quantisation and layer precision profiles, exit calibration.
 
 :func:`load` checks the schema and producer versions, the manifest's own digest, each file's size
-and sha256, and that the manifest's tensor table matches the safetensors header, and reports
-every problem in one :class:`BundleError`. Nothing is unpickled: the manifest is JSON, the
-weights are safetensors. The writer is :func:`nestflex.export.export_bundle` (training side).
+and sha256, then reads the manifest through :meth:`Manifest.from_json
+<nestflex.deploy.schema.Manifest.from_json>` with the safetensors header (every field the runtime
+uses: types, ranges, shapes, programs, regions, taps, FlexDNN filter indices), and reports every
+problem in one :class:`BundleError`. Schema-1 bundles (``exits`` / ``flex_exits`` keys) are
+upgraded on read. Nothing is unpickled: the manifest is JSON, the weights are safetensors. The
+writer is :func:`nestflex.export.export_bundle` (training side), through the same schema.
 docs/deploy.md documents every key.
 
 Example::
@@ -24,6 +28,7 @@ Example::
     import nestflex.deploy as nd
     bundle = nd.load("runs/vgg_cifar/bundle.nfx")
     [row["macs"] for row in bundle.levels]
+    bundle.spec.exit_set("flexdnn")          # the typed record, or None
 """
 
 from __future__ import annotations
@@ -36,7 +41,21 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from nestflex import __version__
-from nestflex.errors import NestflexError
+from nestflex.deploy.schema import (
+    EXIT_SET_KEYS,
+    FORMAT,
+    MANIFEST,
+    SCHEMA_VERSION,
+    WEIGHTS,
+    BundleError,
+    ExitSet,
+    Manifest,
+    describe,
+    manifest_digest,
+    parse_manifest,
+    read_safetensors_header,
+    safe_relpath,
+)
 
 __all__ = [
     "BundleError",
@@ -51,22 +70,9 @@ __all__ = [
     "file_digest",
 ]
 
-#: ``manifest["format"]`` of every bundle
-FORMAT = "nestflex-bundle"
-#: the manifest layout this runtime writes and reads; a larger number is refused. Additive keys
-#: (``flex_exits``, ``kind``) do not bump it: a reader that predates them ignores them.
-SCHEMA_VERSION = 1
-#: manifest key -> ``kind`` of each exit set a bundle may hold; both have the same layout and run
-#: under the same runtime and policy (``exits``: SPINN/SDN progressive exits, ``flex_exits``: FlexDNN)
-EXIT_SETS = {"exits": "progressive", "flex_exits": "flexdnn"}
-MANIFEST = "manifest.json"
-WEIGHTS = "weights.safetensors"
-
-_DTYPES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16", "F64": "float64", "I64": "int64", "I32": "int32"}
-
-
-class BundleError(NestflexError, ValueError):
-    """A bundle is missing, corrupt, tampered with, of an unknown version, or used wrongly."""
+#: schema-1 manifest key -> ``kind`` of each exit set a bundle may hold; ``Bundle.exit_sets`` and
+#: ``Bundle.progressive(exit_set=...)`` still name the sets by these keys (the kinds work too)
+EXIT_SETS = {key: kind for kind, key in EXIT_SET_KEYS.items()}
 
 
 def file_digest(path: str | os.PathLike) -> str:
@@ -78,20 +84,8 @@ def file_digest(path: str | os.PathLike) -> str:
     return h.hexdigest()
 
 
-def manifest_digest(manifest: Mapping[str, Any]) -> str:
-    """sha256 of the manifest's canonical JSON without its ``integrity`` entry.
-
-    Stored in ``manifest["integrity"]["manifest_sha256"]`` so an edited manifest is detected. It
-    is a corruption check, not a signature: someone who edits the manifest on purpose can
-    recompute it.
-    """
-    body = {k: v for k, v in manifest.items() if k != "integrity"}
-    text = json.dumps(body, sort_keys=True, separators=(",", ":"), allow_nan=False)
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()
-
-
 def _version_tuple(text: Any) -> tuple[int, ...] | None:
-    m = re.match(r"^(\d+)\.(\d+)(?:\.(\d+))?", str(text))
+    m = re.match(r"^(\d+)\.(\d+)(?:\.(\d+))?", text) if isinstance(text, str) else None
     return tuple(int(g or 0) for g in m.groups()) if m else None
 
 
@@ -107,19 +101,19 @@ def _read_manifest(root: Path) -> dict[str, Any]:
             f"{MANIFEST}"
         )
     path = root / MANIFEST
-    if not path.exists():
+    if not path.is_file():
         raise BundleError(
             f"bundle {str(root)!r} has no {MANIFEST}, so it is not a nestflex bundle (or it was only partly copied). "
             f"HINT: copy the whole `.nfx` directory"
         )
     try:
         manifest = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise BundleError(f"bundle {str(root)!r}: {MANIFEST} is not valid JSON ({e}). HINT: the file is corrupt; "
-                          f"export the bundle again") from None
+    except (OSError, ValueError, RecursionError) as e:  # JSONDecodeError, UnicodeDecodeError, 4300+ digit ints
+        raise BundleError(f"bundle {str(root)!r}: {MANIFEST} is not valid JSON ({type(e).__name__}: {e}). "
+                          f"HINT: the file is corrupt; export the bundle again") from None
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         got = manifest.get("format") if isinstance(manifest, dict) else type(manifest).__name__
-        raise BundleError(f"bundle {str(root)!r}: {MANIFEST} has format {got!r}, expected {FORMAT!r}. "
+        raise BundleError(f"bundle {str(root)!r}: {MANIFEST} has format {got!r:.80}, expected {FORMAT!r}. "
                           f"HINT: this directory was not written by nestflex.export")
     return manifest
 
@@ -127,19 +121,21 @@ def _read_manifest(root: Path) -> dict[str, Any]:
 def _check_versions(root: Path, manifest: Mapping[str, Any]) -> None:
     schema = manifest.get("schema_version")
     if not isinstance(schema, int) or isinstance(schema, bool) or schema < 1:
-        raise BundleError(f"bundle {str(root)!r}: `schema_version` must be a positive int, got {schema!r}. "
+        raise BundleError(f"bundle {str(root)!r}: `schema_version` must be a positive int, got {schema!r:.80}. "
                           f"HINT: the manifest is corrupt; export the bundle again")
-    producer = manifest.get("producer") or {}
+    producer = manifest.get("producer")
+    producer = producer if isinstance(producer, dict) else {}
     if schema > SCHEMA_VERSION:
         raise BundleError(
-            f"bundle {str(root)!r} has schema_version {schema}, written by nestflex {producer.get('version', '?')}; "
+            f"bundle {str(root)!r} has schema_version {schema}, written by nestflex {producer.get('version', '?')!s:.40}; "
             f"this runtime (nestflex {__version__}) reads schema_version <= {SCHEMA_VERSION}. "
             f"HINT: upgrade nestflex on this device, or export with the nestflex version installed here"
         )
     ours, theirs = _version_tuple(__version__), _version_tuple(producer.get("version"))
     if producer.get("name") != "nestflex" or theirs is None:
-        raise BundleError(f"bundle {str(root)!r}: unknown producer {producer!r}; expected nestflex with a version "
-                          f"such as {__version__!r}. HINT: the manifest is corrupt; export the bundle again")
+        raise BundleError(f"bundle {str(root)!r}: unknown producer {manifest.get('producer')!r:.120}; expected "
+                          f"nestflex with a version such as {__version__!r}. HINT: the manifest is corrupt; export "
+                          f"the bundle again")
     if theirs[0] != ours[0]:
         # a new major version may change what a field means without changing the layout
         raise BundleError(
@@ -149,109 +145,138 @@ def _check_versions(root: Path, manifest: Mapping[str, Any]) -> None:
         )
 
 
-def _check_files(root: Path, manifest: Mapping[str, Any]) -> None:
+def _check_files(root: Path, manifest: Mapping[str, Any]) -> list[str]:
+    """Integrity problems: the manifest digest and every listed file's size and sha256.
+
+    Entries of the wrong JSON type are skipped here: the schema reports them, with their path.
+    """
     problems = []
-    want = manifest.get("integrity", {}).get("manifest_sha256")
-    if want != manifest_digest(manifest):
-        problems.append(
-            f"{MANIFEST} was modified after export (its digest does not match integrity.manifest_sha256)"
-        )
+    integrity = manifest.get("integrity")
+    want = integrity.get("manifest_sha256") if isinstance(integrity, dict) else None
+    try:
+        digest = manifest_digest(manifest)
+    except (ValueError, RecursionError):  # NaN/Infinity or over-deep values: never what the exporter wrote
+        digest = None
+    if want is None or want != digest:
+        problems.append(f"{MANIFEST} was modified after export (its digest does not match "
+                        f"integrity.manifest_sha256)")
     files = manifest.get("files")
     if not isinstance(files, dict) or WEIGHTS not in files:
         problems.append(f"{MANIFEST} lists no files (or not {WEIGHTS})")
-        files = {}
+        files = files if isinstance(files, dict) else {}
     for rel, meta in files.items():
-        path = root / rel
-        if Path(rel).is_absolute() or ".." in Path(rel).parts:
-            problems.append(f"file entry {rel!r} points outside the bundle")
+        if not safe_relpath(rel):
+            problems.append(f"file entry {rel!r:.80} points outside the bundle")
             continue
+        path = root / rel
         if not path.is_file():
             problems.append(f"file {rel!r} is missing")
             continue
-        size = path.stat().st_size
-        if size != meta.get("bytes"):
-            problems.append(f"file {rel!r} has {size} bytes, the manifest says {meta.get('bytes')}")
+        if not isinstance(meta, dict):
             continue
-        if file_digest(path) != meta.get("sha256"):
-            problems.append(f"file {rel!r} fails its sha256 checksum (the content changed after export)")
-    if problems:
-        raise BundleError(
-            f"bundle {str(root)!r} is corrupt or was tampered with: " + "; ".join(problems)
-            + ". HINT: copy the bundle again from where it was exported, or export it again"
-        )
+        try:
+            size = path.stat().st_size
+            if size != meta.get("bytes"):
+                problems.append(f"file {rel!r} has {size} bytes, the manifest says {meta.get('bytes')!r:.40}")
+                continue
+            if file_digest(path) != meta.get("sha256"):
+                problems.append(f"file {rel!r} fails its sha256 checksum (the content changed after export)")
+        except OSError as e:
+            problems.append(f"file {rel!r} cannot be read ({e.strerror or e})")
+    return problems
 
 
-def _check_weights(root: Path, manifest: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
-    """The safetensors header must hold exactly the manifest's tensors, shapes and dtypes."""
+def _check_index_values(root: Path, spec: Manifest) -> list[str]:
+    """FlexDNN heads: the index tensors in the weights hold exactly the manifest's ``filters``.
+
+    The schema has already checked the filters against the tapped layer's channels and the index
+    tensors' shapes; this reads the few int64 values themselves (no torch needed).
+    """
+    heads = [(s, j, h) for s in spec.exit_sets for j, h in enumerate(s.heads) if h.filters is not None]
+    if not heads:
+        return []
     path = root / WEIGHTS
-    with open(path, "rb") as f:
-        head = f.read(8)
-        n = int.from_bytes(head, "little") if len(head) == 8 else -1
-        if n <= 0 or n > path.stat().st_size - 8:
-            raise BundleError(f"bundle {str(root)!r}: {WEIGHTS} is not a safetensors file. HINT: export again")
-        header = json.loads(f.read(n))
-    header.pop("__metadata__", None)
-    declared = manifest.get("weights", {}).get("tensors", {})
     problems = []
-    for name, meta in declared.items():
-        got = header.get(name)
-        if got is None:
-            problems.append(f"tensor {name!r} is in the manifest but not in {WEIGHTS}")
-        elif list(got["shape"]) != list(meta["shape"]) or _DTYPES.get(got["dtype"], got["dtype"]) != meta["dtype"]:
-            problems.append(f"tensor {name!r} is {_DTYPES.get(got['dtype'], got['dtype'])}{got['shape']} in "
-                            f"{WEIGHTS}, the manifest says {meta['dtype']}{meta['shape']}")
-    extra = sorted(set(header) - set(declared))
-    if extra:
-        problems.append(f"{WEIGHTS} holds tensors the manifest does not list: {extra[:5]}")
-    if problems:
-        raise BundleError(f"bundle {str(root)!r}: the manifest does not match the weights: " + "; ".join(problems[:5])
-                          + ". HINT: the manifest and weights come from different exports; export the bundle again")
-    return declared
+    try:
+        header = read_safetensors_header(path)
+        with open(path, "rb") as f:
+            start = 8 + int.from_bytes(f.read(8), "little")
+            for s, j, head in heads:
+                name = head.index_tensor()
+                meta = header.get(name) if name else None
+                offsets = meta.get("data_offsets") if isinstance(meta, dict) else None
+                size = {"I64": 8, "I32": 4}.get(meta.get("dtype")) if isinstance(meta, dict) else None
+                where = f"`{_set_path(spec, s)}.heads[{j}].filters`"
+                if not (isinstance(offsets, list) and len(offsets) == 2 and size
+                        and all(isinstance(o, int) and not isinstance(o, bool) for o in offsets)
+                        and 0 <= offsets[0] <= offsets[1]):
+                    problems.append(f"{where} cannot be checked: the index tensor {name!r} has no readable data in "
+                                    f"{WEIGHTS}")
+                    continue
+                f.seek(start + offsets[0])
+                raw = f.read(offsets[1] - offsets[0])
+                values = [int.from_bytes(raw[i : i + size], "little", signed=True) for i in range(0, len(raw), size)]
+                if values != list(head.filters):
+                    problems.append(f"{where} is {list(head.filters)[:8]}..., but the index tensor {name!r} in "
+                                    f"{WEIGHTS} holds {values[:8]}... (other filters would feed the exit)")
+    except (OSError, BundleError, ValueError) as e:
+        problems.append(f"the FlexDNN filter indices in {WEIGHTS} cannot be read ({e})")
+    return problems
 
 
-def _check_exit_sets(root: Path, manifest: Mapping[str, Any]) -> None:
-    """Each exit set must be self-consistent: one tap, head and threshold per early exit."""
-    problems = []
-    for key in EXIT_SETS:
-        ex = manifest.get(key)
-        if ex is None:
-            continue
-        if not isinstance(ex, dict):
-            problems.append(f"`{key}` is {type(ex).__name__}, expected an object or null")
-            continue
-        missing = [k for k in ("backbone", "names", "taps", "heads", "thresholds", "confidence", "fallback") if k not in ex]
-        if missing:
-            problems.append(f"`{key}` lacks {missing}")
-            continue
-        early = len(ex["names"]) - 1
-        counts = {"taps": len(ex["taps"]), "heads": len(ex["heads"]), "thresholds": len(ex["thresholds"])}
-        if any(n != early for n in counts.values()):
-            problems.append(f"`{key}` has {early} early exits but {counts}")
-        if ex["backbone"] not in ("shared", "own") or (ex["backbone"] == "own" and "program" not in ex):
-            problems.append(f"`{key}.backbone` is {ex['backbone']!r}: expected 'shared', or 'own' with a `program`")
-    if problems:
-        raise BundleError(f"bundle {str(root)!r}: the exits in {MANIFEST} are inconsistent: " + "; ".join(problems)
-                          + ". HINT: the manifest was written by hand or by a broken exporter; export the bundle again")
+def _set_path(spec: Manifest, s: ExitSet) -> str:
+    return f"exit_sets[{spec.exit_sets.index(s)}]" if spec.schema_version >= 2 else s.key
+
+
+def _message(root: Path, integrity: list[str], schema: list[str]) -> str:
+    parts = []
+    if integrity:
+        parts.append("is corrupt or was tampered with: " + "; ".join(integrity)
+                     + ". HINT: copy the bundle again from where it was exported, or export it again")
+    if schema:
+        parts.append(describe(schema))
+    text = f"bundle {str(root)!r} " + parts[0] if integrity else f"bundle {str(root)!r}: " + parts[0]
+    return text + "".join(f" Also, {p}" for p in parts[1:])
 
 
 class Bundle:
     """A validated bundle on disk. Build runtimes from it; weights are read lazily, when paged in.
 
+    Args:
+        path: the bundle directory.
+        spec: its :class:`~nestflex.deploy.schema.Manifest` (or a manifest dict, validated here
+            without the weights header; :func:`load` is the usual way in).
+
     Attributes:
         path: the bundle directory.
-        manifest: the parsed ``manifest.json``.
+        spec: the typed :class:`~nestflex.deploy.schema.Manifest`.
+        manifest: ``spec.to_json()``: the manifest as a plain dict, in the current schema (a
+            schema-1 bundle reads as its upgrade; ``spec.schema_version`` says what was on disk).
         levels: one profile row per multi-capacity level (level, accuracy, params, macs,
             memory_mb, latency_ms, plus widths and weight_bytes), smallest first.
         num_levels: number of levels.
-        exits: the ``exits`` section of the manifest (SPINN/SDN progressive exits), or ``None``.
-        flex_exits: the ``flex_exits`` section (FlexDNN's planned fine-grained exits), or ``None``.
-        exit_sets: the exit sets present, manifest key -> section (same layout for both kinds).
+        exits: the progressive (SPINN/SDN) exit set as a dict, or ``None``.
+        flex_exits: FlexDNN's planned fine-grained exit set as a dict, or ``None``.
+        exit_sets: the exit sets present, schema-1 key (``exits``/``flex_exits``) -> dict (same layout).
         splits: the split points of the largest level.
     """
 
-    def __init__(self, path: Path, manifest: dict[str, Any]) -> None:
-        self.path = path
-        self.manifest = manifest
+    def __init__(self, path: str | os.PathLike, spec: Manifest | Mapping[str, Any]) -> None:
+        self.path = Path(path)
+        if not isinstance(spec, Manifest):
+            spec = Manifest.from_json(spec, where=f"bundle {str(self.path)!r}")
+        self._spec = spec
+        self._manifest: dict[str, Any] | None = None
+
+    @property
+    def spec(self) -> Manifest:
+        return self._spec
+
+    @property
+    def manifest(self) -> dict[str, Any]:
+        if self._manifest is None:
+            self._manifest = self._spec.to_json()
+        return self._manifest
 
     @property
     def levels(self) -> list[dict[str, Any]]:
@@ -259,23 +284,23 @@ class Bundle:
 
     @property
     def num_levels(self) -> int:
-        return len(self.manifest["levels"])
+        return self._spec.num_levels
 
     @property
     def exits(self) -> dict[str, Any] | None:
-        return self.manifest.get("exits")
+        return self.exit_sets.get("exits")
 
     @property
     def flex_exits(self) -> dict[str, Any] | None:
-        return self.manifest.get("flex_exits")
+        return self.exit_sets.get("flex_exits")
 
     @property
     def exit_sets(self) -> dict[str, dict[str, Any]]:
-        return {k: self.manifest[k] for k in EXIT_SETS if self.manifest.get(k)}
+        return {EXIT_SET_KEYS[s["kind"]]: s for s in self.manifest["exit_sets"]}
 
     @property
     def splits(self) -> list[dict[str, Any]]:
-        return self.manifest.get("splits", [])
+        return self.manifest["splits"]
 
     @property
     def input_spec(self) -> dict[str, Any]:
@@ -287,8 +312,8 @@ class Bundle:
 
     def file(self, rel: str) -> Path:
         """Absolute path of a file the manifest lists (e.g. ``profiles/split_quantization.json``)."""
-        if rel not in self.manifest["files"]:
-            raise BundleError(f"bundle {str(self.path)!r} has no file {rel!r}; files: {', '.join(self.manifest['files'])}")
+        if rel not in self._spec.files:
+            raise BundleError(f"bundle {str(self.path)!r} has no file {rel!r}; files: {', '.join(self._spec.files)}")
         return self.path / rel
 
     def capacity(self, level: int | None = None):
@@ -304,7 +329,8 @@ class Bundle:
             capacity: when the exits share the multi-capacity backbone, the
                 :class:`~nestflex.deploy.runtime.CapacityRuntime` to run on (a new one if ``None``);
                 it is switched to the largest level.
-            exit_set: which exits: ``"exits"`` (SPINN/SDN) or ``"flex_exits"`` (FlexDNN).
+            exit_set: which exits: ``"exits"`` or ``"progressive"`` (SPINN/SDN), ``"flex_exits"`` or
+                ``"flexdnn"`` (FlexDNN).
 
         Raises:
             BundleError: the bundle has no such exit set.
@@ -314,20 +340,23 @@ class Bundle:
         return ProgressiveRuntime(self, capacity, exit_set)
 
     def __repr__(self) -> str:
-        sets = "".join(f", {k}={len(v['names'])}" for k, v in self.exit_sets.items() if k != "exits")
-        ex = self.exits
-        return (f"Bundle({str(self.path)!r}, levels={self.num_levels}, "
-                f"exits={len(ex['names']) if ex else 0}{sets}, schema_version={self.manifest['schema_version']})")
+        sets = "".join(f", {s.key}={len(s.names)}" for s in self._spec.exit_sets if s.kind != "progressive")
+        ex = self._spec.exit_set("progressive")
+        return (f"Bundle({str(self.path)!r}, levels={self.num_levels}, exits={len(ex.names) if ex else 0}{sets}, "
+                f"schema_version={self._spec.schema_version})")
 
 
 def load(path: str | os.PathLike) -> Bundle:
     """Open and validate a bundle.
 
     Checks, in order: the directory and ``manifest.json`` exist and parse, the schema version is
-    one this runtime reads, the producer is nestflex of the same major version, the manifest
-    digest, every listed file's size and sha256, that the safetensors header matches the
-    manifest's tensor table, and that each exit set has one tap, head and threshold per early
-    exit. Nothing is unpickled.
+    one this runtime reads, the producer is nestflex of the same major version (these stop at the
+    first problem); then the manifest digest, every listed file's size and sha256, and the whole
+    manifest through :meth:`Manifest.from_json <nestflex.deploy.schema.Manifest.from_json>` with
+    the safetensors header (types, finite numbers, ranges, tensor shapes and dtypes, programs,
+    regions, exit taps, split nodes, FlexDNN filter indices, also against the index tensors'
+    values). Every problem of the second group is reported together. Schema-1 bundles are
+    upgraded on read. Nothing is unpickled.
 
     Args:
         path: the bundle directory (``*.nfx``).
@@ -336,12 +365,23 @@ def load(path: str | os.PathLike) -> Bundle:
         the :class:`Bundle`.
 
     Raises:
-        BundleError: one message that names the bundle, every problem found, and a hint.
+        BundleError: one message that names the bundle, every problem found, and a hint;
+            ``BundleError.problems`` lists the problems one by one.
     """
     root = Path(path)
-    manifest = _read_manifest(root)
-    _check_versions(root, manifest)
-    _check_files(root, manifest)
-    _check_weights(root, manifest)
-    _check_exit_sets(root, manifest)
-    return Bundle(root, manifest)
+    raw = _read_manifest(root)
+    _check_versions(root, raw)
+    integrity = _check_files(root, raw)
+    header = None
+    weights = root / WEIGHTS
+    if weights.is_file():
+        try:
+            header = read_safetensors_header(weights)
+        except BundleError:
+            integrity.append(f"{WEIGHTS} is not a safetensors file")
+    spec, schema = parse_manifest(raw, header)
+    if spec is not None and not integrity:
+        schema += _check_index_values(root, spec)
+    if integrity or schema:
+        raise BundleError(_message(root, integrity, schema), [*integrity, *schema])
+    return Bundle(root, spec)

@@ -1,24 +1,22 @@
-"""The ``nestflex`` command: inspect and benchmark bundles, run the deployment simulation.
+"""The ``nestflex`` command: inspect and benchmark bundles.
 
     nestflex inspect runs/vgg_cifar/bundle.nfx          # levels, exits, splits, sizes
     nestflex bench runs/vgg_cifar/bundle.nfx --repeats 20
-    nestflex simulate ...                               # forwarded to nestflex.deploy.simulation
+    nestflex run a.nfx b.nfx --fps 30 --memory-mb 8 --seconds 20   # live: the engine serves both
     python -m nestflex.deploy inspect ...               # the same without the console script
 
-Light on purpose: it imports the deploy runtime only (DESIGN invariant 6).
+Light on purpose: it imports the deploy runtime only (DESIGN invariant 6). The multi-tenant
+simulation of the scheduler is a benchmark, not a runtime verb: ``python benchmarks/multitenant.py``.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
-import statistics
 import sys
-import time
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
-__all__ = ["main", "inspect_table", "bench_bundle"]
+__all__ = ["main", "inspect_table", "bench_bundle", "run_live"]
 
 
 def _table(header: Sequence[str], rows: list[Sequence[Any]]) -> str:
@@ -37,7 +35,7 @@ def inspect_table(bundle) -> str:
     """The bundle as text tables: levels, exits, split points, files."""
     m = bundle.manifest
     p = m["producer"]
-    out = [f"bundle {bundle.path}  (schema {m['schema_version']}, nestflex {p['version']}, torch {p.get('torch', '?')})",
+    out = [f"bundle {bundle.path}  (schema {bundle.spec.schema_version}, nestflex {p['version']}, torch {p.get('torch', '?')})",
            f"input {m['input']['dtype']} {m['input']['layout']} {m['input']['shape']}  mean {m['input']['mean']}  "
            f"std {m['input']['std']}  classes {m['num_classes']}", ""]
     rows = [[r["level"], r.get("accuracy"), f"{r['params']:,}", f"{r['macs']:,}", _mb(r.get("weight_bytes")),
@@ -96,29 +94,20 @@ def _exit_set_table(key: str, ex: dict[str, Any]) -> str:
     return title + "\n" + _table(header, rows)
 
 
-def _median_ms(fn: Callable[[], object], repeats: int) -> float:
-    fn()  # warm-up: lazy allocations are not what is measured
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return 1e3 * statistics.median(times)
-
-
 def bench_bundle(bundle, batch_size: int = 1, repeats: int = 20, seed: int = 0) -> dict[str, Any]:
     """Median latency (ms) per level and per exit (``exits`` and ``flex_exits``: stopping at exit k),
     and the time of each level switch, on this machine."""
     import torch
 
     from nestflex._machine import machine
+    from nestflex.deploy.timing import median_ms
 
     x = torch.randn(batch_size, *bundle.input_spec["shape"], generator=torch.Generator().manual_seed(seed))
     rt = bundle.capacity(level=0)
     levels = []
     for k in range(bundle.num_levels):
         report = rt.set_level(k)
-        levels.append({"level": k, "latency_ms": round(_median_ms(lambda: rt(x), repeats), 4),
+        levels.append({"level": k, "latency_ms": round(median_ms(lambda: rt(x), repeats), 4),
                        "resident_bytes": report.resident_bytes})
     switches = []
     for a in range(bundle.num_levels):
@@ -133,7 +122,7 @@ def bench_bundle(bundle, batch_size: int = 1, repeats: int = 20, seed: int = 0) 
         prog = bundle.progressive(rt, exit_set=key)
         for k in range(prog.num_exits):
             per_set.setdefault(key, []).append({"exit": k, "name": ex["names"][k], "latency_ms": round(
-                _median_ms(lambda k=k: prog.exit_logits(x, k), repeats), 4)})
+                median_ms(lambda k=k: prog.exit_logits(x, k), repeats), 4)})
     return {"bundle": str(bundle.path), "batch_size": batch_size, "repeats": repeats, "levels": levels,
             **per_set, "switches": switches, "machine": machine(),
             "note": "medians of repeated runs after one warm-up; a switch is timed once per ordered pair"}
@@ -174,25 +163,101 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_simulate(argv: list[str]) -> int:
+def _app_names(paths: Sequence[str]) -> list[str]:
+    from pathlib import Path
+
+    names: list[str] = []
+    for p in paths:
+        base = Path(p).name.removesuffix(".nfx") or "app"
+        name, i = base, 2
+        while name in names:
+            name, i = f"{base}-{i}", i + 1
+        names.append(name)
+    return names
+
+
+def _live_table(stats: dict[str, Any]) -> str:
+    rows = []
+    for name, a in stats["apps"].items():
+        thr = "-" if a["thresholds"] is None else ",".join(f"{t:g}" for t in a["thresholds"])
+        rows.append([name, a["level"], thr, f"{a['share']:.2f}", f"{a['fps']:.1f}/{a['fps_goal']:g}",
+                     f"{a['expected_accuracy']:.4f}", a["p50_ms"], a["p95_ms"], a["dropped"], a["switches"]])
+    budget = "unlimited" if stats["memory_mb"] is None else f"{stats['memory_mb']:g} MB"
+    head = (f"scheduler {stats['scheduler']}  resident {_mb(stats['resident_bytes'])} MB of {budget}  "
+            f"slowdown {stats['slowdown']:.2f}  plans {stats['plans']}")
+    return head + "\n" + _table(["app", "level", "thresholds", "share", "fps/goal", "exp. accuracy", "p50 ms",
+                                 "p95 ms", "dropped", "switches"], rows)
+
+
+def run_live(paths: Sequence[str], *, fps: float = 30.0, memory_mb: float | None = None, cpu: float = 1.0,
+             scheduler: str = "greedy_total", seconds: float = 10.0, interval: float = 1.0, seed: int = 0,
+             out=None) -> dict[str, Any]:
+    """Serve every bundle as one app on the engine and stream synthetic frames to each at ``fps``
+    for ``seconds``, printing a per-app table every ``interval`` seconds; returns the final stats.
+
+    Frames are seeded Gaussian noise of the bundle's input shape: this shows the engine's
+    decisions, latency and frame rates live; accuracy is the configuration's expected accuracy
+    from the bundle's profiles (noise has no labels)."""
+    import threading
+    import time
+
+    import torch
+
+    from nestflex.deploy.engine import Engine
+
+    out = sys.stdout if out is None else out
+    engine = Engine(scheduler, memory_mb=memory_mb, cpu=cpu)
     try:
-        simulation = importlib.import_module("nestflex.deploy.simulation")
-    except ModuleNotFoundError as e:
-        if e.name != "nestflex.deploy.simulation":
-            raise
-        print("error: `nestflex simulate` needs nestflex.deploy.simulation, which this nestflex installation does not "
-              "have. HINT: upgrade nestflex to a release with the deployment simulation", file=sys.stderr)
-        return 2
-    result = simulation.main(argv)
-    return result if isinstance(result, int) else 0
+        names = _app_names(paths)
+        for name, path in zip(names, paths):
+            engine.add_app(name, path, fps=fps)
+        shapes = {n: tuple(engine._apps[n].bundle.input_spec["shape"]) for n in names}
+        g = torch.Generator().manual_seed(seed)
+        frames = {n: [torch.randn(*shapes[n], generator=g) for _ in range(8)] for n in names}
+        stop = threading.Event()
+
+        def camera() -> None:  # one clock for every app: frame i of each at start + i / fps
+            start, i = time.perf_counter(), 0
+            while not stop.is_set():
+                for n in names:
+                    engine.submit(n, frames[n][i % 8])
+                i += 1
+                delay = start + i / fps - time.perf_counter()
+                if delay > 0:
+                    stop.wait(delay)
+
+        feeder = threading.Thread(target=camera, daemon=True)
+        feeder.start()
+        end = time.perf_counter() + seconds
+        while time.perf_counter() < end:
+            time.sleep(min(interval, max(0.0, end - time.perf_counter())))
+            print(_live_table(engine.stats()), file=out, flush=True)
+            print(file=out)
+        stop.set()
+        feeder.join()
+        return engine.stats()
+    finally:
+        engine.close()
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    for arg, value in (("--fps", args.fps), ("--seconds", args.seconds), ("--interval", args.interval)):
+        if not value > 0:
+            print(f"error: {arg} must be > 0, got {value}", file=sys.stderr)
+            return 2
+    result = run_live(args.bundles, fps=args.fps, memory_mb=args.memory_mb, cpu=args.cpu, scheduler=args.scheduler,
+                      seconds=args.seconds, interval=args.interval)
+    if args.json:
+        from nestflex._io import write_json
+
+        write_json(args.json, result)
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``nestflex`` and ``python -m nestflex.deploy``; returns the exit status."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["simulate"]:  # everything after `simulate` belongs to the simulation's own parser
-        return _cmd_simulate(argv[1:])
-    parser = argparse.ArgumentParser(prog="nestflex", description="Inspect, benchmark and simulate nestflex bundles.")
+    parser = argparse.ArgumentParser(prog="nestflex", description="Inspect, benchmark and run nestflex bundles.")
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("inspect", help="levels, exits (SPINN/SDN and FlexDNN), split points and sizes of a bundle")
     p.add_argument("bundle")
@@ -202,12 +267,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch-size", type=int, default=1)
     p.add_argument("--repeats", type=int, default=20)
     p.add_argument("--json", default=None, help="also write the results to this JSON file")
-    sub.add_parser("simulate", help="run the deployment simulation (nestflex.deploy.simulation; see its --help)")
+    p = sub.add_parser("run", help="serve bundles live on the device engine with synthetic frames; a per-app table")
+    p.add_argument("bundles", nargs="+")
+    p.add_argument("--fps", type=float, default=30.0, help="frame rate of every app's stream")
+    p.add_argument("--memory-mb", type=float, default=None, help="memory budget of all apps' weights")
+    p.add_argument("--cpu", type=float, default=1.0, help="share of the device the apps may use, (0, 1]")
+    p.add_argument("--scheduler", default="greedy_total", help="a registered scheduler (nestflex.deploy.list_schedulers())")
+    p.add_argument("--seconds", type=float, default=10.0)
+    p.add_argument("--interval", type=float, default=1.0, help="seconds between two tables")
+    p.add_argument("--json", default=None, help="also write the final stats to this JSON file")
     args = parser.parse_args(argv)
     from nestflex.errors import NestflexError
 
     try:
-        return {"inspect": _cmd_inspect, "bench": _cmd_bench}[args.command](args)
+        return {"inspect": _cmd_inspect, "bench": _cmd_bench, "run": _cmd_run}[args.command](args)
     except NestflexError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

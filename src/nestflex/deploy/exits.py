@@ -33,6 +33,7 @@ from typing import Callable, Sequence
 
 import torch
 
+from nestflex.deploy._registry import Registry
 from nestflex.errors import NestflexError
 
 __all__ = [
@@ -52,32 +53,33 @@ __all__ = [
 FALLBACKS: tuple[str, ...] = ("most_confident", "final")
 
 ConfidenceFn = Callable[[torch.Tensor], torch.Tensor]
-_CONFIDENCES: dict[str, ConfidenceFn] = {}
 
 
 class ExitError(NestflexError, ValueError):
     """An exit position, head, confidence measure, threshold or policy argument is invalid."""
 
 
-def register_confidence(name: str) -> Callable[[ConfidenceFn], ConfidenceFn]:
+_CONFIDENCES: Registry[ConfidenceFn] = Registry(
+    "confidence measure", ExitError, accepts=callable, register_hint="register your own with `register_confidence(name)`"
+)
+
+
+def register_confidence(name: str, *, overwrite: bool = False) -> Callable[[ConfidenceFn], ConfidenceFn]:
     """Decorator that registers ``fn(logits (N, C)) -> confidence (N,) in [0, 1]`` under ``name``.
 
+    Args:
+        name: registry key.
+        overwrite: replace an existing entry instead of raising.
+
     Raises:
-        ExitError: ``name`` is already registered.
+        ExitError: ``name`` is already registered (and ``overwrite`` is false) or empty.
     """
-
-    def wrap(fn: ConfidenceFn) -> ConfidenceFn:
-        if name in _CONFIDENCES:
-            raise ExitError(f"confidence measure `{name}` is already registered")
-        _CONFIDENCES[name] = fn
-        return fn
-
-    return wrap
+    return _CONFIDENCES.register(name, overwrite=overwrite)
 
 
 def list_confidences() -> list[str]:
     """Names accepted by :func:`get_confidence`, sorted."""
-    return sorted(_CONFIDENCES)
+    return _CONFIDENCES.names()
 
 
 def get_confidence(name: str | ConfidenceFn) -> ConfidenceFn:
@@ -85,15 +87,13 @@ def get_confidence(name: str | ConfidenceFn) -> ConfidenceFn:
 
     Raises:
         ExitError: unknown name; the message lists the registered ones.
+
+    Example:
+        >>> import torch
+        >>> get_confidence("max_prob")(torch.tensor([[0.0, 0.0]])).tolist()
+        [0.5]
     """
-    if callable(name):
-        return name
-    if not isinstance(name, str) or name not in _CONFIDENCES:
-        raise ExitError(
-            f"unknown confidence measure `{name}`; choose from: {', '.join(list_confidences())}. "
-            f"HINT: register your own with `register_confidence(name)`"
-        )
-    return _CONFIDENCES[name]
+    return _CONFIDENCES.get(name)
 
 
 @register_confidence("max_prob")

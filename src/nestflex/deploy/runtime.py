@@ -1,8 +1,10 @@
 """Runtimes for a loaded bundle: multi-capacity (paged levels) and progressive (batched early exit).
 
 Backend: **torch eager over a small op program** read from the manifest. Each component
-(backbone, exit head) is a list of nodes (``conv2d``, ``batch_norm``, ``relu``, pools, ``linear``,
-``flatten``, ``add``/``sub``/``mul``, ``index_select``, ``param``) whose weights are safetensors tensors. A nested
+(backbone, exit head) is a :class:`~nestflex.deploy.schema.Program`: nodes (``conv2d``,
+``batch_norm``, ``relu``, pools, ``linear``, ``flatten``, ``add``/``sub``/``mul``,
+``index_select``, ``param``) whose weights are safetensors tensors, validated once by the schema
+when the bundle is loaded (ops, arguments, attributes, tensors, regions). A nested
 layer's weight is one full tensor in nested order; level ``k`` computes with a prefix of it (the
 ``regions`` table of the manifest gives the prefix shape per level, ``null`` when a level does
 not use a tensor at all, e.g. another level's BatchNorm). This is why the runtime can page:
@@ -35,12 +37,13 @@ from typing import Any, Callable, Mapping, Sequence
 import torch
 import torch.nn.functional as F
 
-from nestflex.deploy.bundle import Bundle, BundleError
+from nestflex.deploy.bundle import EXIT_SETS, Bundle, BundleError
 from nestflex.deploy.exits import ConfidenceFn, ExitResult, early_exit
+from nestflex.deploy.schema import EXIT_SET_KEYS, ExitSet, Program, ProgramNode
 
 __all__ = ["OPS", "PagingReport", "CapacityRuntime", "ProgressiveRuntime", "run_program", "cut_program"]
 
-Node = Mapping[str, Any]
+Node = ProgramNode
 Region = Sequence[int] | None
 
 
@@ -74,7 +77,7 @@ def _arg(a: Any, env: Mapping[str, Any]) -> Any:
 
 
 def _conv2d(node: Node, x: torch.Tensor, w: Mapping[str, torch.Tensor]) -> torch.Tensor:
-    at = node["attrs"]
+    at = node.attrs
     weight = w["weight"]
     groups = weight.shape[0] if at.get("depthwise") else at["groups"]
     return F.conv2d(x, weight, w.get("bias"), at["stride"], at["padding"], at["dilation"], groups)
@@ -82,16 +85,16 @@ def _conv2d(node: Node, x: torch.Tensor, w: Mapping[str, torch.Tensor]) -> torch
 
 def _batch_norm(node: Node, x: torch.Tensor, w: Mapping[str, torch.Tensor]) -> torch.Tensor:
     return F.batch_norm(x, w["running_mean"], w["running_var"], w.get("weight"), w.get("bias"), False, 0.0,
-                        node["attrs"]["eps"])
+                        node.attrs["eps"])
 
 
 def _max_pool(node: Node, x: torch.Tensor, w) -> torch.Tensor:
-    at = node["attrs"]
+    at = node.attrs
     return F.max_pool2d(x, at["kernel_size"], at["stride"], at["padding"], at["dilation"], at["ceil_mode"])
 
 
 def _avg_pool(node: Node, x: torch.Tensor, w) -> torch.Tensor:
-    at = node["attrs"]
+    at = node.attrs
     return F.avg_pool2d(x, at["kernel_size"], at["stride"], at["padding"], at["ceil_mode"], at["count_include_pad"],
                         at.get("divisor_override"))
 
@@ -110,45 +113,52 @@ OPS: dict[str, Callable[..., torch.Tensor]] = {
     "identity": lambda node, x, w: x,
     "max_pool2d": _max_pool,
     "avg_pool2d": _avg_pool,
-    "adaptive_avg_pool2d": lambda node, x, w: F.adaptive_avg_pool2d(x, _size(node["attrs"]["output_size"])),
-    "adaptive_max_pool2d": lambda node, x, w: F.adaptive_max_pool2d(x, _size(node["attrs"]["output_size"])),
-    "flatten": lambda node, x, w: torch.flatten(x, node["attrs"]["start_dim"], node["attrs"]["end_dim"]),
+    "adaptive_avg_pool2d": lambda node, x, w: F.adaptive_avg_pool2d(x, _size(node.attrs["output_size"])),
+    "adaptive_max_pool2d": lambda node, x, w: F.adaptive_max_pool2d(x, _size(node.attrs["output_size"])),
+    "flatten": lambda node, x, w: torch.flatten(x, node.attrs["start_dim"], node.attrs["end_dim"]),
 }
 _BINARY = {"add": operator.add, "sub": operator.sub, "mul": operator.mul}
+#: ops run_program handles itself; with OPS and _BINARY exactly the schema's PROGRAM_OPS (tested)
+_SPECIAL = ("input", "output", "param", "index_select")
 
 
 def _node_weights(node: Node, tensors: Mapping[str, torch.Tensor], level: int) -> dict[str, torch.Tensor]:
-    per_level = node.get("params_per_level")
-    params = per_level[level if len(per_level) > 1 else 0] if per_level else node.get("params", {})
-    return {role: tensors[name] for role, name in params.items()}
+    return {role: tensors[name] for role, name in node.level_params(level).items()}
+
+
+def _nodes(nodes: Sequence[Node] | Sequence[Mapping[str, Any]]) -> Sequence[Node]:
+    """Typed nodes; a program given as JSON dicts (the manifest form) is read and checked once here."""
+    if nodes and isinstance(nodes[0], Mapping):
+        return Program.from_json(list(nodes)).nodes
+    return nodes
 
 
 def run_program(nodes: Sequence[Node], env: dict[str, Any], tensors: Mapping[str, torch.Tensor], level: int = 0) -> Any:
-    """Run ``nodes`` in order; ``env`` holds the inputs by node name and receives every result.
+    """Run ``nodes`` (:class:`~nestflex.deploy.schema.ProgramNode`, or their JSON dicts) in order;
+    ``env`` holds the inputs by node name and receives every result.
+
+    The program was validated when the bundle was loaded (:mod:`nestflex.deploy.schema`), so
+    this loop only dispatches.
 
     Returns the ``output`` node's value (a tensor or a tuple), or ``None`` if ``nodes`` has none.
     """
-    for node in nodes:
-        op = node["op"]
+    for node in _nodes(nodes):
+        op = node.op
         if op == "input":
             continue
         if op == "output":
-            args = [_arg(a, env) for a in node["args"]]
+            args = [_arg(a, env) for a in node.args]
             return args[0] if len(args) == 1 else tuple(args)
         if op == "param":
-            env[node["name"]] = tensors[node["params"]["value"]]
+            env[node.name] = tensors[node.params["value"]]
         elif op in _BINARY:
-            a, b = (_arg(x, env) for x in node["args"])
-            env[node["name"]] = _BINARY[op](a, b)
+            a, b = (_arg(x, env) for x in node.args)
+            env[node.name] = _BINARY[op](a, b)
         elif op == "index_select":  # FlexDNN exits: the top-k filters of the tapped map
-            a, index = (_arg(x, env) for x in node["args"])
-            env[node["name"]] = torch.index_select(a, node["attrs"]["dim"], index)
+            a, index = (_arg(x, env) for x in node.args)
+            env[node.name] = torch.index_select(a, node.attrs["dim"], index)
         else:
-            fn = OPS.get(op)
-            if fn is None:
-                raise BundleError(f"the bundle uses op {op!r} (node {node['name']!r}), which this runtime does not "
-                                  f"know; known: {', '.join(sorted([*OPS, *_BINARY, 'param', 'index_select']))}. HINT: upgrade nestflex")
-            env[node["name"]] = fn(node, _arg(node["args"][0], env), _node_weights(node, tensors, level))
+            env[node.name] = OPS[op](node, _arg(node.args[0], env), _node_weights(node, tensors, level))
     return None
 
 
@@ -163,7 +173,8 @@ def cut_program(nodes: Sequence[Node], cuts: Sequence[str]) -> list[tuple[list[s
     Raises:
         BundleError: a cut names no node of the program, or cuts are out of order.
     """
-    index = {n["name"]: i for i, n in enumerate(nodes)}
+    nodes = _nodes(nodes)
+    index = {n.name: i for i, n in enumerate(nodes)}
     for c in cuts:
         if c not in index:
             raise BundleError(f"cut point {c!r} is not a node of the program. HINT: the manifest is inconsistent")
@@ -172,22 +183,22 @@ def cut_program(nodes: Sequence[Node], cuts: Sequence[str]) -> list[tuple[list[s
         raise BundleError(f"cut points {list(cuts)} are not in execution order")
     last_use: dict[str, int] = {}
     for i, n in enumerate(nodes):
-        for a in n.get("args", []):
+        for a in n.args:
             if isinstance(a, str):
                 last_use[a] = i
-    inputs = [n["name"] for n in nodes if n["op"] == "input"]
+    inputs = [n.name for n in nodes if n.op == "input"]
     stages, start = [], 0
-    params = {n["name"]: n for n in nodes if n["op"] == "param"}
+    params = {n.name: n for n in nodes if n.op == "param"}
     for c, p in zip([*cuts, None], [*positions, len(nodes) - 1]):
         body = list(nodes[start : p + 1])
         # a `param` node defined in an earlier stage is repeated where used: weights never cross a cut
-        own = {n["name"] for n in body}
-        used = [a for n in body for a in n.get("args", []) if isinstance(a, str) and a in params and a not in own]
+        own = {n.name for n in body}
+        used = [a for n in body for a in n.args if isinstance(a, str) and a in params and a not in own]
         body = [params[a] for a in dict.fromkeys(used)] + body
         if c is None:
             outputs: list[str] = []
         else:
-            live = [n["name"] for n in nodes[: p + 1] if n["op"] != "param" and last_use.get(n["name"], -1) > p]
+            live = [n.name for n in nodes[: p + 1] if n.op != "param" and last_use.get(n.name, -1) > p]
             outputs = [c, *[name for name in live if name != c]]
         stages.append((inputs, body, outputs))
         inputs, start = outputs, p + 1
@@ -217,15 +228,11 @@ class _Store:
     def __init__(self, bundle: Bundle, names: Sequence[str], regions: Mapping[str, Sequence[Region]], levels: int) -> None:
         from safetensors import safe_open
 
-        table = bundle.manifest["weights"]["tensors"]
-        missing = [n for n in names if n not in table]
-        if missing:
-            raise BundleError(f"bundle {str(bundle.path)!r}: the program uses tensors {missing[:5]} that the weights "
-                              f"do not hold. HINT: the manifest is inconsistent; export the bundle again")
+        table = bundle.spec.weights.tensors  # the schema checked that every program tensor is here
         self.file = safe_open(str(bundle.weights_path), framework="pt")
-        self.dtypes = {n: getattr(torch, table[n]["dtype"]) for n in names}
+        self.dtypes = {n: getattr(torch, table[n].dtype) for n in names}
         self.regions = {n: [None if r is None else list(r) for r in regions[n]] if n in regions
-                        else [list(table[n]["shape"])] * levels for n in names}
+                        else [list(table[n].shape)] * levels for n in names}
         self.tensors: dict[str, torch.Tensor] = {}
         self.level: int | None = None
 
@@ -283,20 +290,12 @@ class _Store:
         return page_in, page_out
 
 
-def _program_tensors(nodes: Sequence[Node]) -> list[str]:
-    names: list[str] = []
-    for n in nodes:
-        for params in [n.get("params", {}), *n.get("params_per_level", [])]:
-            names += [t for t in params.values() if t not in names]
-    return names
-
-
 def _check_input(x: torch.Tensor, spec: Mapping[str, Any], where: str) -> None:
     shape = list(spec["shape"])
     if not isinstance(x, torch.Tensor) or x.dim() != len(shape) + 1 or list(x.shape[1:]) != shape:
         got = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
         raise BundleError(f"{where}: `x` must be a float tensor of shape (N, {', '.join(map(str, shape))}), got {got}. "
-                          f"HINT: normalise with the bundle's input mean/std (manifest['input']) and batch it")
+                          f"HINT: normalise with the bundle's input mean/std (bundle.input_spec) and batch it")
 
 
 class CapacityRuntime:
@@ -318,11 +317,11 @@ class CapacityRuntime:
     """
 
     def __init__(self, bundle: Bundle, level: int) -> None:
-        cap = bundle.manifest["capacity"]
+        cap = bundle.spec.capacity
         self.bundle = bundle
-        self.num_levels = int(cap["num_levels"])
-        self.nodes: list[Node] = cap["program"]
-        self._store = _Store(bundle, _program_tensors(self.nodes), cap.get("regions", {}), self.num_levels)
+        self.num_levels = cap.num_levels
+        self.nodes: tuple[Node, ...] = cap.program.nodes
+        self._store = _Store(bundle, cap.program.tensor_names(), cap.regions, self.num_levels)
         self.level: int | None = None
         self.last_report: PagingReport | None = None
         self.set_level(level)
@@ -363,7 +362,7 @@ class CapacityRuntime:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """Logits of the resident level for a normalised batch ``(N, *input shape)``."""
         _check_input(x, self.bundle.input_spec, "CapacityRuntime")
-        return run_program(self.nodes, {self.nodes[0]["name"]: x}, self._store.tensors, self.level)
+        return run_program(self.nodes, {self.nodes[0].name: x}, self._store.tensors, self.level)
 
     def split(self, name: str) -> tuple[Callable[..., tuple[torch.Tensor, ...]], Callable[..., torch.Tensor]]:
         """Head and tail of the resident level cut at split point ``name`` (a node or layer name).
@@ -373,11 +372,12 @@ class CapacityRuntime:
         Raises:
             BundleError: no such split point.
         """
-        split = next((s for s in self.bundle.splits if name in (s["name"], s["node"])), None)
+        splits = self.bundle.spec.splits
+        split = next((s for s in splits if name in (s.name, s.node)), None)
         if split is None:
             raise BundleError(f"no split point {name!r} in the bundle; split points: "
-                              f"{', '.join(s['name'] for s in self.bundle.splits)}")
-        (ins, head_nodes, outs), (_, tail_nodes, _) = cut_program(self.nodes, [split["node"]])
+                              f"{', '.join(s.name for s in splits)}")
+        (ins, head_nodes, outs), (_, tail_nodes, _) = cut_program(self.nodes, [split.node])
         return self._stage(ins, head_nodes, outs), self._stage(outs, tail_nodes, [])
 
     def _stage(self, inputs: list[str], nodes: list[Node], outputs: list[str]) -> Callable[..., Any]:
@@ -393,39 +393,46 @@ class CapacityRuntime:
 class ProgressiveRuntime:
     """Batched early exit over one exit set of the bundle, with the shared policy of :mod:`nestflex.deploy.exits`.
 
-    A bundle may hold two exit sets with the same layout: ``exits`` (SPINN/SDN progressive exits)
-    and ``flex_exits`` (FlexDNN's planned fine-grained exits); both run here alike. When the set
-    says ``backbone == "shared"`` the heads sit on the multi-capacity backbone's largest level (one
-    copy of the weights); with ``"own"`` the set's backbone is its own component.
+    A bundle may hold two exit sets with the same layout: the ``progressive`` one (SPINN/SDN
+    exits; schema-1 key ``exits``) and the ``flexdnn`` one (FlexDNN's planned fine-grained exits;
+    ``flex_exits``); both run here alike. When the set says ``backbone == "shared"`` the heads sit
+    on the multi-capacity backbone's largest level (one copy of the weights); with ``"own"`` the
+    set's backbone is its own component.
 
     Args:
         bundle: a loaded bundle with exits.
         capacity: for a shared backbone, the :class:`CapacityRuntime` to run on (switched to the
             largest level); a new one if ``None``.
-        exit_set: the manifest key of the exit set: ``"exits"`` or ``"flex_exits"``.
+        exit_set: which set: ``"exits"`` / ``"progressive"`` or ``"flex_exits"`` / ``"flexdnn"``.
+
+    Attributes:
+        spec: the set's :class:`~nestflex.deploy.schema.ExitSet`.
+        exits: the same as a dict (its manifest form).
+        exit_set: the set's key, ``"exits"`` or ``"flex_exits"``.
 
     Raises:
         BundleError: the bundle has no such exit set.
     """
 
     def __init__(self, bundle: Bundle, capacity: CapacityRuntime | None = None, exit_set: str = "exits") -> None:
-        from nestflex.deploy.bundle import EXIT_SETS
-
-        if exit_set not in EXIT_SETS:
-            raise BundleError(f"`exit_set` must be one of {', '.join(EXIT_SETS)}, got {exit_set!r}")
-        ex = bundle.manifest.get(exit_set)
-        if not ex:
+        key = EXIT_SET_KEYS.get(exit_set, exit_set)
+        if key not in EXIT_SETS:
+            raise BundleError(f"`exit_set` must be one of {', '.join(EXIT_SETS)} (or the kinds "
+                              f"{', '.join(EXIT_SET_KEYS)}), got {exit_set!r}")
+        ex: ExitSet | None = bundle.spec.exit_set(key)
+        if ex is None:
             present = ", ".join(bundle.exit_sets) or "none"
             hint = ("export it with a MultiExitNetwork (`exits=`) or run the recipe's exits stage before export"
-                    if exit_set == "exits" else "export it with `flex_exits=` and `flex_spec=` (FlexDNN's network and "
+                    if key == "exits" else "export it with `flex_exits=` and `flex_spec=` (FlexDNN's network and "
                     "spec) or run the recipe's flex stage before export")
-            raise BundleError(f"bundle {str(bundle.path)!r} has no {exit_set} (exit sets present: {present}). "
+            raise BundleError(f"bundle {str(bundle.path)!r} has no {key} (exit sets present: {present}). "
                               f"HINT: {hint}")
-        self.bundle, self.exits, self.exit_set = bundle, ex, exit_set
-        self.thresholds: list[float] = list(ex["thresholds"])
-        self.confidence: str = ex["confidence"]
-        self.fallback: str = ex["fallback"]
-        if ex["backbone"] == "shared":
+        self.bundle, self.spec, self.exit_set = bundle, ex, key
+        self.exits: dict[str, Any] = bundle.exit_sets[key]
+        self.thresholds: list[float] = list(ex.thresholds)
+        self.confidence: str = ex.confidence
+        self.fallback: str = ex.fallback
+        if ex.backbone == "shared":
             self.capacity = capacity if capacity is not None else bundle.capacity(bundle.num_levels - 1)
             if self.capacity.level != bundle.num_levels - 1:
                 self.capacity.set_level(bundle.num_levels - 1)
@@ -434,14 +441,15 @@ class ProgressiveRuntime:
         else:
             self.capacity = None
             self._level = 0
-            nodes = ex["program"]
-            store = _Store(bundle, _program_tensors(nodes), {}, 1)
+            nodes = ex.program.nodes
+            store = _Store(bundle, ex.program.tensor_names(), {}, 1)
             store.page(0)
         self._backbone_store = store
-        self._heads = [h["program"] for h in ex["heads"]]
-        self._head_store = _Store(bundle, [t for h in self._heads for t in _program_tensors(h)], {}, 1)
+        self._heads = [h.program.nodes for h in ex.heads]
+        self._head_store = _Store(bundle, list(dict.fromkeys(t for h in ex.heads for t in h.program.tensor_names())),
+                                  {}, 1)
         self._head_store.page(0)
-        stages = cut_program(nodes, ex["taps"])
+        stages = cut_program(nodes, ex.taps)
         self._stages = [self._make_stage(*s) for s in stages]
 
     @property
@@ -462,8 +470,8 @@ class ProgressiveRuntime:
         return run
 
     def _head_fns(self) -> list[Callable[[tuple[torch.Tensor, ...]], torch.Tensor]]:
-        def head(program: list[Node]) -> Callable[[tuple[torch.Tensor, ...]], torch.Tensor]:
-            return lambda state: run_program(program, {program[0]["name"]: state[0]}, self._head_store.tensors, 0)
+        def head(program: Sequence[Node]) -> Callable[[tuple[torch.Tensor, ...]], torch.Tensor]:
+            return lambda state: run_program(program, {program[0].name: state[0]}, self._head_store.tensors, 0)
 
         return [head(p) for p in self._heads] + [lambda state: state[0]]
 

@@ -25,6 +25,7 @@ from nestflex.deploy.exits import ExitError
 from nestflex.exits.loss import multi_exit_loss
 from nestflex.exits.model import MultiExitNetwork
 from nestflex.exits.placement import DEFAULT_POSITIONS, Position
+from nestflex.graph import DEFAULT_INPUT_SHAPE, check_input_shape, input_shape_of
 from nestflex.models import create_model
 from nestflex.training import ImageClassifier
 
@@ -50,6 +51,11 @@ class MultiExitClassifier(pl.LightningModule):
         backbone: start from this module (e.g. a trained baseline) instead of a fresh
             ``model_name``; it is used as is, not copied. Not saved in hyperparameters: loading a
             checkpoint rebuilds ``model_name`` and then loads the weights.
+        input_shape: per-sample ``(C, H, W)`` of the data (a DataModule's ``input_shape``); the
+            network is traced at it and a fresh ``model_name`` gets ``C`` input channels. Default:
+            the backbone's own (:func:`nestflex.graph.input_shape_of`), else ``(3, 32, 32)``. Saved
+            (resolved) in the hyperparameters, so a checkpoint rebuilds the same input. Batches of
+            another shape raise.
 
     Logged: ``train_loss``, ``train_loss_<exit>`` (unweighted, per exit), ``val_loss``,
     ``val_acc`` (final exit), ``val_acc_<exit>`` per early exit, and the same for test.
@@ -76,6 +82,7 @@ class MultiExitClassifier(pl.LightningModule):
         weight_decay: float = 5e-4,
         max_epochs: int = 10,
         backbone: nn.Module | None = None,
+        input_shape: Sequence[int] | None = None,
     ) -> None:
         super().__init__()
         if mode not in MODES:
@@ -97,9 +104,13 @@ class MultiExitClassifier(pl.LightningModule):
             if not ok:
                 raise ExitError(f"`{arg}` is out of range, got {value!r}")
         self.save_hyperparameters(ignore=["backbone"])
+        shape = input_shape_of(backbone, input_shape) if backbone is not None else tuple(input_shape or DEFAULT_INPUT_SHAPE)
+        self.hparams.input_shape = shape  # resolved: the checkpoint must rebuild this input, not the default
         if backbone is None:
-            backbone = create_model(model_name, num_classes=num_classes, width=width)
-        self.model = MultiExitNetwork(backbone, positions=positions, head=head, head_kwargs=head_kwargs)
+            backbone = create_model(model_name, num_classes=num_classes, width=width, in_chans=shape[0])
+            backbone.input_shape = shape
+        self.model = MultiExitNetwork(backbone, positions=positions, head=head, head_kwargs=head_kwargs,
+                                      input_shape=shape)
         if self.model.num_classes != num_classes:
             raise ExitError(
                 f"`num_classes`={num_classes} but the backbone returns {self.model.num_classes} logits"
@@ -114,6 +125,11 @@ class MultiExitClassifier(pl.LightningModule):
         self.test_acc = nn.ModuleList(
             MulticlassAccuracy(num_classes, average="micro") for _ in range(self.model.num_exits)
         )
+
+    @property
+    def input_shape(self) -> tuple[int, ...]:
+        """Per-sample input shape the network is traced at."""
+        return self.model.input_shape
 
     @property
     def exit_positions(self) -> list[float]:
@@ -135,6 +151,7 @@ class MultiExitClassifier(pl.LightningModule):
 
     def training_step(self, batch, batch_idx: int) -> torch.Tensor:
         x, y = batch[0], batch[1]
+        check_input_shape(self.input_shape, x, f"{type(self).__name__} (train)")
         loss, per_exit = multi_exit_loss(self.model(x), y, self.loss_weights)
         self.log("train_loss", loss, prog_bar=True)
         for name, value in zip(self.exit_names, per_exit):
@@ -143,6 +160,7 @@ class MultiExitClassifier(pl.LightningModule):
 
     def _eval_step(self, batch, metrics: nn.ModuleList, stage: str) -> None:
         x, y = batch[0], batch[1]
+        check_input_shape(self.input_shape, x, f"{type(self).__name__} ({stage})")
         logits = self.model(x)
         loss, _ = multi_exit_loss(logits, y, self.loss_weights)
         self.log(f"{stage}_loss", loss, prog_bar=True, sync_dist=True)

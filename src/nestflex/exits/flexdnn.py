@@ -43,7 +43,7 @@ from nestflex.exits.search import (
     prune_candidate,
     train_candidates,
 )
-from nestflex.graph import trace
+from nestflex.graph import check_input_shape, input_shape_of, trace
 
 __all__ = ["FlexDNNConfig", "FlexDNNResult", "flexdnn", "evaluate_flex", "build_flex_network", "operating_points"]
 
@@ -228,7 +228,7 @@ def flexdnn(
     val_batches: Iterable,
     config: FlexDNNConfig = FlexDNNConfig(),
     num_classes: int = 10,
-    input_shape: tuple[int, ...] = (3, 32, 32),
+    input_shape: Sequence[int] | None = None,
     calibration_batches: Iterable | None = None,
 ) -> FlexDNNResult:
     """Rank, search and plan FlexDNN exits on a frozen ``backbone`` (see the module docstring).
@@ -239,7 +239,9 @@ def flexdnn(
         val_batches: re-iterable validation batches: every decision is made on them.
         config: :class:`FlexDNNConfig`.
         num_classes: classes of the backbone.
-        input_shape: per-sample input shape.
+        input_shape: per-sample input shape; default the backbone's own
+            (:func:`nestflex.graph.input_shape_of`). Validation batches of another shape raise
+            ``GraphError``.
         calibration_batches: re-iterable batches, disjoint from ``val_batches``, on which the
             shipped thresholds are fitted and the operating points measured. The exits were
             searched, pruned and planned on the validation split, so thresholds fitted there too
@@ -255,6 +257,10 @@ def flexdnn(
     :func:`_read_min_filters`). torch's global generator is seeded with ``config.seed`` inside a
     fork: the caller's generator state is the same after the call.
     """
+    input_shape = input_shape_of(backbone, input_shape)
+    first = next(iter(val_batches), None)  # re-iterable (documented): peeking consumes nothing
+    if first is not None:  # an empty split raises its own error while ranking
+        check_input_shape(input_shape, first, "flexdnn")
     if calibration_batches is not None:
         _check_calibration(calibration_batches, config.calibration_folds)
     # Seeded before anything draws: augmenting training loaders use torch's global generator, and

@@ -27,54 +27,47 @@ Example:
 
 from __future__ import annotations
 
-import difflib
 from typing import Any, Callable, Union
 
 import torch
 from torch import nn
 
+from nestflex.deploy._registry import Registry
 from nestflex.deploy.exits import ExitError
 
 __all__ = ["HeadFactory", "register_head", "list_heads", "get_head", "create_head", "SDNHead", "MSDNetHead"]
 
 HeadFactory = Callable[..., nn.Module]
-_HEADS: dict[str, HeadFactory] = {}
+_HEADS: Registry[HeadFactory] = Registry(
+    "exit head", ExitError, accepts=callable, register_hint="register your own with `register_head(name)`"
+)
 
 
-def register_head(name: str) -> Callable[[HeadFactory], HeadFactory]:
+def register_head(name: str, *, overwrite: bool = False) -> Callable[[HeadFactory], HeadFactory]:
     """Decorator that registers ``factory(in_shape, num_classes, **kwargs) -> nn.Module``.
 
+    Args:
+        name: registry key.
+        overwrite: replace an existing entry instead of raising.
+
     Raises:
-        ExitError: ``name`` is already registered.
+        ExitError: ``name`` is already registered (and ``overwrite`` is false) or empty.
     """
-
-    def wrap(factory: HeadFactory) -> HeadFactory:
-        if name in _HEADS:
-            raise ExitError(f"exit head `{name}` is already registered")
-        _HEADS[name] = factory
-        return factory
-
-    return wrap
+    return _HEADS.register(name, overwrite=overwrite)
 
 
 def list_heads() -> list[str]:
     """Names accepted by :func:`get_head`, sorted."""
-    return sorted(_HEADS)
+    return _HEADS.names()
 
 
 def get_head(name: Union[str, HeadFactory]) -> HeadFactory:
     """A head factory by name (a callable is returned as is).
 
     Raises:
-        ExitError: unknown name; the message lists the registered heads.
+        ExitError: unknown name; the message lists the registered heads and a close match.
     """
-    if callable(name):
-        return name
-    if not isinstance(name, str) or name not in _HEADS:
-        close = difflib.get_close_matches(str(name), list(_HEADS), n=1)
-        hint = f"did you mean `{close[0]}`?" if close else "register your own with `register_head(name)`"
-        raise ExitError(f"unknown exit head `{name}`; choose from: {', '.join(list_heads())}. HINT: {hint}")
-    return _HEADS[name]
+    return _HEADS.get(name)
 
 
 def create_head(

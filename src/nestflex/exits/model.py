@@ -29,7 +29,7 @@ from nestflex.deploy.exits import ConfidenceFn, ExitError, ExitResult, early_exi
 from nestflex.exits._stages import build_stages
 from nestflex.exits.heads import HeadFactory, create_head, get_head
 from nestflex.exits.placement import DEFAULT_POSITIONS, Position, _tap_shape, resolve_positions
-from nestflex.graph import SplitPoint, trace
+from nestflex.graph import SplitPoint, input_shape_of, trace
 
 __all__ = ["MultiExitNetwork"]
 
@@ -47,7 +47,9 @@ class MultiExitNetwork(nn.Module):
         head: a head name from :func:`~nestflex.exits.heads.list_heads` or a factory
             ``(in_shape, num_classes, **kw) -> nn.Module``.
         head_kwargs: extra arguments for the head factory.
-        input_shape: per-sample input shape used for tracing.
+        input_shape: per-sample input shape used for tracing; default: the backbone's own
+            (:func:`nestflex.graph.input_shape_of`: its ``input_shape`` attribute, else
+            ``(3, 32, 32)``).
 
     Attributes:
         backbone, exits: the backbone and an ``nn.ModuleList`` of the early-exit heads.
@@ -79,12 +81,12 @@ class MultiExitNetwork(nn.Module):
         positions: Sequence[Position] = DEFAULT_POSITIONS,
         head: str | HeadFactory = "sdn",
         head_kwargs: Mapping[str, Any] | None = None,
-        input_shape: tuple[int, ...] = (3, 32, 32),
+        input_shape: Sequence[int] | None = None,
     ) -> None:
         super().__init__()
         get_head(head)  # an unknown name fails before the (slower) trace
         self.backbone = backbone
-        self.input_shape = tuple(input_shape)
+        self.input_shape = input_shape_of(backbone, input_shape)
         graph = trace(backbone, input_shape=self.input_shape)
         out_shape = _output_shape(graph.gm)
         if out_shape is None or len(out_shape) != 1:

@@ -1,9 +1,12 @@
 """Write a nestflex bundle: :func:`export_bundle`.
 
-The bundle layout and the manifest keys are defined by the deploy side
-(:mod:`nestflex.deploy.bundle`, docs/deploy.md); this module only writes them. The bundle is
-built in a temporary directory next to the target and moved into place with ``os.replace``, so a
-crash leaves the previous bundle (or none), never a half-written one.
+The bundle layout and the manifest are defined by the deploy side: the manifest is a
+:class:`nestflex.deploy.schema.Manifest` built here from typed records and written with
+``to_json()``; before it is written it is read back with ``Manifest.from_json`` and the weights
+file's header, the same call :func:`nestflex.deploy.load` makes, so a bundle that this writer
+finishes is one the runtime reads (docs/deploy.md lists the keys). The bundle is built in a
+temporary directory next to the target and moved into place with ``os.replace``, so a crash
+leaves the previous bundle (or none), never a half-written one.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import shutil
 import tempfile
 import time
 import warnings
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -25,8 +29,10 @@ from torch import nn
 from nestflex import __version__
 from nestflex._io import atomic_write_bytes, write_json
 from nestflex.capacity.nested import extract_level, is_nested, nested_modules, num_levels
-from nestflex.deploy.bundle import EXIT_SETS, FORMAT, MANIFEST, SCHEMA_VERSION, WEIGHTS, file_digest, manifest_digest
+from nestflex.deploy import schema as S
+from nestflex.deploy.bundle import EXIT_SETS, file_digest
 from nestflex.deploy.exits import FALLBACKS, check_thresholds, list_confidences
+from nestflex.deploy.schema import FORMAT, MANIFEST, SCHEMA_VERSION, WEIGHTS, BundleError, manifest_digest
 from nestflex.export._program import ExportError, Program, build_program
 from nestflex.graph import trace
 
@@ -73,22 +79,27 @@ def _plain_level_row(model: nn.Module, input_shape: tuple[int, ...]) -> dict[str
             "memory_mb": round(_state_bytes(model.state_dict()) / 1e6, 4), "latency_ms": None}
 
 
-def _splits(graph, split_profile: Mapping[str, Any] | None) -> list[dict[str, Any]]:
-    rows = {r["name"]: r for r in (split_profile or {}).get("splits", [])}
+def _splits(graph, split_profile: Mapping[str, Any] | None) -> list[S.SplitPoint]:
+    rows = {r["name"]: (i, r) for i, r in enumerate((split_profile or {}).get("splits", []))}
     out = []
     for s in graph.split_points:
-        entry = {"name": s.name, "node": s.node, "tensors": [[n, list(shape)] for n, shape in s.tensors],
-                 "numel": s.numel, "float32_bytes": s.numel * 4, "macs_before": s.macs_before,
-                 "macs_fraction": round(s.macs_fraction, 6)}
-        row = rows.get(s.name)
-        if row is not None:
-            entry["quantization"] = {
-                "lowest_bits": row.get("lowest_bits"), "fixed_range": row.get("fixed_range"),
-                "per_bits": [{k: r[k] for k in ("bits", "accuracy", "bytes_mean", "ratio") if k in r}
-                             for r in row.get("per_bits", [])],
-            }
-        out.append(entry)
+        quantization = None
+        if s.name in rows:
+            i, row = rows[s.name]
+            quantization = _record(S.SplitQuantization.from_profile, row, path=f"split_profile.splits[{i}]")
+        out.append(S.SplitPoint(
+            name=s.name, node=s.node, tensors=tuple((n, tuple(shape)) for n, shape in s.tensors), numel=s.numel,
+            float32_bytes=s.numel * 4, macs_before=s.macs_before, macs_fraction=round(s.macs_fraction, 6),
+            quantization=quantization))
     return out
+
+
+def _record(read, obj: Any, **kwargs: Any) -> Any:
+    """``read(obj, **kwargs)`` (a schema ``from_json``), its BundleError re-raised as an ExportError."""
+    try:
+        return read(obj, **kwargs)
+    except BundleError as e:
+        raise ExportError(f"{e} HINT: fix the argument; the bundle would not load with it") from None
 
 
 def _json_value(arg: str, value: Any) -> Any:
@@ -133,10 +144,12 @@ def export_bundle(
         model: a multi-capacity network (:func:`~nestflex.capacity.nest_`) or a plain one (one level).
         exits: a :class:`~nestflex.exits.MultiExitNetwork`. If its backbone equals the largest level
             (same tensors, e.g. heads trained ``exits_only`` on ``extract_level(model, K-1)``), only
-            the heads are stored and ``manifest["exits"]["backbone"] == "shared"``; otherwise its
-            backbone is stored as its own component (``"own"``).
+            the heads are stored and its exit set (kind ``progressive``) says ``backbone: "shared"``;
+            otherwise its backbone is stored as its own component (``"own"``).
         levels: per-level profile rows (:func:`~nestflex.capacity.profile.profile_levels`); if
-            ``None``, params/MACs/memory are computed and accuracy/latency left ``None``.
+            ``None``, params/MACs/memory are computed and accuracy/latency left ``None``. Each row
+            is checked as the runtime will read it (:class:`~nestflex.deploy.schema.LevelRow`:
+            accuracy a fraction in [0, 1] or ``None``, finite numbers).
         input_shape: per-sample input shape.
         mean, std: per-channel normalisation the caller must apply (recorded, not applied).
         classes: class names.
@@ -147,8 +160,8 @@ def export_bundle(
         split_profile, precision_profile: the profiling stage's JSON, shipped in ``profiles/``.
         flex_exits: FlexDNN's planned network (:func:`~nestflex.exits.flexdnn` or
             :func:`~nestflex.exits.build_flex_network`), a ``MultiExitNetwork`` of
-            ``FilterSubsetExit`` heads: written as the ``flex_exits`` set, in the same layout as
-            ``exits`` (shared or own backbone, decided the same way).
+            ``FilterSubsetExit`` heads: written as the exit set of kind ``flexdnn``, in the same
+            layout as the ``progressive`` one (shared or own backbone, decided the same way).
         flex_spec: its spec (``FlexDNNResult.spec``, ``flex/spec.json``); required with
             ``flex_exits``: its ``thresholds``, ``confidence`` and ``fallback`` are the set's policy.
         flex_report: optional ``FlexDNNResult.report`` (``flex/report.json``): the plan and the
@@ -170,8 +183,8 @@ def export_bundle(
         in the FlexDNN set, 0 without one) and ``files``.
 
     Raises:
-        ExportError: bad arguments, an existing bundle with ``overwrite=False``, or a layer the
-            bundle program cannot express.
+        ExportError: bad arguments (also a level row, profile or plan the bundle schema refuses), an
+            existing bundle with ``overwrite=False``, or a layer the bundle program cannot express.
 
     Example:
         >>> from nestflex.models import create_model
@@ -278,55 +291,58 @@ def _write(target: Path, model, exits, levels, input_shape, mean, std, classes, 
         for name, m in model.named_modules():
             if isinstance(m, (nn.Conv2d, nn.Linear)):
                 widths[0][name] = int(m.weight.shape[0])
-    for k, r in enumerate(rows):
-        r.update(widths=widths[k], weight_bytes=level_bytes[k])
+    level_rows = tuple(_record(S.LevelRow.from_json, {**r, "widths": widths[k], "weight_bytes": level_bytes[k]},
+                               path=f"levels[{k}]", index=k) for k, r in enumerate(rows))
+    capacity = S.Capacity(
+        nested=nested, num_levels=K, level_bytes=tuple(level_bytes), largest_level_bytes=level_bytes[-1],
+        program=S.Program.from_json(backbone.nodes, path="capacity.program"),
+        regions={n: tuple(None if r is None else tuple(r) for r in per) for n, per in backbone.regions.items()})
 
     graph = trace(largest, input_shape)
-    exits_entry, heads_bytes = None, 0
+    exit_sets: list[S.ExitSet] = []
+    heads_bytes = flex_heads_bytes = 0
     if exits is not None:
         if thresholds is None:
             thresholds = (calibration or {}).get("lossless", {}).get("thresholds", 1.0)
-        exits_entry, head_tensors = _exits_entry("exits", exits, largest, K, thresholds, confidence, fallback)
-        if calibration is not None:
-            exits_entry["calibration"] = _calibration_summary(calibration)
+        entry, head_tensors = _exit_set("exits", exits, largest, K, thresholds, confidence, fallback,
+                                        calibration=None if calibration is None else _calibration_summary(calibration))
         heads_bytes = _state_bytes({k: v for k, v in head_tensors.items() if k.startswith("exits.")})
         tensors.update(head_tensors)
-    flex_entry, flex_heads_bytes = None, 0
+        exit_sets.append(entry)
     if flex_exits is not None:
-        flex_entry, head_tensors = _exits_entry("flex_exits", flex_exits, largest, K, flex_policy["thresholds"],
-                                                flex_policy["confidence"], flex_policy["fallback"])
-        flex_entry["profile"] = "profiles/flexdnn_plan.json"
-        flex_entry.update({k: flex_policy[k] for k in ("plan", "operating_points", "calibration") if k in flex_policy})
+        points = flex_policy.get("operating_points")
+        entry, head_tensors = _exit_set(
+            "flex_exits", flex_exits, largest, K, flex_policy["thresholds"], flex_policy["confidence"],
+            flex_policy["fallback"], profile="profiles/flexdnn_plan.json", calibration=flex_policy.get("calibration"),
+            plan=None if "plan" not in flex_policy else _record(S.ExitPlan.from_json, flex_policy["plan"],
+                                                                path="flex_report.plan"),
+            operating_points=None if points is None else tuple(
+                _record(S.OperatingPoint.from_json, pt, path=f"flex_report.profile.operating_points[{i}]")
+                for i, pt in enumerate(points)))
         flex_heads_bytes = _state_bytes({k: v for k, v in head_tensors.items() if k.startswith("flex_exits.")})
         tensors.update(head_tensors)
+        exit_sets.append(entry)
 
-    manifest: dict[str, Any] = {
-        "format": FORMAT,
-        "schema_version": SCHEMA_VERSION,
-        "producer": {"name": "nestflex", "version": __version__, "torch": torch.__version__},
-        "created_unix": int(time.time()),
-        "input": {"shape": list(input_shape), "dtype": "float32", "layout": "NCHW",
-                  "mean": list(map(float, mean)) if mean is not None else None,
-                  "std": list(map(float, std)) if std is not None else None,
-                  "note": "the caller normalises: x = (pixel / 255 - mean) / std"},
-        "num_classes": int(graph.gm(torch.zeros(1, *input_shape)).shape[-1]) if classes is None else len(classes),
-        "classes": list(classes) if classes is not None else None,
-        "levels": rows,
-        **provenance,  # "model", "switching": plain JSON, checked by export_bundle
-        "capacity": {"nested": nested, "num_levels": K, "level_bytes": level_bytes,
-                     "largest_level_bytes": level_bytes[-1], "program": backbone.nodes, "regions": backbone.regions},
-        "exits": exits_entry,
-        "flex_exits": flex_entry,
-        "splits": _splits(graph, split_profile),
-        "profiles": {},
-        "weights": {"file": WEIGHTS, "tensors": {n: {"shape": list(t.shape), "dtype": str(t.dtype).removeprefix("torch.")}
-                                                 for n, t in tensors.items()}},
-        "onnx": [],
-    }
-    if precision_profile is not None:
-        a = precision_profile.get("assignment", {})
-        manifest["precision"] = {"assignment": a.get("layers", a.get("assignment")), "counts": a.get("counts"),
-                                 "budget_points": a.get("budget_points"), "file": "profiles/layer_precision.json"}
+    spec = S.Manifest(
+        producer=S.Producer("nestflex", __version__, torch.__version__),
+        input=S.InputSpec(shape=input_shape, dtype="float32", layout="NCHW",
+                          mean=tuple(map(float, mean)) if mean is not None else None,
+                          std=tuple(map(float, std)) if std is not None else None,
+                          note="the caller normalises: x = (pixel / 255 - mean) / std"),
+        num_classes=int(graph.gm(torch.zeros(1, *input_shape)).shape[-1]) if classes is None else len(classes),
+        classes=tuple(str(c) for c in classes) if classes is not None else None,
+        levels=level_rows,
+        model=provenance["model"],  # "model", "switching": plain JSON, checked by export_bundle
+        switching=None if provenance["switching"] is None else tuple(provenance["switching"]),
+        capacity=capacity,
+        exit_sets=tuple(exit_sets),
+        splits=tuple(_splits(graph, split_profile)),
+        precision=None if precision_profile is None else _record(
+            S.PrecisionPlan.from_profile, precision_profile, file="profiles/layer_precision.json"),
+        weights=S.Weights({n: S.TensorInfo(tuple(t.shape), str(t.dtype).removeprefix("torch."))
+                           for n, t in tensors.items()}),
+        created_unix=int(time.time()),
+    )
 
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp"))
@@ -337,18 +353,28 @@ def _write(target: Path, model, exits, levels, input_shape, mean, std, classes, 
         flex_plan = None if flex_policy is None else {
             "spec": flex_policy["spec"],
             **{k: flex_policy[k] for k in ("plan", "operating_points", "calibration") if k in flex_policy}}
+        profiles = {}
         for name, obj in (("split_quantization", split_profile), ("layer_precision", precision_profile),
                           ("exit_calibration", calibration), ("flexdnn_plan", flex_plan)):
             if obj is not None:
                 write_json(tmp / "profiles" / f"{name}.json", obj)
-                manifest["profiles"][name] = f"profiles/{name}.json"
+                profiles[name] = f"profiles/{name}.json"
+        onnx_files: list[S.OnnxFile] = []
         if onnx:
             sets = [(k, net) for k, net in (("exits", exits), ("flex_exits", flex_exits)) if net is not None]
-            manifest["onnx"] = _write_onnx(tmp, model, largest, sets, K, input_shape, nested)
+            onnx_files = [S.OnnxFile.from_json(e, path=f"onnx[{i}]")
+                          for i, e in enumerate(_write_onnx(tmp, model, largest, sets, K, input_shape, nested))]
         files = sorted(p for p in tmp.rglob("*") if p.is_file())
-        manifest["files"] = {p.relative_to(tmp).as_posix(): {"bytes": p.stat().st_size, "sha256": file_digest(p)}
-                             for p in files}
-        manifest["integrity"] = {"manifest_sha256": manifest_digest(manifest)}
+        spec = replace(spec, profiles=profiles, onnx=tuple(onnx_files), files={
+            p.relative_to(tmp).as_posix(): S.FileEntry(p.stat().st_size, file_digest(p)) for p in files})
+        spec = replace(spec, integrity={"manifest_sha256": manifest_digest(spec.to_json())})
+        manifest = spec.to_json()
+        try:  # what load() will do: the writer and the reader agree, or nothing is written
+            S.Manifest.from_json(manifest, weights_header=S.read_safetensors_header(tmp / WEIGHTS),
+                                 where=f"export to {str(target)!r}")
+        except BundleError as e:
+            raise ExportError(f"{e} (the exporter produced a manifest its own schema refuses: a nestflex bug, or an "
+                              f"argument export_bundle does not check yet)") from None
         # compact JSON: the programs make an indented manifest ~1.5x larger; `nestflex inspect`
         # (or `python -m json.tool`) shows it readably
         text = json.dumps(manifest, separators=(",", ":"), allow_nan=False) + "\n"
@@ -358,17 +384,18 @@ def _write(target: Path, model, exits, levels, input_shape, mean, std, classes, 
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    sizes = {p: m["bytes"] for p, m in manifest["files"].items()}
+    sizes = {p: m.bytes for p, m in spec.files.items()}
     onnx_bytes = sum(b for p, b in sizes.items() if p.startswith("onnx/"))
     weights_bytes = sizes[WEIGHTS]
     total = sum(sizes.values()) + (target / MANIFEST).stat().st_size
+    progressive, flex = spec.exit_set("progressive"), spec.exit_set("flexdnn")
     return {"bundle": str(target), "bytes": total, "weights_bytes": weights_bytes, "onnx_bytes": onnx_bytes,
             "metadata_bytes": total - weights_bytes - onnx_bytes, "largest_level_bytes": level_bytes[-1],
-            "exit_heads_bytes": heads_bytes, "exits_backbone": exits_entry["backbone"] if exits_entry else None,
+            "exit_heads_bytes": heads_bytes, "exits_backbone": progressive.backbone if progressive else None,
             "flex_exit_heads_bytes": flex_heads_bytes,
-            "flex_exits_backbone": flex_entry["backbone"] if flex_entry else None,
+            "flex_exits_backbone": flex.backbone if flex else None,
             "flex_backbone_bytes": _state_bytes({k: v for k, v in tensors.items() if k.startswith("flex.backbone.")}),
-            "flex_exits": len(flex_entry["heads"]) if flex_entry else 0,
+            "flex_exits": len(flex.heads) if flex else 0,
             "levels": K, "files": len(sizes) + 1}
 
 
@@ -402,8 +429,12 @@ def _region_bytes(prog: Program, name: str, level: int) -> int:
     return n * t.element_size()
 
 
-def _exits_entry(key, exits, largest, K, thresholds, confidence, fallback) -> tuple[dict[str, Any], dict]:
-    """The manifest section of one exit set (``exits`` or ``flex_exits``: same layout) and its tensors."""
+def _exit_set(key, exits, largest, K, thresholds, confidence, fallback, **extra: Any
+              ) -> tuple[S.ExitSet, dict[str, torch.Tensor]]:
+    """The manifest record of one exit set (``exits`` or ``flex_exits``: same layout) and its tensors.
+
+    ``extra``: the set's optional fields (``calibration``, ``plan``, ``operating_points``, ``profile``).
+    """
     arg = "exits" if key == "exits" else "flex_exits"
     for attr in ("backbone", "exits", "points", "stages"):
         if not hasattr(exits, attr):
@@ -417,30 +448,16 @@ def _exits_entry(key, exits, largest, K, thresholds, confidence, fallback) -> tu
         raise ExportError(f"`{arg}`: {e}") from None
     shared = _shared_backbone(exits, largest)
     tensors: dict[str, torch.Tensor] = {}
-    entry: dict[str, Any] = {
-        "kind": EXIT_SETS[key],
-        "backbone": "shared" if shared else "own",
-        "level": K - 1 if shared else None,
-        "note": ("heads sit on the multi-capacity backbone's largest level (weights stored once)" if shared else
-                 "this exit network's backbone differs from the largest level (joint training, no grow stage, or "
-                 f"another base model): stored as its own component under {backbone_prefix}*"),
-        "names": list(exits.exit_names),
-        "positions": [round(float(p), 6) for p in exits.positions],
-        "macs": [int(m) for m in exits.exit_macs],
-        "backbone_macs": int(exits.backbone_macs),
-        "thresholds": thr,
-        "confidence": confidence,
-        "fallback": fallback,
-    }
+    program = None
     if shared:
         program_nodes = {n["name"] for n in build_program(largest, "backbone.").nodes}
     else:
         own = build_program(exits.backbone, backbone_prefix)
         tensors.update(own.tensors)
-        entry["program"] = own.nodes
+        program = S.Program.from_json(own.nodes, path=f"{arg}.program")
         program_nodes = {n["name"] for n in own.nodes}
-    entry["taps"] = [p.node for p in exits.points]
-    missing = [t for t in entry["taps"] if t not in program_nodes]
+    taps = tuple(p.node for p in exits.points)
+    missing = [t for t in taps if t not in program_nodes]
     if missing:
         raise ExportError(f"exit taps {missing} are not nodes of the backbone program. HINT: trace names differ "
                           f"between the exit network's backbone and the exported model; rebuild the exits on it")
@@ -448,16 +465,36 @@ def _exits_entry(key, exits, largest, K, thresholds, confidence, fallback) -> tu
     for k, head in enumerate(exits.exits):
         prog = build_program(head, f"{head_prefix}{k}.")
         tensors.update(prog.tensors)
-        row = {"name": exits.exit_names[k], "program": prog.nodes}
+        flex: dict[str, Any] = {}
         index = getattr(head, "index", None)
         if isinstance(index, torch.Tensor):  # a fine-grained (FlexDNN) exit: which filters feed it
             tap = exits.points[k]
-            row["tap_channels"] = int(next(shape for name, shape in tap.tensors if name == tap.node)[0])
-            row["filters"] = [int(i) for i in index.tolist()]
-            row["widths"] = list(getattr(getattr(head, "head", None), "widths", []))
-            row["stem_pool"] = int(getattr(getattr(head, "head", None), "stem_pool", 1))  # input pooled first
-        heads.append(row)
-    entry["heads"] = heads
+            inner = getattr(head, "head", None)
+            flex = {"tap_channels": int(next(shape for name, shape in tap.tensors if name == tap.node)[0]),
+                    "filters": tuple(int(i) for i in index.tolist()),
+                    "widths": tuple(int(w) for w in getattr(inner, "widths", [])),
+                    "stem_pool": int(getattr(inner, "stem_pool", 1))}  # the factor its input is pooled by first
+        heads.append(S.ExitHead(name=exits.exit_names[k], program=S.Program.from_json(
+            prog.nodes, path=f"{arg}.heads[{k}].program"), **flex))
+    entry = S.ExitSet(
+        kind=EXIT_SETS[key],
+        backbone="shared" if shared else "own",
+        level=K - 1 if shared else None,
+        note=("heads sit on the multi-capacity backbone's largest level (weights stored once)" if shared else
+              "this exit network's backbone differs from the largest level (joint training, no grow stage, or "
+              f"another base model): stored as its own component under {backbone_prefix}*"),
+        names=tuple(exits.exit_names),
+        positions=tuple(round(float(p), 6) for p in exits.positions),
+        macs=tuple(int(m) for m in exits.exit_macs),
+        backbone_macs=int(exits.backbone_macs),
+        thresholds=tuple(thr),
+        confidence=confidence,
+        fallback=fallback,
+        program=program,
+        taps=taps,
+        heads=tuple(heads),
+        **extra,
+    )
     return entry, tensors
 
 
@@ -492,7 +529,7 @@ def _write_onnx(root: Path, model, largest, exit_sets, K, input_shape, nested) -
                 outs = [f"out_{i}" for i in range(len(out))] if k < len(exits.exits) else ["logits"]
                 rel = f"onnx/{files}stage_{k}.onnx"
                 _export_onnx(stage, state, root / rel, ins, outs)
-                entries.append({"file": rel, "kind": "stage", "exit_set": key, "stage": k,
+                entries.append({"file": rel, "kind": "stage", "exit_set": EXIT_SETS[key], "stage": k,
                                 "inputs": [list(p) for p in zip(ins, in_shapes)],
                                 "outputs": [[n, list(t.shape[1:])] for n, t in zip(outs, out)],
                                 "tap_output": exits._taps[k] if k < len(exits.exits) else None})
@@ -500,7 +537,7 @@ def _write_onnx(root: Path, model, largest, exit_sets, K, input_shape, nested) -
                     tap = out[exits._taps[k]]
                     rel = f"onnx/{files}exit_{k}.onnx"
                     _export_onnx(exits.exits[k], (tap,), root / rel, ["features"], ["logits"])
-                    entries.append({"file": rel, "kind": "exit", "exit_set": key, "exit": k,
+                    entries.append({"file": rel, "kind": "exit", "exit_set": EXIT_SETS[key], "exit": k,
                                     "inputs": [["features", list(tap.shape[1:])]], "outputs": [["logits", None]]})
                 state = out
     return entries

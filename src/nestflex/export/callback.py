@@ -14,6 +14,7 @@ from typing_extensions import override
 
 from nestflex.export._program import ExportError
 from nestflex.export.bundle import BUNDLE_SUFFIX, export_bundle
+from nestflex.graph import DEFAULT_INPUT_SHAPE, input_shape_of
 
 __all__ = ["BundleExporter", "bundle_arguments"]
 
@@ -22,11 +23,13 @@ def bundle_arguments(module: nn.Module, datamodule: Any = None, attr: str = "mod
     """What :func:`export_bundle` needs from a LightningModule and its DataModule.
 
     The network is ``getattr(module, attr)``; a :class:`~nestflex.exits.MultiExitNetwork` gives
-    its backbone as the model and itself as the exits. Normalisation and classes come from the
-    DataModule's ``mean``/``std``/``classes`` when it has them.
+    its backbone as the model and itself as the exits. The input shape is the network's own when
+    it states one (:func:`nestflex.graph.input_shape_of`). Normalisation and classes come from
+    the DataModule's ``mean``/``std``/``classes`` when it has them.
 
     Raises:
-        ExportError: ``module`` has no attribute ``attr`` holding an ``nn.Module``.
+        ExportError: ``module`` has no attribute ``attr`` holding an ``nn.Module``; a network
+            traced at another per-sample shape than the DataModule's ``input_shape``.
     """
     net = getattr(module, attr, None)
     if not isinstance(net, nn.Module):
@@ -38,10 +41,21 @@ def bundle_arguments(module: nn.Module, datamodule: Any = None, attr: str = "mod
         kwargs.update(model=net.backbone, exits=net, input_shape=tuple(net.input_shape))
     else:
         kwargs["model"] = net
+        if getattr(net, "input_shape", None) is not None:  # e.g. ImageClassifier's network (input_shape_of)
+            kwargs["input_shape"] = input_shape_of(net)
     for name in ("mean", "std", "classes"):
         value = getattr(datamodule, name, None)
         if value is not None:
             kwargs[name] = list(value)
+    data_shape = getattr(datamodule, "input_shape", None)
+    if data_shape is not None:
+        data_shape = tuple(int(s) for s in data_shape)
+        if kwargs.setdefault("input_shape", data_shape) != data_shape:
+            raise ExportError(
+                f"the network is traced at per-sample input_shape {kwargs['input_shape']}, but the DataModule's "
+                f"samples are {data_shape}: the bundle would declare an input the model was not trained on. "
+                f"HINT: build the module with `input_shape=datamodule.input_shape`"
+            )
     return kwargs
 
 
@@ -52,7 +66,9 @@ class BundleExporter(Callback):
         dirpath: directory of the bundle (default: ``<trainer.default_root_dir>``).
         filename: bundle directory name (``.nfx`` appended when missing).
         attr: attribute of the LightningModule that holds the network.
-        input_shape: per-sample input shape (a MultiExitNetwork's own is used when present).
+        input_shape: per-sample input shape; default: the network's own (a MultiExitNetwork's,
+            or an ``input_shape`` attribute as ImageClassifier's network has), else the
+            DataModule's ``input_shape``, else ``(3, 32, 32)``.
         onnx: also write ONNX graphs.
         thresholds, confidence, fallback: exit policy stored with exits (see :func:`export_bundle`).
 
@@ -72,7 +88,7 @@ class BundleExporter(Callback):
         dirpath: str | os.PathLike | None = None,
         filename: str = "model.nfx",
         attr: str = "model",
-        input_shape: Sequence[int] = (3, 32, 32),
+        input_shape: Sequence[int] | None = None,
         onnx: bool = True,
         thresholds: float | Sequence[float] | None = None,
         confidence: str = "max_prob",
@@ -89,7 +105,8 @@ class BundleExporter(Callback):
             raise ExportError(f"`fallback` must be one of {', '.join(FALLBACKS)}, got {fallback!r}")
         self.dirpath = dirpath
         self.filename = filename if filename.endswith(BUNDLE_SUFFIX) else filename + BUNDLE_SUFFIX
-        self.attr, self.input_shape, self.onnx = attr, tuple(input_shape), onnx
+        self.attr, self.onnx = attr, onnx
+        self.input_shape = tuple(int(s) for s in input_shape) if input_shape is not None else None
         self.thresholds, self.confidence, self.fallback = thresholds, confidence, fallback
         self.result: dict[str, Any] | None = None
 
@@ -101,7 +118,7 @@ class BundleExporter(Callback):
         if not trainer.is_global_zero:
             return
         kwargs = bundle_arguments(pl_module, getattr(trainer, "datamodule", None), self.attr)
-        kwargs.setdefault("input_shape", self.input_shape)
+        kwargs.setdefault("input_shape", self.input_shape or DEFAULT_INPUT_SHAPE)
         device = next(pl_module.parameters()).device
         pl_module.cpu()  # the bundle holds CPU tensors; the module goes back where it was
         try:

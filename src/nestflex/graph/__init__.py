@@ -2,11 +2,24 @@
 
 from nestflex.graph.groups import ChannelGroup, Member
 from nestflex.graph.split import split_model
-from nestflex.graph.structure import Layer, SplitPoint, StructureGraph, trace
+from nestflex.graph.structure import (
+    DEFAULT_INPUT_SHAPE,
+    Layer,
+    SplitPoint,
+    StructureGraph,
+    check_input_shape,
+    checked_batches,
+    input_shape_of,
+    trace,
+)
 from nestflex.graph.surgery import permute_channels, prune_channels, prune_groups, resize_like, select_channels, slice_channels
 
 __all__ = [
     "trace",
+    "input_shape_of",
+    "check_input_shape",
+    "checked_batches",
+    "DEFAULT_INPUT_SHAPE",
     "StructureGraph",
     "ChannelGroup",
     "Member",

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Mapping
+from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -20,7 +20,20 @@ from nestflex.errors import GraphError
 from nestflex.graph._tracer import propagate_shapes, trace_module
 from nestflex.graph.groups import ChannelGroup, find_groups
 
-__all__ = ["Layer", "SplitPoint", "StructureGraph", "trace"]
+__all__ = [
+    "DEFAULT_INPUT_SHAPE",
+    "Layer",
+    "SplitPoint",
+    "StructureGraph",
+    "check_input_shape",
+    "checked_batches",
+    "input_shape_of",
+    "trace",
+]
+
+#: Per-sample input a model is traced at when neither the caller nor the model says otherwise
+#: (CIFAR's 3x32x32).
+DEFAULT_INPUT_SHAPE: tuple[int, int, int] = (3, 32, 32)
 
 _SPLIT_ACTS = (nn.ReLU, nn.ReLU6)
 
@@ -165,12 +178,94 @@ class StructureGraph:
         return {g.id: g.width for g in self.groups}
 
 
-def trace(model: nn.Module, input_shape: tuple[int, ...] = (3, 32, 32), strict: bool = False) -> StructureGraph:
+def input_shape_of(model: nn.Module, input_shape: Sequence[int] | None = None) -> tuple[int, ...]:
+    """The per-sample shape to trace ``model`` at: ``input_shape`` if given, else the model's own.
+
+    A model states its input with an ``input_shape`` attribute: nestflex's VGG/ResNet
+    (``(in_chans, 32, 32)``), :class:`~nestflex.training.ImageClassifier` and its network (the
+    shape of the data it was built for), :class:`~nestflex.exits.MultiExitNetwork`. Copies keep
+    the attribute, so a pruned, nested or extracted copy is traced at the same shape. Models
+    without one get :data:`DEFAULT_INPUT_SHAPE`.
+
+    Raises:
+        GraphError: a shape that is not a sequence of positive integers.
+
+    Example:
+        >>> from nestflex.models import create_model
+        >>> input_shape_of(create_model("vgg11", width=0.125, in_chans=1))
+        (1, 32, 32)
+        >>> input_shape_of(torch.nn.Linear(4, 2)), input_shape_of(torch.nn.Linear(4, 2), (4,))
+        ((3, 32, 32), (4,))
+    """
+    shape = input_shape if input_shape is not None else getattr(model, "input_shape", None)
+    if shape is None:
+        return DEFAULT_INPUT_SHAPE
+    try:
+        out = tuple(int(s) for s in shape)
+        valid = len(out) >= 1 and all(s >= 1 and s == v for s, v in zip(out, shape))
+    except (TypeError, ValueError):
+        valid = False
+    if not valid:
+        source = "`input_shape`" if input_shape is not None else f"`{type(model).__name__}.input_shape`"
+        raise GraphError(f"{source} must be a sequence of positive integers (C, H, W), got {shape!r}")
+    return out
+
+
+def check_input_shape(expected: Sequence[int], x: torch.Tensor | Sequence[Any], owner: str) -> None:
+    """Raise unless the samples of batch ``x`` have the per-sample shape a model was traced at.
+
+    Tracing at one shape and running on another gives wrong MACs, split points and exit
+    positions, or fails deep inside a later step; this check fails at once, saying both shapes.
+
+    Args:
+        expected: the traced per-sample shape.
+        x: a batch ``(N, *shape)``, or a ``(inputs, targets, ...)`` batch from a dataloader.
+        owner: who traced (named in the message), e.g. ``"FilterPruning"``.
+
+    Raises:
+        GraphError: the shapes differ.
+
+    Example:
+        >>> check_input_shape((1, 32, 32), torch.zeros(2, 1, 32, 32), "demo")
+        >>> check_input_shape((3, 32, 32), torch.zeros(2, 1, 28, 28), "demo")
+        Traceback (most recent call last):
+        ...
+        nestflex.errors.GraphError: demo traces the model at per-sample input_shape (3, 32, 32), but the data's samples are (1, 28, 28). HINT: pass `input_shape=(1, 28, 28)` (a DataModule's `input_shape`), or feed data of the traced shape
+    """
+    if not isinstance(x, torch.Tensor):
+        x = x[0]
+    actual, expected = tuple(x.shape[1:]), tuple(expected)
+    if actual != expected:
+        raise GraphError(
+            f"{owner} traces the model at per-sample input_shape {expected}, but the data's samples are {actual}. "
+            f"HINT: pass `input_shape={actual}` (a DataModule's `input_shape`), or feed data of the traced shape"
+        )
+
+
+def checked_batches(batches: Iterable[Any], input_shape: Sequence[int], owner: str) -> Iterator[Any]:
+    """Yield ``batches`` unchanged, after :func:`check_input_shape` on the first one.
+
+    For code that traced a model at ``input_shape`` and then evaluates it on a dataloader: the
+    check costs nothing, and a dataloader of another shape fails before any number is computed.
+
+    Example:
+        >>> batches = [(torch.zeros(2, 1, 32, 32), torch.zeros(2))]
+        >>> len(list(checked_batches(batches, (1, 32, 32), "demo")))
+        1
+    """
+    for i, batch in enumerate(batches):
+        if i == 0:
+            check_input_shape(input_shape, batch, owner)
+        yield batch
+
+
+def trace(model: nn.Module, input_shape: Sequence[int] | None = None, strict: bool = False) -> StructureGraph:
     """Trace ``model`` and derive layers, channel groups and split points.
 
     Args:
         model: any ``nn.Module`` taking one image tensor.
-        input_shape: per-sample input shape (no batch dimension).
+        input_shape: per-sample input shape (no batch dimension); default: the model's own
+            (:func:`input_shape_of`: its ``input_shape`` attribute, else ``(3, 32, 32)``).
         strict: raise on submodules fx cannot trace instead of keeping them opaque.
 
     Returns:
@@ -186,6 +281,7 @@ def trace(model: nn.Module, input_shape: tuple[int, ...] = (3, 32, 32), strict: 
         >>> round(g.macs() / 1e8, 2)
         3.13
     """
+    input_shape = input_shape_of(model, input_shape)
     gm, opaque = trace_module(model, strict=strict)
     param = next(model.parameters(), None)
     example = torch.zeros(

@@ -34,13 +34,14 @@ def list_models() -> list[str]:
     return sorted(_MODELS)
 
 
-def create_model(name: str, num_classes: int = 10, width: float = 1.0, **kwargs) -> nn.Module:
+def create_model(name: str, num_classes: int = 10, width: float = 1.0, in_chans: int = 3, **kwargs) -> nn.Module:
     """Build a registered model.
 
     Args:
         name: a name from :func:`list_models`, or ``"timm:<timm model name>"``.
         num_classes: size of the classifier output.
         width: channel multiplier (``0.25`` keeps a quarter of every layer's channels).
+        in_chans: input image channels (3 for RGB, 1 for greyscale such as MNIST), as timm's.
         **kwargs: passed to the model constructor.
 
     Raises:
@@ -56,10 +57,13 @@ def create_model(name: str, num_classes: int = 10, width: float = 1.0, **kwargs)
         raise ModelError(f"`num_classes` must be an integer >= 2, got {num_classes!r}")
     if not (isinstance(width, (int, float)) and 0 < width <= 4):
         raise ModelError(f"`width` must be a number in (0, 4], got {width!r}")
+    if isinstance(in_chans, bool) or not isinstance(in_chans, int) or in_chans < 1:
+        raise ModelError(f"`in_chans` must be an integer >= 1 (3 for RGB, 1 for greyscale), got {in_chans!r}")
     if name.startswith(TIMM_PREFIX):
         from nestflex.models.timm_adapter import create_timm_model
 
-        return create_timm_model(name[len(TIMM_PREFIX):], num_classes=num_classes, width=width, **kwargs)
+        return create_timm_model(name[len(TIMM_PREFIX):], num_classes=num_classes, width=width, in_chans=in_chans,
+                                 **kwargs)
     if name not in _MODELS:
         close = difflib.get_close_matches(name, list(_MODELS), n=1)
         hint = f" HINT: did you mean `{close[0]}`?" if close else ""
@@ -67,6 +71,8 @@ def create_model(name: str, num_classes: int = 10, width: float = 1.0, **kwargs)
             f"unknown model `{name}`; known models: {', '.join(list_models())}, "
             f"or `{TIMM_PREFIX}<name>` for any timm model.{hint}"
         )
+    if in_chans != 3:  # only then: a registered constructor without `in_chans` keeps working for RGB
+        kwargs["in_chans"] = in_chans
     return _MODELS[name](num_classes=num_classes, width=width, **kwargs)
 
 

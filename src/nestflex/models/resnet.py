@@ -43,15 +43,20 @@ class CifarResNet(nn.Module):
         depth: 6n + 2 (20, 32, 44, 56, 110).
         num_classes: classifier outputs.
         width: channel multiplier for all three stages.
+        in_chans: image channels (3 for RGB, 1 for greyscale).
+
+    Attributes:
+        input_shape: ``(in_chans, 32, 32)``, the per-sample input it is traced at by default
+            (global average pooling makes any size work).
     """
 
-    def __init__(self, depth: int, num_classes: int = 10, width: float = 1.0) -> None:
+    def __init__(self, depth: int, num_classes: int = 10, width: float = 1.0, in_chans: int = 3) -> None:
         super().__init__()
         if (depth - 2) % 6 != 0 or depth < 8:
             raise ValueError(f"`depth` must be 6n + 2 with n >= 1, got {depth}")
         n = (depth - 2) // 6
         widths = [scaled(c, width) for c in (16, 32, 64)]
-        self.conv1 = nn.Conv2d(3, widths[0], 3, 1, 1, bias=False)
+        self.conv1 = nn.Conv2d(in_chans, widths[0], 3, 1, 1, bias=False)
         self.bn1 = nn.BatchNorm2d(widths[0])
         self.relu = nn.ReLU(inplace=True)
         in_ch = widths[0]
@@ -65,6 +70,7 @@ class CifarResNet(nn.Module):
         self.avgpool = nn.AdaptiveAvgPool2d(1)
         self.fc = nn.Linear(in_ch, num_classes)
         self.num_classes = num_classes
+        self.input_shape: tuple[int, ...] = (in_chans, 32, 32)
         for m in self.modules():
             if isinstance(m, nn.Conv2d):
                 nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
@@ -84,12 +90,12 @@ class CifarResNet(nn.Module):
 
 
 @register_model("resnet20")
-def resnet20(num_classes: int = 10, width: float = 1.0) -> CifarResNet:
+def resnet20(num_classes: int = 10, width: float = 1.0, in_chans: int = 3) -> CifarResNet:
     """CIFAR ResNet-20 (3 basic blocks per stage)."""
-    return CifarResNet(20, num_classes=num_classes, width=width)
+    return CifarResNet(20, num_classes=num_classes, width=width, in_chans=in_chans)
 
 
 @register_model("resnet56")
-def resnet56(num_classes: int = 10, width: float = 1.0) -> CifarResNet:
+def resnet56(num_classes: int = 10, width: float = 1.0, in_chans: int = 3) -> CifarResNet:
     """CIFAR ResNet-56 (9 basic blocks per stage)."""
-    return CifarResNet(56, num_classes=num_classes, width=width)
+    return CifarResNet(56, num_classes=num_classes, width=width, in_chans=in_chans)

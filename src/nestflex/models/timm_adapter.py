@@ -23,8 +23,9 @@ def create_timm_model(name: str, num_classes: int = 10, width: float = 1.0, cifa
         name: a timm model name, e.g. ``"resnet18"`` or ``"mobilenetv2_100"``.
         num_classes: classifier outputs.
         width: must be 1.0 (timm encodes width in the name, e.g. ``mobilenetv2_050``).
-        cifar_stem: adapt the stem to 32x32 inputs (see the module docstring).
-        **kwargs: passed to ``timm.create_model``.
+        cifar_stem: adapt the stem to 32x32 inputs (see the module docstring); the model then
+            records ``input_shape = (in_chans, 32, 32)``.
+        **kwargs: passed to ``timm.create_model`` (``in_chans`` included).
 
     Raises:
         ModelError: unknown timm name, ``width`` != 1, or a stem this adapter does not know.
@@ -46,6 +47,8 @@ def create_timm_model(name: str, num_classes: int = 10, width: float = 1.0, cifa
     model = timm.create_model(name, pretrained=False, num_classes=num_classes, **kwargs)
     if cifar_stem:
         _cifar_stem(model, name)
+        # what nestflex traces it at by default (graph.input_shape_of); timm's own input_size is ImageNet's
+        model.input_shape = (int(kwargs.get("in_chans", 3)), 32, 32)
     model.num_classes = num_classes
     return model
 

@@ -26,16 +26,24 @@ VGG_CONFIGS: dict[str, list[int | str]] = {
 class VGG(nn.Module):
     """VGG for 32x32 inputs.
 
+    Five 2x2 max-poolings leave one pixel per channel of a 32x32 input, which is what the
+    classifier's first linear layer takes; inputs of 32..63 pixels work the same way, 28x28
+    (MNIST) does not (28 -> 14 -> 7 -> 3 -> 1 -> nothing): pad it to 32x32.
+
     Args:
         config: list of channel counts and ``"M"`` (max-pool), e.g. ``VGG_CONFIGS["vgg16"]``.
         num_classes: classifier outputs.
         width: channel multiplier applied to every conv and the hidden linear layer.
+        in_chans: image channels (3 for RGB, 1 for greyscale).
+
+    Attributes:
+        input_shape: ``(in_chans, 32, 32)``, the per-sample input it is traced at by default.
     """
 
-    def __init__(self, config: list[int | str], num_classes: int = 10, width: float = 1.0) -> None:
+    def __init__(self, config: list[int | str], num_classes: int = 10, width: float = 1.0, in_chans: int = 3) -> None:
         super().__init__()
         layers: OrderedDict[str, nn.Module] = OrderedDict()
-        in_ch, conv_i, pool_i = 3, 0, 0
+        in_ch, conv_i, pool_i = in_chans, 0, 0
         for item in config:
             if item == "M":
                 pool_i += 1
@@ -58,6 +66,7 @@ class VGG(nn.Module):
             )
         )
         self.num_classes = num_classes
+        self.input_shape: tuple[int, ...] = (in_chans, 32, 32)
         _init_weights(self)
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
@@ -84,8 +93,8 @@ def _init_weights(model: nn.Module) -> None:
 
 def _make(name: str):
     @register_model(name)
-    def build(num_classes: int = 10, width: float = 1.0) -> VGG:
-        return VGG(VGG_CONFIGS[name], num_classes=num_classes, width=width)
+    def build(num_classes: int = 10, width: float = 1.0, in_chans: int = 3) -> VGG:
+        return VGG(VGG_CONFIGS[name], num_classes=num_classes, width=width, in_chans=in_chans)
 
     build.__doc__ = f"CIFAR {name.upper()} with BatchNorm (Li et al. layout)."
     return build

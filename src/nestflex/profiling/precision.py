@@ -36,16 +36,15 @@ from __future__ import annotations
 
 import copy
 import math
-import os
-import statistics
-import time
 import warnings
 from contextlib import contextmanager
-from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 import torch
 from torch import nn
 
+from nestflex._machine import machine
+from nestflex.deploy.timing import alternating_median_ms, median_ms
 from nestflex.errors import ProfileError
 from nestflex.graph import trace
 from nestflex.profiling.split_quant import _accuracy, _collect
@@ -246,33 +245,7 @@ def _build(model: nn.Module, assignment: Mapping[str, str], calibration: torch.T
 
 
 # ---------------------------------------------------------------------------------------------
-# timing
-
-
-def _paired_median_ms(fns: Mapping[str, Callable[[], object]], repeats: int, min_ms: float = 1.0) -> dict[str, float]:
-    """Median per-call time of each ``fn``, the variants timed in alternation.
-
-    Alternating means a burst of load from other processes hits every variant alike, so their
-    ratio stays meaningful on a shared machine. Each repeat loops a call until it lasts at least
-    ``min_ms``, because one call of a small layer is below the timer's useful resolution.
-    """
-    loops = {}
-    for key, fn in fns.items():
-        fn()  # warm-up: lazy kernel selection and allocator growth are not what is measured
-        once = []
-        for _ in range(3):  # the fastest of three, so one preempted call does not set the loop count
-            start = time.perf_counter()
-            fn()
-            once.append(time.perf_counter() - start)
-        loops[key] = max(1, min(1000, math.ceil(min_ms / 1e3 / max(min(once), 1e-7))))
-    times: dict[str, list[float]] = {k: [] for k in fns}
-    for _ in range(repeats):
-        for key, fn in fns.items():
-            start = time.perf_counter()
-            for _ in range(loops[key]):
-                fn()
-            times[key].append((time.perf_counter() - start) / loops[key])
-    return {k: 1e3 * statistics.median(v) for k, v in times.items()}
+# timing inputs (the timing itself is nestflex.deploy.timing's)
 
 
 def _record_inputs(model: nn.Module, names: Sequence[str], images: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -373,15 +346,6 @@ def _positive_int(arg: str, value: Any, minimum: int = 1) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
         raise ProfileError(f"`{arg}` must be an int >= {minimum}, got {value!r}")
     return value
-
-
-def _machine() -> dict[str, Any]:
-    return {
-        "cpus": os.cpu_count(),
-        "torch_threads": torch.get_num_threads(),
-        "torch": torch.__version__,
-        "quantized_engine": torch.backends.quantized.engine,
-    }
 
 
 @torch.no_grad()
@@ -518,7 +482,7 @@ def _profile(model, batches, wanted, layers, budget_points, max_samples, calibra
         latency: dict[str, dict[str, float]] = {p: {} for p in variants}
         for bs in sizes:
             x = recorded[name][:bs]
-            ms = _paired_median_ms({p: (lambda v=v: v(x)) for p, v in variants.items()}, repeats)
+            ms = alternating_median_ms({p: (lambda v=v: v(x)) for p, v in variants.items()}, repeats, min_ms=1.0)
             for p, t in ms.items():
                 latency[p][str(bs)] = t
         for p, t in latency.items():
@@ -534,7 +498,7 @@ def _profile(model, batches, wanted, layers, budget_points, max_samples, calibra
     assignment, ref_ms = _choose(model, reference, rows, wanted, budget_points, sizes, repeats, calibration,
                                  images, labels, ref_acc, input_shape)
     unfused_model = copy.deepcopy(model).cpu().eval()
-    unfused = {str(bs): _paired_median_ms({"u": lambda bs=bs: unfused_model(timing_images[:bs])}, repeats)["u"]
+    unfused = {str(bs): median_ms(lambda bs=bs: unfused_model(timing_images[:bs]), repeats, min_ms=1.0)
                for bs in sizes}
     return {
         "schema_version": SCHEMA_VERSION,
@@ -549,7 +513,7 @@ def _profile(model, batches, wanted, layers, budget_points, max_samples, calibra
             "boundary included); whole models timed end to end; variants alternated, median of repeats, "
             "ms per batch"
         ),
-        "machine": _machine(),
+        "machine": machine(quantized_engine=torch.backends.quantized.engine),
         "reference": {
             "precision": "float32",
             "accuracy": ref_acc,
@@ -582,7 +546,7 @@ def _choose(model, reference, rows, wanted, budget, sizes, repeats, calibration,
     ref_ms, mixed_ms = {}, {}
     for bs in sizes:
         x = timing[:bs]
-        ms = _paired_median_ms({"float32": lambda: reference(x), "mixed": lambda: mixed(x)}, repeats)
+        ms = alternating_median_ms({"float32": lambda: reference(x), "mixed": lambda: mixed(x)}, repeats, min_ms=1.0)
         ref_ms[str(bs)], mixed_ms[str(bs)] = ms["float32"], ms["mixed"]
     fallback = None
     key = str(sizes[0])

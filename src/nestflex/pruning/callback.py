@@ -33,7 +33,7 @@ from typing_extensions import override
 
 from nestflex._io import write_json
 from nestflex.errors import PruningError
-from nestflex.graph import StructureGraph, trace
+from nestflex.graph import StructureGraph, checked_batches, input_shape_of, trace
 from nestflex.graph.surgery import resize_like
 from nestflex.pruning._optim import prune_with_optimizers
 from nestflex.pruning.evaluate import accuracy, trainer_eval_loader
@@ -93,6 +93,10 @@ class FilterPruning(Callback):
         ranking_data: dataset the criterion ranks on (default: the training dataloader's).
         eval_dataloader: loader for evaluations (default: the validation dataloader).
         criterion_kwargs: passed to the criterion factory (e.g. ``{"triplets": 1000}``).
+        input_shape: per-sample input shape the module is traced at (MACs, params, groups);
+            default: the module's own (:func:`nestflex.graph.input_shape_of`: its
+            ``input_shape`` attribute, as :class:`~nestflex.training.ImageClassifier` has, else
+            ``(3, 32, 32)``). Evaluation batches of another shape raise ``GraphError``.
 
     Example::
 
@@ -119,6 +123,7 @@ class FilterPruning(Callback):
         ranking_data: Any = None,
         eval_dataloader: Any = None,
         criterion_kwargs: dict[str, Any] | None = None,
+        input_shape: Sequence[int] | None = None,
     ) -> None:
         if (goal is None) == (max_drop is None):
             raise PruningError(f"pass exactly one of `goal` and `max_drop`, got goal={goal!r}, max_drop={max_drop!r}")
@@ -149,6 +154,8 @@ class FilterPruning(Callback):
         self.eval_batches, self.sensitivity_batches = eval_batches, sensitivity_batches
         self.dirpath = Path(dirpath) if dirpath is not None else None
         self.ranking_data, self.eval_dataloader = ranking_data, eval_dataloader
+        # validated now (raises GraphError naming `input_shape`); None: each module's own, at use
+        self.input_shape = input_shape_of(torch.nn.Module(), input_shape) if input_shape is not None else None
         self._reset()
 
     def _reset(self) -> None:
@@ -263,7 +270,7 @@ class FilterPruning(Callback):
                 f"`goal`={goal:.4f} is above the starting accuracy {start:.4f}; no footprint could meet it. "
                 "HINT: lower `goal`, or train the model first"
             )
-        graph = trace(pl_module)
+        graph = trace(pl_module, self._shape(pl_module))
         groups = graph.prunable_groups
         if not groups:
             raise PruningError(
@@ -292,7 +299,7 @@ class FilterPruning(Callback):
         rank_zero_info(f"pruning: start accuracy {start:.4f}, goal {goal:.4f}, {graph.macs():,} MACs")
 
     def _prune(self, trainer: pl.Trainer, pl_module: pl.LightningModule, completed: int) -> None:
-        graph = trace(pl_module)
+        graph = trace(pl_module, self._shape(pl_module))
         scores = self._scores if self._scores is not None else self._rank(trainer, pl_module, graph)
         self._scores = None
         names = {g.id: g.name for g in graph.prunable_groups if g.name in self._kept}
@@ -309,12 +316,12 @@ class FilterPruning(Callback):
         self._step_index += 1
         self._step_start = completed
         self._pending = True
-        rank_zero_info(f"pruning: step {self._step_index} pruned to {trace(pl_module).macs():,} MACs; retraining")
+        rank_zero_info(f"pruning: step {self._step_index} pruned to {trace(pl_module, self._shape(pl_module)).macs():,} MACs; retraining")
 
     def _finish_step(self, trainer: pl.Trainer, pl_module: pl.LightningModule, completed: int) -> None:
         self._pending = False
         acc = self._evaluate(trainer, pl_module, self.eval_batches)
-        graph = trace(pl_module)
+        graph = trace(pl_module, self._shape(pl_module))
         if acc >= self.roadmap.goal:
             self._record(trainer, pl_module, graph, acc, completed)
             self._retries = 0
@@ -415,11 +422,17 @@ class FilterPruning(Callback):
         groups = [g for g in graph.prunable_groups if g.name in self._kept]
         return self.criterion(pl_module, graph, groups, data, **self._dist(trainer))
 
+    def _shape(self, module: torch.nn.Module) -> tuple[int, ...]:
+        return input_shape_of(module, self.input_shape)
+
     def _evaluate(self, trainer: pl.Trainer, model: torch.nn.Module, max_batches: int | None) -> float:
         if trainer.fast_dev_run:
             max_batches = 1
+        # the first evaluation precedes the first trace: data of another shape fails before any pruning
+        # (`model` may be a traced copy without `input_shape`: the shape is the LightningModule's)
+        loader = checked_batches(self._eval_loader(trainer), self._shape(trainer.lightning_module), "FilterPruning")
         with torch.random.fork_rng(devices=[]):
-            return accuracy(model, self._eval_loader(trainer), max_batches=max_batches, **self._dist(trainer))
+            return accuracy(model, loader, max_batches=max_batches, **self._dist(trainer))
 
     def _eval_loader(self, trainer: pl.Trainer):
         return trainer_eval_loader(trainer, self.eval_dataloader, "FilterPruning", PruningError)

@@ -7,7 +7,7 @@ everything needed to rebuild the network (registry name, width, classes).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
 import pytorch_lightning as pl
 import torch
@@ -16,6 +16,7 @@ from torch import nn
 from torchmetrics.classification import MulticlassAccuracy
 
 from nestflex.errors import ModelError
+from nestflex.graph import DEFAULT_INPUT_SHAPE, check_input_shape
 from nestflex.models import create_model
 
 __all__ = ["ImageClassifier"]
@@ -35,11 +36,24 @@ class ImageClassifier(pl.LightningModule):
         restart_epochs: instead of one cycle over ``max_epochs``, restart a cosine from ``lr``
             every ``restart_epochs`` epochs (fine-tuning after each pruning step gets its own
             full schedule).
+        input_shape: per-sample ``(C, H, W)`` of the data (a DataModule's ``input_shape``): the
+            network gets ``C`` input channels, and it and the module record the shape, so every
+            callback traces them at it (:func:`nestflex.graph.input_shape_of`). Training,
+            validation and test batches of another shape raise.
+
+    Attributes:
+        input_shape: the per-sample input shape, also set on ``model``.
+
+    Raises:
+        ModelError: an argument out of range.
+        GraphError: (in a step) a batch whose samples are not ``input_shape``.
 
     Example:
         >>> module = ImageClassifier("resnet20", width=0.25)
         >>> module(torch.randn(2, 3, 32, 32)).shape
         torch.Size([2, 10])
+        >>> ImageClassifier("vgg11", width=0.125, input_shape=(1, 32, 32)).model.features.conv1.in_channels
+        1
     """
 
     def __init__(
@@ -52,19 +66,28 @@ class ImageClassifier(pl.LightningModule):
         weight_decay: float = 5e-4,
         max_epochs: int = 10,
         restart_epochs: int | None = None,
+        input_shape: Sequence[int] = DEFAULT_INPUT_SHAPE,
     ) -> None:
         super().__init__()
+        shape_ok = isinstance(input_shape, Sequence) and len(input_shape) == 3 and all(
+            isinstance(s, int) and not isinstance(s, bool) and s >= 1 for s in input_shape)
         for arg, value, ok in (
             ("lr", lr, lr > 0),
             ("momentum", momentum, 0 <= momentum < 1),
             ("weight_decay", weight_decay, weight_decay >= 0),
             ("max_epochs", max_epochs, isinstance(max_epochs, int) and max_epochs >= 1),
             ("restart_epochs", restart_epochs, restart_epochs is None or (isinstance(restart_epochs, int) and restart_epochs >= 1)),
+            ("input_shape", input_shape, shape_ok),
         ):
             if not ok:
-                raise ModelError(f"`{arg}` is out of range, got {value!r}")
+                hint = " HINT: a per-sample (C, H, W) of positive ints, e.g. (1, 32, 32)" if arg == "input_shape" else ""
+                raise ModelError(f"`{arg}` is out of range, got {value!r}.{hint}")
         self.save_hyperparameters()
-        self.model: nn.Module = create_model(model_name, num_classes=num_classes, width=width)
+        self.input_shape: tuple[int, ...] = tuple(input_shape)
+        self.model: nn.Module = create_model(model_name, num_classes=num_classes, width=width,
+                                             in_chans=self.input_shape[0])
+        # plain copies of the network (pruned, nested, extracted levels, exit backbones) trace at it too
+        self.model.input_shape = self.input_shape
         self.train_acc = MulticlassAccuracy(num_classes, average="micro")
         self.val_acc = MulticlassAccuracy(num_classes, average="micro")
         self.test_acc = MulticlassAccuracy(num_classes, average="micro")
@@ -74,6 +97,7 @@ class ImageClassifier(pl.LightningModule):
 
     def _step(self, batch, metric, stage: str) -> torch.Tensor:
         x, y = batch[0], batch[1]
+        check_input_shape(self.input_shape, x, f"{type(self).__name__} ({stage})")
         logits = self(x)
         loss = F.cross_entropy(logits, y)
         metric(logits, y)

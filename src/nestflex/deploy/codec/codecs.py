@@ -27,6 +27,7 @@ from typing import ClassVar
 import lz4.frame
 import numpy as np
 
+from nestflex.deploy._registry import Registry
 from nestflex.deploy.codec.errors import CodecError
 
 __all__ = [
@@ -200,7 +201,15 @@ class ZlibCodec(Codec):
         return out
 
 
-_REGISTRY: dict[str, Codec] = {}
+# One registry (nestflex.deploy._registry) by name; ids are the frame format's, kept beside it.
+_CODECS: Registry[Codec] = Registry(
+    "codec",
+    CodecError,
+    accepts=lambda c: isinstance(c, Codec),
+    callable_entries=False,
+    register_hint="register your own with `register_codec(codec)`",
+    unknown="unknown codec {name!r}; known codecs: {known}. HINT: {hint}",
+)
 _BY_ID: dict[int, Codec] = {}
 
 
@@ -229,7 +238,9 @@ def register_codec(codec: Codec, *, replace: bool = False) -> Codec:
     cid = getattr(codec, "id", None)
     if isinstance(cid, bool) or not isinstance(cid, int) or not 0 <= cid <= 255:
         raise CodecError(f"`codec.id` must be an int in 0..255 (one byte in the frame), got {cid!r}.")
-    same_name, same_id = _REGISTRY.get(codec.name), _BY_ID.get(cid)
+    same_name = _CODECS.get(codec.name) if codec.name in _CODECS else None
+    same_id = _BY_ID.get(cid)
+    # a name and an id travel together: replacing one entry must not orphan another's id
     if (same_name is not None or same_id is not None) and not (
         replace and same_name is not None and same_name is same_id
     ):
@@ -238,7 +249,7 @@ def register_codec(codec: Codec, *, replace: bool = False) -> Codec:
             f"(names: {list_codecs()}, ids: {sorted(_BY_ID)}). HINT: pass replace=True to swap "
             "settings of the same codec, or pick a free name and id."
         )
-    _REGISTRY[codec.name] = codec
+    _CODECS.register(codec.name, codec, overwrite=True)
     _BY_ID[cid] = codec
     return codec
 
@@ -250,7 +261,7 @@ def list_codecs() -> list[str]:
         >>> [n for n in list_codecs() if n in ("blosc_lz4", "lz4", "raw", "zlib")]
         ['blosc_lz4', 'lz4', 'raw', 'zlib']
     """
-    return sorted(_REGISTRY)
+    return _CODECS.names()
 
 
 def get_codec(codec: str | Codec) -> Codec:
@@ -263,14 +274,9 @@ def get_codec(codec: str | Codec) -> Codec:
         >>> get_codec("zlib").id
         3
     """
-    if isinstance(codec, Codec):
-        return codec
-    if isinstance(codec, str):
-        try:
-            return _REGISTRY[codec]
-        except KeyError:
-            raise CodecError(f"unknown codec {codec!r}; known codecs: {list_codecs()}.") from None
-    raise CodecError(f"`codec` must be a codec name or a Codec, got {type(codec).__name__}.")
+    if not isinstance(codec, (str, Codec)):
+        raise CodecError(f"`codec` must be a codec name or a Codec, got {type(codec).__name__}.")
+    return _CODECS.get(codec)
 
 
 def codec_by_id(cid: int) -> Codec:

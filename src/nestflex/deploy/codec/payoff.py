@@ -15,14 +15,13 @@ estimate moves; :func:`measure_codec` supplies the timing inputs from a sample t
 from __future__ import annotations
 
 import math
-import statistics
-import time
 from dataclasses import dataclass
 
 import torch
 
 from nestflex.deploy.codec.codecs import Codec
 from nestflex.deploy.codec.errors import CodecError
+from nestflex.deploy.timing import alternating_median_s
 
 __all__ = ["CodecTiming", "compression_pays_off", "break_even_bandwidth", "measure_codec"]
 
@@ -137,12 +136,7 @@ def measure_codec(
         raise CodecError(f"`repeats` must be an int >= 1, got {repeats!r}.")
     tensors = [sample] if isinstance(sample, torch.Tensor) else list(sample)
     raw = len(encode(tensors, None, "raw"))
-    enc, dec = [], []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        frame = encode(tensors, bits, codec)
-        t1 = time.perf_counter()
-        decode(frame)
-        dec.append(time.perf_counter() - t1)
-        enc.append(t1 - t0)
-    return CodecTiming(raw, len(frame), statistics.median(enc), statistics.median(dec))
+    frame = encode(tensors, bits, codec)
+    # encode and decode alternate within each repeat: load drift on the device hits both alike
+    t = alternating_median_s({"encode": lambda: encode(tensors, bits, codec), "decode": lambda: decode(frame)}, repeats)
+    return CodecTiming(raw, len(frame), t["encode"], t["decode"])

@@ -23,7 +23,7 @@ from nestflex.deploy.scheduler.exact import ExactScheduler
 from nestflex.deploy.scheduler.greedy import CachedGreedyScheduler, GreedyScheduler
 from nestflex.deploy.scheduler.profile import DEFAULT_FPS, AppProfile, LevelProfile, knee_level
 from nestflex.deploy.scheduler.registry import get_scheduler, list_schedulers, register_scheduler
-from nestflex.deploy.scheduler.static import KneeScheduler
+from nestflex.deploy.scheduler.static import FixedScheduler, KneeScheduler, LargestScheduler
 
 __all__ = [
     "SchedulerError",
@@ -41,6 +41,8 @@ __all__ = [
     "CachedGreedyScheduler",
     "ExactScheduler",
     "KneeScheduler",
+    "LargestScheduler",
+    "FixedScheduler",
     "register_scheduler",
     "list_schedulers",
     "get_scheduler",

@@ -13,15 +13,22 @@ from __future__ import annotations
 
 from typing import Callable
 
+from nestflex.deploy._registry import Registry
 from nestflex.deploy.scheduler.base import Scheduler
 from nestflex.deploy.scheduler.errors import SchedulerError
 from nestflex.deploy.scheduler.exact import ExactScheduler
 from nestflex.deploy.scheduler.greedy import CachedGreedyScheduler, GreedyScheduler
-from nestflex.deploy.scheduler.static import KneeScheduler
+from nestflex.deploy.scheduler.static import KneeScheduler, LargestScheduler
 
 __all__ = ["register_scheduler", "list_schedulers", "get_scheduler"]
 
-_SCHEDULERS: dict[str, Callable[[], Scheduler]] = {}
+_SCHEDULERS: Registry[Callable[[], Scheduler]] = Registry(
+    "scheduler",
+    SchedulerError,
+    register_hint="register your own with register_scheduler(name, factory).",
+    unknown="unknown scheduler {name!r}; known: {known}. HINT: {hint}",
+    taken="scheduler {name!r} is already registered. HINT: pass overwrite=True to replace it.",
+)
 
 
 def register_scheduler(name: str, factory: Callable[[], Scheduler], *, overwrite: bool = False) -> None:
@@ -41,20 +48,12 @@ def register_scheduler(name: str, factory: Callable[[], Scheduler], *, overwrite
         >>> "my_greedy" in list_schedulers()
         True
     """
-    if not isinstance(name, str) or not name:
-        raise SchedulerError(f"scheduler `name` must be a non-empty string, got {name!r}.")
-    if not callable(factory):
-        raise SchedulerError(f"scheduler `factory` for {name!r} must be callable, got {type(factory).__name__}.")
-    if name in _SCHEDULERS and not overwrite:
-        raise SchedulerError(
-            f"scheduler {name!r} is already registered. HINT: pass overwrite=True to replace it."
-        )
-    _SCHEDULERS[name] = factory
+    _SCHEDULERS.register(name, factory, overwrite=overwrite)
 
 
 def list_schedulers() -> list[str]:
     """Registered scheduler names, sorted."""
-    return sorted(_SCHEDULERS)
+    return _SCHEDULERS.names()
 
 
 def get_scheduler(scheduler: str | Scheduler) -> Scheduler:
@@ -65,12 +64,7 @@ def get_scheduler(scheduler: str | Scheduler) -> Scheduler:
     """
     if isinstance(scheduler, Scheduler):
         return scheduler
-    if scheduler not in _SCHEDULERS:
-        raise SchedulerError(
-            f"unknown scheduler {scheduler!r}; known: {list_schedulers()}. "
-            "HINT: register your own with register_scheduler(name, factory)."
-        )
-    return _SCHEDULERS[scheduler]()
+    return _SCHEDULERS.get(scheduler)()  # entries are factories: every caller gets its own object
 
 
 for _obj in ("total", "max"):
@@ -80,3 +74,4 @@ for _obj in ("total", "max"):
 register_scheduler("greedy_total_jump", lambda: GreedyScheduler("total", jump=True))
 register_scheduler("cached_total_jump", lambda: CachedGreedyScheduler("total", jump=True))
 register_scheduler("knee", KneeScheduler)
+register_scheduler("flexdnn", LargestScheduler)

@@ -1,10 +1,26 @@
+"""The multi-tenant simulation (benchmarks/_simulation.py) and its command line (benchmarks/multitenant.py).
+
+Both are scripts beside the benchmarks, not package modules: the light runtime holds no paper
+replay, so they are loaded from their files (tests/scripts.py).
+"""
+
+import doctest
+import importlib.util
 import json
 
 import pytest
 
-from nestflex.deploy import simulation
 from nestflex.deploy.scheduler import AppProfile, SchedulerError
-from nestflex.deploy.simulation import SimulationConfig, SimulationError, build_pool, make_trace, simulate
+from tests.scripts import load_script
+
+simulation = load_script("benchmarks/_simulation.py")
+SimulationConfig, SimulationError = simulation.SimulationConfig, simulation.SimulationError
+build_pool, make_trace, simulate = simulation.build_pool, simulation.make_trace, simulation.simulate
+
+
+@pytest.fixture(scope="module")
+def multitenant():
+    return load_script("benchmarks/multitenant.py")
 
 
 def profile_rows(acc, lat, mem, macs):
@@ -102,41 +118,67 @@ def test_budget_too_small_and_no_profiles_raise():
     assert issubclass(SimulationError, SchedulerError)
 
 
-def test_main_writes_summary_and_plot(tmp_path, capsys):
+def test_the_runtime_holds_no_simulation():
+    # the paper replay left the light runtime: benchmarks/multitenant.py is its command line
+    assert importlib.util.find_spec("nestflex.deploy.simulation") is None
+
+
+def test_docstring_examples_run():
+    # benchmarks/ is outside pytest's --doctest-modules paths, so its examples are run here
+    result = doctest.testmod(simulation, optionflags=doctest.ELLIPSIS)
+    assert result.attempted > 0 and result.failed == 0
+
+
+def test_main_writes_summary_and_plots(multitenant, tmp_path, capsys):
     run = tmp_path / "run" / "grow"
     run.mkdir(parents=True)
     (run / "profile.json").write_text(json.dumps({"levels": ROWS_A}))
     (tmp_path / "run" / "summary.json").write_text(json.dumps({"data": {"name": "synthetic", "synthetic": True}}))
     (tmp_path / "b.json").write_text(json.dumps({"levels": ROWS_B}))
     out = tmp_path / "out"
-    rc = simulation.main(["--profiles", str(run / "profile.json"), str(tmp_path / "b.json"), "--runs", "2",
-                          "--seconds", "10", "--alpha", "0", "0.1", "--out", str(out)])
+    rc = multitenant.main(["--profiles", str(run / "profile.json"), str(tmp_path / "b.json"), "--runs", "2",
+                           "--seconds", "10", "--alpha", "0", "0.1", "--out", str(out)])
     assert rc == 0
     summary = json.loads((out / "summary.json").read_text())
+    assert summary["benchmark"] == "multitenant" and summary["plots"] == {"measured": "measured.png", "macs": "macs.png"}
     assert summary["synthetic"] is True and summary["sources"][1]["synthetic"] is None
-    assert [a["name"] for a in summary["apps"]][:2] == ["run#0", f"{tmp_path.name}#1"]
-    assert (out / "simulation.png").stat().st_size > 1000
+    assert [s["name"] for s in summary["sources"]] == ["run", tmp_path.name]
+    measured = summary["results"]["measured"]
+    assert [a["name"] for a in measured["apps"]][:2] == ["run#0", f"{tmp_path.name}#1"]
+    assert [p["alpha"] for p in measured["sweep"]["total"]] == [0.0, 0.1] and measured["config"]["runs"] == 2
+    assert summary["results"]["macs"]["config"]["latency_model"] == "macs"
+    assert (out / "measured.png").stat().st_size > 1000 and (out / "macs.png").stat().st_size > 1000
     assert "knee alpha=" in capsys.readouterr().out
 
 
-def test_main_reports_bad_input(tmp_path, capsys):
-    assert simulation.main(["--out", str(tmp_path)]) == 2
-    assert "give at least one of --bundles or --profiles" in capsys.readouterr().err
-    assert simulation.main(["--profiles", str(tmp_path / "missing.json"), "--out", str(tmp_path)]) == 2
+def test_main_options_reach_the_simulation(multitenant, tmp_path):
+    f = tmp_path / "p.json"
+    f.write_text(json.dumps({"levels": ROWS_A}))
+    rc = multitenant.main(["--profiles", str(f), str(f), "--names", "cam", "mic", "--runs", "1", "--seconds", "5",
+                           "--latency-model", "macs", "--scheduler", "cached", "--objectives", "max",
+                           "--goal-factor", "2", "--out", str(tmp_path / "o")])
+    assert rc == 0
+    summary = json.loads((tmp_path / "o" / "summary.json").read_text())
+    assert list(summary["results"]) == ["macs"] and [s["name"] for s in summary["sources"]] == ["cam", "mic"]
+    config = summary["results"]["macs"]["config"]
+    assert (config["scheduler"], config["objectives"], config["goal_factor"]) == ("cached", ["max"], 2.0)
+
+
+def test_main_reports_bad_input(multitenant, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # nothing named and no runs/*/grow/profile.json to discover
+    assert multitenant.main(["--out", str(tmp_path)]) == 2
+    assert "no profiles to simulate" in capsys.readouterr().err
+    assert multitenant.main(["--profiles", str(tmp_path / "missing.json"), "--out", str(tmp_path)]) == 2
     assert "does not exist" in capsys.readouterr().err
     f = tmp_path / "p.json"
     f.write_text(json.dumps({"levels": ROWS_A}))
-    assert simulation.main(["--profiles", str(f), "--names", "a", "b", "--out", str(tmp_path)]) == 2
+    assert multitenant.main(["--profiles", str(f), "--names", "a", "b", "--out", str(tmp_path)]) == 2
     assert "`--names` has 2 names for 1 bundles/profiles" in capsys.readouterr().err
+    assert multitenant.main(["--profiles", str(f), "--runs", "0", "--out", str(tmp_path)]) == 2
+    assert "`runs` must be an integer >= 1, got 0" in capsys.readouterr().err
 
 
-def test_bundle_paths_go_through_the_loader(tmp_path, capsys):
-    import nestflex.deploy as deploy
-
-    rc = simulation.main(["--bundles", str(tmp_path / "model.nfx"), "--out", str(tmp_path / "o")])
+def test_bundle_paths_go_through_the_loader(multitenant, tmp_path, capsys):
+    rc = multitenant.main(["--bundles", str(tmp_path / "model.nfx"), "--out", str(tmp_path / "o")])
     assert rc == 2
-    err = capsys.readouterr().err
-    if getattr(deploy, "load", None) is None:
-        assert "nestflex.deploy.load is not available" in err
-    else:  # the loader exists: it must reject a missing bundle with a nestflex error
-        assert err.startswith("error:")
+    assert capsys.readouterr().err.startswith("error:")  # the loader rejects a missing bundle with a nestflex error

@@ -36,19 +36,18 @@ accuracy gain at a frame rate at least the baseline's, the best speedup at an ac
 the baseline's, and the knee of the sweep (max of normalised gain + normalised speedup), with its
 energy reduction.
 
-Command line (``nestflex simulate ...`` forwards its arguments to :func:`main`)::
+A paper replay, not part of the runtime: it lives beside the benchmarks (timm keeps
+``benchmark.py`` outside its package) and ``benchmarks/multitenant.py`` is its command line::
 
-    python -m nestflex.deploy.simulation --profiles runs/a/grow/profile.json runs/b/grow/profile.json \\
+    python benchmarks/multitenant.py --profiles runs/a/grow/profile.json runs/b/grow/profile.json \\
         --out runs/multitenant
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import statistics
-import sys
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -56,7 +55,6 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from nestflex._io import write_json
 from nestflex.deploy.scheduler import (
     OBJECTIVES,
     AppProfile,
@@ -65,16 +63,17 @@ from nestflex.deploy.scheduler import (
     get_scheduler,
     knee_level,
 )
-from nestflex.errors import NestflexError
 
 __all__ = [
     "SimulationError",
     "SimulationConfig",
     "PAPER",
+    "DEFAULT_ALPHAS",
     "build_pool",
     "make_trace",
     "simulate",
-    "main",
+    "plot",
+    "synthetic_flag",
 ]
 
 SCHEMA_VERSION = 1
@@ -487,8 +486,7 @@ def simulate(profiles: Sequence[AppProfile], config: SimulationConfig = Simulati
 def plot(summary: dict[str, Any], path: str | Path) -> Path | None:
     """Accuracy gain vs frame-rate speedup over the alpha sweep, and energy reduction per alpha.
 
-    Returns the PNG path, or ``None`` when matplotlib is not installed (the runtime does not
-    depend on it).
+    Returns the PNG path, or ``None`` when matplotlib (an optional dependency) is not installed.
     """
     try:
         import matplotlib
@@ -530,7 +528,7 @@ def plot(summary: dict[str, Any], path: str | Path) -> Path | None:
     return atomic_write_bytes(path, buf.getvalue())
 
 
-def _synthetic_flag(path: Path) -> bool | None:
+def synthetic_flag(path: Path) -> bool | None:
     """Whether the run that wrote this profile or bundle trained on synthetic data (None: unknown).
     A bundle's manifest says so in ``model.synthetic`` when the recipe exported it."""
     candidates = [path / "manifest.json", path, path.parent / "config.json", path.parent.parent / "summary.json", path.parent / "summary.json"]
@@ -556,97 +554,3 @@ def _find_key(doc: Any, key: str, depth: int = 0) -> Any:
             if r is not None:
                 return r
     return None
-
-
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="nestflex simulate",
-        description="Multi-tenant simulation of NestDNN's scheduler vs fixed knee models (NestDNN §4.3).",
-    )
-    p.add_argument("--bundles", nargs="+", default=[], metavar="PATH", help="bundles (nestflex.deploy.load)")
-    p.add_argument("--profiles", nargs="+", default=[], metavar="JSON",
-                   help="grow/profile.json or recipe summary.json files with a \"levels\" list")
-    p.add_argument("--names", nargs="+", default=None, help="app names, one per bundle/profile (in that order)")
-    p.add_argument("--runs", type=int, default=100)
-    p.add_argument("--seconds", type=int, default=60)
-    p.add_argument("--alpha", type=float, nargs="+", default=list(DEFAULT_ALPHAS), help="alpha values to sweep")
-    p.add_argument("--objectives", nargs="+", default=list(OBJECTIVES), choices=list(OBJECTIVES))
-    p.add_argument("--scheduler", default="greedy", choices=["greedy", "cached", "exact", "greedy_jump"])
-    p.add_argument("--memory-budget-mb", type=float, default=None,
-                   help="memory budget; default 0.75 x the pool's largest levels summed")
-    p.add_argument("--goal-factor", type=float, default=3.0, help="L_max = goal factor x knee latency")
-    p.add_argument("--batch-size", type=int, default=1, help="profiled latency to use")
-    p.add_argument("--unit", type=float, default=0.01, help="scheduler compute unit")
-    p.add_argument("--idle-power-w", type=float, default=0.0)
-    p.add_argument("--latency-model", default="measured", choices=["measured", "macs"],
-                   help="measured latencies, or latency proportional to MACs (a compute-bound device)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", type=Path, required=True, help="output directory (summary.json, simulation.png)")
-    return p
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Command-line entry point (``nestflex simulate``); returns the exit status.
-
-    Writes ``OUT/summary.json`` and ``OUT/simulation.png`` and prints the paper comparison.
-    Bad input prints the error (with its hint) to stderr and returns 2.
-    """
-    args = _parser().parse_args(argv)
-    try:
-        sources: list[tuple[str, Any]] = [("bundle", b) for b in args.bundles] + [("profile", p) for p in args.profiles]
-        if not sources:
-            raise SimulationError("give at least one of --bundles or --profiles. HINT: --profiles <out>/grow/profile.json")
-        if args.names is not None and len(args.names) != len(sources):
-            raise SimulationError(
-                f"`--names` has {len(args.names)} names for {len(sources)} bundles/profiles. HINT: one name each."
-            )
-        profiles, synthetic = [], []
-        for i, (kind, src) in enumerate(sources):
-            name = args.names[i] if args.names else None
-            if kind == "bundle":
-                profiles.append(AppProfile.from_bundle(src, name=name, batch_size=args.batch_size))
-                synthetic.append(_synthetic_flag(Path(src)))
-            else:
-                profiles.append(AppProfile.from_json(src, name=name, batch_size=args.batch_size))
-                synthetic.append(_synthetic_flag(Path(src)))
-        names = [p.name for p in profiles]
-        if len(set(names)) != len(names):
-            profiles = [p.renamed(f"{p.name}-{i}") for i, p in enumerate(profiles)]
-        config = SimulationConfig(
-            runs=args.runs, seconds=args.seconds, alphas=tuple(args.alpha), objectives=tuple(args.objectives),
-            scheduler=args.scheduler, memory_mb=args.memory_budget_mb, goal_factor=args.goal_factor,
-            unit=args.unit, seed=args.seed, batch_size=args.batch_size, idle_power_w=args.idle_power_w,
-            latency_model=args.latency_model,
-        )
-        summary = simulate(profiles, config)
-    except NestflexError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    summary["sources"] = [{"kind": k, "path": str(s), "synthetic": syn} for (k, s), syn in zip(sources, synthetic)]
-    summary["synthetic"] = any(s is True for s in synthetic)
-    from nestflex._machine import machine  # lazy: torch is already a runtime dependency
-
-    summary["machine"] = machine()
-    args.out.mkdir(parents=True, exist_ok=True)
-    png = plot(summary, args.out / "simulation.png")
-    summary["plot"] = png.name if png is not None else None
-    write_json(args.out / "summary.json", summary)
-    tag = " (synthetic)" if summary["synthetic"] else ""
-    for objective, c in summary["comparison"].items():
-        k = c["knee"]
-        print(
-            f"{objective:5s}{tag}: knee alpha={k['alpha']:g}: accuracy {k['accuracy_gain_pct']:+.2f} pts, "
-            f"frame rate x{k['frame_rate_speedup']:.2f}, energy /{k['energy_reduction']:.2f}  |  "
-            f"best gain at >= baseline fps: {_fmt(c['accuracy_gain_pct_at_baseline_frame_rate'], '+.2f')} pts, "
-            f"best speedup at >= baseline accuracy: x{_fmt(c['frame_rate_speedup_at_baseline_accuracy'], '.2f')}"
-        )
-    print(f"summary: {args.out / 'summary.json'}")
-    return 0
-
-
-def _fmt(x: float | None, spec: str) -> str:
-    return "n/a" if x is None else format(x, spec)
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())

@@ -1,0 +1,298 @@
+"""The device engine: decisions reach the runtimes, budgets hold, outputs match the bundle, the
+profiler's slowdown drives re-planning, and bad input gets a clear error naming the app."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+import nestflex.deploy as nd
+from nestflex.capacity import extract_level, nest_from_roadmap
+from nestflex.capacity.profile import profile_levels
+from nestflex.deploy.engine import EngineError, operating_points
+from nestflex.deploy.scheduler import FixedScheduler
+from nestflex.export import export_bundle
+from nestflex.models import create_model
+from tests.capacity.conftest import make_roadmap
+from tests.export.bundles import LEVELS, exits_on, nested_vgg
+
+ACCURACY = [0.80, 0.81, 0.82]
+#: a hand-made exit calibration: the sweep (one threshold at every exit) and the lossless thresholds
+CALIBRATION = {
+    "split": "validation", "samples": 1000, "final_accuracy": 0.82,
+    "lossless": {"thresholds": [0.97, 0.95], "fallback": "most_confident", "accuracy": 0.82,
+                 "mean_macs_fraction": 0.9, "exit_rate": [0.05, 0.05, 0.9]},
+    "sweep": [
+        {"threshold": 0.0, "accuracy": 0.60, "mean_macs_fraction": 0.3, "exit_rate": [1.0, 0.0, 0.0]},
+        {"threshold": 0.5, "accuracy": 0.74, "mean_macs_fraction": 0.5, "exit_rate": [0.5, 0.3, 0.2]},
+        {"threshold": 0.9, "accuracy": 0.80, "mean_macs_fraction": 0.7, "exit_rate": [0.2, 0.2, 0.6]},
+    ],
+}
+
+
+def _rows(net, accuracy=ACCURACY):
+    """The level profile rows export expects (params, MACs, memory), with hand-set accuracies."""
+    rows = profile_levels(net, None, batch_sizes=(1,), repeats=1, input_shape=(3, 32, 32))
+    return [{**r, "accuracy": a} for r, a in zip(rows, accuracy)]
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """3-level nested VGG-11 x0.125 with calibrated SDN exits on its largest level."""
+    tmp = tmp_path_factory.mktemp("tiny")
+    net = nested_vgg(tmp)
+    exits = exits_on(net)
+    info = export_bundle(tmp / "model.nfx", net, exits=exits, levels=_rows(net), calibration=CALIBRATION, onnx=False)
+    return nd.load(info["bundle"]), net, exits
+
+
+@pytest.fixture(scope="module")
+def wide(tmp_path_factory):
+    """3-level nested VGG-11 x0.5 whose levels differ in time on a CPU (level 0 keeps 20% of the
+    channels): for the tests where the engine must trade time."""
+    tmp = tmp_path_factory.mktemp("wide")
+    torch.manual_seed(0)
+    net = create_model("vgg11", width=0.5)
+    make_roadmap(tmp, net, steps=4, share=0.2)
+    nest_from_roadmap(net, tmp / "roadmap.json", levels=LEVELS)
+    info = export_bundle(tmp / "wide.nfx", net.eval(), levels=_rows(net), onnx=False)
+    return nd.load(info["bundle"]), net
+
+
+def _x(seed=0):
+    return torch.randn(3, 32, 32, generator=torch.Generator().manual_seed(seed))
+
+
+def _state(engine, name):
+    return engine.stats()["apps"][name]
+
+
+# ---------------------------------------------------------------------------------------- decisions
+
+
+def test_outputs_at_every_level_equal_the_bundle_and_the_model(tiny):
+    bundle, net, _ = tiny
+    x = _x()
+    for k in range(LEVELS):
+        with nd.Engine(FixedScheduler({"cam": k})) as engine:
+            engine.add_app("cam", bundle, exit_set=None, profile_repeats=1)
+            result = engine.infer("cam", x)
+            assert result.level == k and result.exit is None and result.answered
+            ref = bundle.capacity(k)(x[None])[0]
+            torch.testing.assert_close(result.logits, ref, atol=1e-5, rtol=0)
+            torch.testing.assert_close(result.logits, extract_level(net, k).eval()(x[None])[0], atol=1e-5, rtol=1e-5)
+            assert result.prediction == int(ref.argmax())
+
+
+def test_join_leave_and_budget_changes_reach_the_runtimes(tiny):
+    bundle, _, _ = tiny
+    top = bundle.capacity(LEVELS - 1)
+    one_app_top = (top.level_bytes(LEVELS - 1) + bundle.progressive(top)._head_store.resident_bytes) / 1e6
+    small = bundle.capacity(0).level_bytes(0) / 1e6
+    # room for one app at its largest level with exits, not two
+    budget = one_app_top + small * 1.5 + bundle.progressive(top)._head_store.resident_bytes / 1e6
+    with nd.Engine("greedy_total", memory_mb=budget, alpha=0.0) as engine:
+        engine.add_app("a", bundle, profile_repeats=1)
+        assert _state(engine, "a")["level"] == LEVELS - 1  # alone: the most accurate level
+        engine.add_app("b", bundle, profile_repeats=1)
+        for name in ("a", "b"):  # the engine runs what the scheduler decided
+            assert _state(engine, name)["level"] == engine.decision.allocation(name).level
+            assert engine._apps[name].runtime.level == engine.decision.allocation(name).level
+        assert {_state(engine, n)["level"] for n in ("a", "b")} != {LEVELS - 1}
+        assert engine.resident_bytes() <= budget * 1e6
+        engine.remove_app("b")  # a leaves room: a goes back up
+        assert _state(engine, "a")["level"] == LEVELS - 1 and engine.apps == ["a"]
+        engine.add_app("b", bundle, profile_repeats=1)
+        engine.set_budget(memory_mb=2 * (small + bundle.progressive(top)._head_store.resident_bytes / 1e6) + 1e-6)
+        assert [_state(engine, n)["level"] for n in ("a", "b")] == [0, 0]
+        assert engine.resident_bytes() <= engine.memory_mb * 1e6
+        assert [p["reason"] for p in engine.plans][-1] == "budget"
+        r = engine.infer("b", _x())
+        assert r.level == 0
+
+
+def test_status_quo_over_budget_is_demoted_to_fit(tiny):
+    bundle, _, _ = tiny
+    rt = bundle.capacity(0)
+    budget = (rt.level_bytes(0) + rt.level_bytes(1)) / 1e6 + 0.01
+    with nd.Engine(FixedScheduler({"a": 2, "b": 2}), memory_mb=budget) as engine:
+        engine.add_app("a", bundle, exit_set=None, profile_repeats=1, priority=2.0)
+        engine.add_app("b", bundle, exit_set=None, profile_repeats=1, priority=1.0)
+        assert engine.resident_bytes() <= budget * 1e6
+        # the low-priority app gives way first
+        assert _state(engine, "a")["level"] >= _state(engine, "b")["level"]
+
+
+def test_exit_operating_point_follows_the_compute_left(tiny):
+    bundle, _, exits = tiny
+    points, lossless, ref = operating_points(bundle, "exits")
+    assert ref == pytest.approx(0.82) and points[lossless].thresholds == (0.97, 0.95)
+    assert [p.accuracy for p in points] == sorted(p.accuracy for p in points)  # Pareto, cheapest first
+    with nd.Engine("flexdnn") as engine:
+        engine.add_app("cam", bundle, fps=1.0, profile_repeats=2)  # a second per frame: room for the best
+        rich = _state(engine, "cam")
+        assert rich["level"] == LEVELS - 1 and rich["expected_accuracy"] == pytest.approx(0.82)
+        engine.set_budget(cpu=0.05)
+        app = engine._apps["cam"]
+        # at 1 fps the 5% CPU share still leaves 50 ms per frame: lossless fits; at 10,000 fps nothing does
+        engine.remove_app("cam")
+        engine.add_app("cam", bundle, fps=10_000.0, profile_repeats=2)
+        poor = _state(engine, "cam")
+        assert poor["thresholds"] == list(points[0].thresholds)  # the cheapest point
+        assert poor["expected_accuracy"] < rich["expected_accuracy"]
+        x = _x(3)
+        result = engine.infer("cam", x)
+        ref = bundle.progressive(bundle.capacity(LEVELS - 1))(x[None], thresholds=list(points[0].thresholds))
+        torch.testing.assert_close(result.logits, ref.logits[0], atol=1e-5, rtol=0)
+        assert result.exit == int(ref.exit_index[0])
+    assert app.points  # the app kept its operating points while it ran
+
+
+def test_frozen_exits_keep_the_shipped_thresholds(tiny):
+    bundle, _, _ = tiny
+    with nd.Engine("flexdnn", adapt_exits=False) as engine:
+        engine.add_app("cam", bundle, fps=10_000.0, profile_repeats=1)
+        assert _state(engine, "cam")["thresholds"] == [0.97, 0.95]
+
+
+# ---------------------------------------------------------------------------------------- live
+
+
+def test_fair_queueing_drops_superseded_frames_and_answers_every_submission(tiny):
+    bundle, _, _ = tiny
+    with nd.Engine("greedy_total") as engine:
+        engine.add_app("a", bundle, exit_set=None, profile_repeats=1)
+        engine.add_app("b", bundle, exit_set=None, profile_repeats=1)
+        futures = [engine.submit(n, _x(i)) for i in range(40) for n in ("a", "b")]
+        results = [f.result(timeout=30) for f in futures]
+        assert len(results) == 80  # every frame answered or dropped, none lost
+        for n in ("a", "b"):
+            st = _state(engine, n)
+            assert st["answered"] + st["dropped"] == st["submitted"] == 40 and st["answered"] >= 1
+        reasons = {r.reason for r in results if r.dropped}
+        assert reasons <= {"superseded", "queue_full", "late"}
+
+
+def test_stream_paces_frames_and_keeps_their_order(tiny):
+    bundle, _, _ = tiny
+    with nd.Engine("greedy_total") as engine:
+        engine.add_app("cam", bundle, exit_set=None, profile_repeats=1, fps=200.0)
+        start = time.perf_counter()
+        results = list(engine.stream("cam", ((_x(i), i) for i in range(20))))
+        elapsed = time.perf_counter() - start
+        assert [r.tag for r in results] == list(range(20)) and [r.seq for r in results] == list(range(20))
+        assert elapsed >= 19 / 200.0  # paced at the app's fps
+        assert sum(r.answered for r in results) >= 10
+
+
+def test_profiler_slowdown_rises_under_load_and_the_engine_moves_cheaper(wide):
+    """Four CPU-burning processes on a 2-core machine take the cores the worker's two torch
+    threads ran on: the slowdown factor rises and a drift re-plan picks a cheaper level. (Once on
+    a small level the factor may fall back, since a short frame suffers less from sharing: so the
+    test reads the plans made during the burn, not only the state at its end.)"""
+    bundle, _ = wide
+    with nd.Engine("greedy_total", threads=2, alpha=1.0, min_replan_s=0.05, replan_drift=0.15) as engine:
+        engine.add_app("probe", bundle, profile_repeats=5)
+        level_ms = _state(engine, "probe")["level_ms"]
+        assert level_ms[0] < 0.7 * level_ms[-1], f"levels too close in time to test with: {level_ms}"
+        list(engine.stream("probe", (_x(i) for i in range(60)), fps=0.5 * 1000.0 / level_ms[-1]))
+        quiet = engine.profiler.slowdown()
+        engine.remove_app("probe")
+        # the largest level fits one frame period now, with 25% to spare, and not once the CPU is taken
+        fps = 1000.0 / (1.25 * quiet * level_ms[-1])
+        engine.add_app("cam", bundle, fps=fps, profile_repeats=5)
+        list(engine.stream("cam", (_x(i) for i in range(40))))
+        before = _state(engine, "cam")["level"]
+        burn_start = time.perf_counter() - engine._t0
+        burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(4)]
+        try:
+            time.sleep(0.2)
+            list(engine.stream("cam", (_x(i) for i in range(max(100, int(2 * fps))))))
+        finally:
+            for p in burners:
+                p.kill()
+                p.wait()
+        burn = [p for p in engine.plans if p["t"] >= burn_start and p["reason"] == "drift" and "apps" in p]
+        assert before == LEVELS - 1, (before, quiet, level_ms)
+        assert burn, "no drift re-plan while the CPU was taken"
+        assert max(p["slowdown"] for p in burn) > 1.3 * quiet, (quiet, [p["slowdown"] for p in burn])
+        assert min(p["apps"]["cam"]["level"] for p in burn) < before, burn
+
+
+# ---------------------------------------------------------------------------------------- bad input
+
+
+def test_bad_input_gets_a_clear_error_naming_the_app(tiny, tmp_path):
+    bundle, _, _ = tiny
+    with nd.Engine("greedy_total") as engine:
+        engine.add_app("cam", bundle, exit_set=None, profile_repeats=1)
+        with pytest.raises(EngineError, match=r"no app 'nope' in the engine; apps: \['cam'\]"):
+            engine.submit("nope", _x())
+        with pytest.raises(EngineError, match=r"app 'cam': a frame must have shape \(3, 32, 32\).*got \(3, 28, 28\)"):
+            engine.submit("cam", torch.zeros(3, 28, 28))
+        with pytest.raises(EngineError, match=r"app 'cam': a frame must be float32.*torch.float64"):
+            engine.submit("cam", torch.zeros(3, 32, 32, dtype=torch.float64))
+        with pytest.raises(EngineError, match=r"app 'cam': a frame must be a torch.Tensor"):
+            engine.submit("cam", [[0.0]])
+        with pytest.raises(EngineError, match=r"app 'broken': its bundle failed to load: .*does not exist"):
+            engine.add_app("broken", tmp_path / "missing.nfx")
+        with pytest.raises(EngineError, match=r"app 'cam' is already registered"):
+            engine.add_app("cam", bundle)
+        with pytest.raises(EngineError, match=r"app 'x': `fps` must be a finite number > 0, got 0"):
+            engine.add_app("x", bundle, fps=0)
+        with pytest.raises(EngineError, match=r"below what every app needs at its smallest level.*cam"):
+            engine.set_budget(memory_mb=1e-3)
+        assert engine.infer("cam", _x()).answered  # the engine still serves after every refusal
+    with nd.Engine("greedy_total", memory_mb=1e-3) as engine:
+        with pytest.raises(EngineError, match=r"app 'cam' does not fit: `memory_mb`=0.001 is below"):
+            engine.add_app("cam", bundle, profile_repeats=1)
+    with pytest.raises(EngineError, match=r"`cpu` must be in \(0, 1\]"):
+        nd.Engine(cpu=1.5)
+    with pytest.raises(nd.SchedulerError, match="unknown scheduler 'nope'"):
+        nd.Engine("nope")
+
+
+def test_bundle_without_level_accuracies_is_refused(tmp_path):
+    net = nested_vgg(tmp_path)
+    info = export_bundle(tmp_path / "noacc.nfx", net, onnx=False)
+    with nd.Engine() as engine, pytest.raises(EngineError, match=r"app 'cam': .* has no accuracy for levels \[0, 1, 2\]"):
+        engine.add_app("cam", info["bundle"])
+
+
+def test_one_failing_app_never_stops_the_others(tiny):
+    bundle, _, _ = tiny
+    with nd.Engine("greedy_total") as engine:
+        engine.add_app("good", bundle, exit_set=None, profile_repeats=1)
+        engine.add_app("bad", bundle, exit_set=None, profile_repeats=1)
+        engine._control(lambda: setattr(engine._apps["bad"], "runtime", _Exploding(engine._apps["bad"].runtime)))
+        with pytest.raises(EngineError, match=r"app 'bad': frame 0 failed at level \d: RuntimeError: boom"):
+            engine.infer("bad", _x())
+        assert engine.infer("good", _x()).answered
+        assert _state(engine, "bad")["failed"] == 1 and _state(engine, "good")["failed"] == 0
+
+
+class _Exploding:
+    """A runtime whose forward pass fails (a damaged app), paging still works."""
+
+    def __init__(self, rt):
+        self._rt = rt
+
+    def __getattr__(self, name):
+        return getattr(self._rt, name)
+
+    def __call__(self, x):
+        raise RuntimeError("boom")
+
+
+def test_closing_answers_queued_frames_as_dropped(tiny):
+    bundle, _, _ = tiny
+    engine = nd.Engine("greedy_total")
+    engine.add_app("cam", bundle, exit_set=None, profile_repeats=1)
+    engine.close()
+    with pytest.raises(EngineError, match="the engine is closed"):
+        engine.submit("cam", _x())
