@@ -287,7 +287,10 @@ class Engine:
         cpu: share of the device the apps may use, in (0, 1].
         alpha: the scheduler's latency weight.
         unit: the scheduler's compute unit.
-        threads: torch intra-op threads of the worker (``None``: leave torch's setting).
+        threads: torch intra-op threads of the worker thread (``None``: leave torch's setting). One by
+            default: measured here (2 cores, VGG-16 x0.5 levels at batch 1), an OpenMP team of two
+            started from a thread that is not the main one ran 1.2-1.8x *slower* than one thread,
+            while one thread there matched two threads on the main thread within 10%.
         adapt_exits: choose each app's exit operating point for the compute it gets (FlexDNN); if
             false, exit sets run at their shipped (lossless) thresholds.
         replan_drift: re-plan when the device slowdown moves by more than this fraction.
@@ -308,7 +311,7 @@ class Engine:
         cpu: float = 1.0,
         alpha: float = 0.5,
         unit: float = 0.01,
-        threads: int | None = None,
+        threads: int | None = 1,
         adapt_exits: bool = True,
         replan_drift: float = 0.25,
         min_replan_s: float = 0.25,
@@ -870,6 +873,8 @@ class Engine:
                 "thresholds": list(a.points[a.point].thresholds) if a.point is not None else None,
                 "share": round(a.share, 4), "fps_goal": a.fps,
                 "expected_accuracy": round(a.config_accuracy(), 4),
+                # the configuration's time on this device's profile (before the slowdown factor)
+                "predicted_ms": round(a.point_ms(a.point) if a.point is not None else a.level_ms[a.level], 4),
                 **a.counts, "fps": round(a.counts["answered"] / elapsed, 3),
                 "p50_ms": round(_percentile(lat, 50), 4) if lat else None,
                 "p95_ms": round(_percentile(lat, 95), 4) if lat else None,
