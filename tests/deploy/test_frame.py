@@ -335,3 +335,25 @@ def test_every_registered_codec_round_trips():
     x = _relu(2, 4, 6)
     for name in list_codecs():
         assert torch.equal(decode(encode([x], None, name))[0], x)
+
+
+@pytest.mark.parametrize("codec", ["zlib", "lz4"])
+@pytest.mark.parametrize("raw_len", [0, 16])
+def test_a_compression_bomb_is_refused_without_expanding(codec, raw_len):
+    """200 MB of zeros compress to ~200 KB; a payload that declares 0 (or 16) bytes must be refused
+    after producing at most what it declared (zlib reads max_length 0 as 'no limit')."""
+    import tracemalloc
+
+    import lz4.frame
+
+    zeros = b"\0" * (200 << 20)
+    payload = zlib.compress(zeros, 9) if codec == "zlib" else lz4.frame.compress(zeros)
+    del zeros
+    tracemalloc.start()
+    try:
+        with pytest.raises(CodecError, match=rf"{codec}: payload decompresses to \d+ bytes, the frame header says {raw_len}"):
+            get_codec(codec).decompress(payload, raw_len)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < len(payload) + (4 << 20), peak  # the payload copy and zlib's window, not 200 MB

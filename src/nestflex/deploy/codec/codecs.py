@@ -193,7 +193,9 @@ class ZlibCodec(Codec):
     def decompress(self, data: bytes | memoryview, raw_len: int) -> bytes:
         d = zlib.decompressobj()
         try:
-            out = d.decompress(bytes(data), raw_len)  # max_length caps the allocation
+            # max_length caps the allocation; zlib reads 0 as "no limit", so a frame declaring 0 bytes
+            # would let a few hundred KB of compressed zeros expand to gigabytes: cap at 1 instead
+            out = d.decompress(bytes(data), max(raw_len, 1))
         except zlib.error as e:
             raise CodecError(f"zlib: corrupt payload ({e}).") from e
         if len(out) != raw_len or not d.eof or d.unconsumed_tail or d.unused_data:
