@@ -1,15 +1,17 @@
 """Corrupt, tampered, missing or future bundles are refused with one clear message."""
 
 import json
+import os
 import re
 import shutil
+import time
 from pathlib import Path
 
 import pytest
 import torch
 
 import nestflex.deploy as nd
-from nestflex.deploy.bundle import manifest_digest
+from nestflex.deploy.bundle import BundleError, manifest_digest
 from tests.export.bundles import write_bundle
 
 
@@ -278,3 +280,65 @@ def test_schema_1_problems_are_reported_under_its_own_keys(v1):
                                              r"'progressive' \(string\).*`exits.taps\[1\]` names 'nope', which is "
                                              r"not a node of the backbone program"):
         nd.load(v1)
+
+
+# ---------------------------------------------------------------------------------------- special files
+
+
+@pytest.fixture
+def plain_bundle(tmp_path):
+    info, _, _ = write_bundle(tmp_path, onnx=False)
+    return Path(info["bundle"])
+
+
+def _refused(root, match):
+    start = time.perf_counter()
+    with pytest.raises(BundleError, match=match):
+        nd.load(root)
+    assert time.perf_counter() - start < 5  # refused, not read or waited on
+
+
+def test_a_fifo_manifest_is_refused_without_blocking(plain_bundle):
+    (plain_bundle / "manifest.json").unlink()
+    os.mkfifo(plain_bundle / "manifest.json")
+    _refused(plain_bundle, r"'manifest.json' is a FIFO, not a regular file")
+
+
+def test_a_manifest_linked_to_a_device_or_out_of_the_bundle_is_refused(plain_bundle, tmp_path):
+    m = plain_bundle / "manifest.json"
+    outside = tmp_path / "elsewhere.json"
+    outside.write_bytes(m.read_bytes())
+    m.unlink()
+    m.symlink_to("/dev/urandom")
+    _refused(plain_bundle, r"'manifest.json' is a link that leads out of the bundle \(to '/dev/urandom'\)")
+    m.unlink()
+    m.symlink_to(outside)
+    _refused(plain_bundle, r"'manifest.json' is a link that leads out of the bundle")
+
+
+def test_a_listed_member_that_is_a_fifo_or_a_link_out_is_a_problem(plain_bundle, tmp_path):
+    w = plain_bundle / "weights.safetensors"
+    outside = tmp_path / "w.safetensors"
+    outside.write_bytes(w.read_bytes())
+    w.unlink()
+    w.symlink_to(outside)  # same bytes, same checksum: still refused, it is not the bundle's file
+    _refused(plain_bundle, r"'weights.safetensors' is a link that leads out of the bundle")
+    w.unlink()
+    os.mkfifo(w)
+    _refused(plain_bundle, r"'weights.safetensors' is a FIFO, not a regular file")
+
+
+def test_a_huge_manifest_or_safetensors_header_is_refused_unread(plain_bundle):
+    from nestflex.deploy.bundle import MAX_MANIFEST_BYTES
+    from nestflex.deploy.schema import MAX_HEADER_BYTES, read_safetensors_header
+
+    m = plain_bundle / "manifest.json"
+    with open(m, "r+b") as f:  # sparse: 64 MiB + 1 of apparent size, nothing written
+        f.truncate(MAX_MANIFEST_BYTES + 1)
+    _refused(plain_bundle, rf"manifest.json has {MAX_MANIFEST_BYTES + 1} bytes, above the {MAX_MANIFEST_BYTES}-byte limit")
+    fake = plain_bundle / "big.safetensors"
+    with open(fake, "wb") as f:
+        f.write((MAX_HEADER_BYTES + 1).to_bytes(8, "little"))
+        f.truncate(MAX_HEADER_BYTES + 64)
+    with pytest.raises(BundleError, match=rf"header of {MAX_HEADER_BYTES + 1} bytes is above the"):
+        read_safetensors_header(fake)

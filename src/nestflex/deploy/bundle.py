@@ -37,6 +37,7 @@ import hashlib
 import json
 import os
 import re
+import stat
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -89,6 +90,33 @@ def _version_tuple(text: Any) -> tuple[int, ...] | None:
     return tuple(int(g or 0) for g in m.groups()) if m else None
 
 
+#: the largest ``manifest.json`` :func:`load` reads (it is parsed whole)
+MAX_MANIFEST_BYTES = 64 * 2**20
+
+
+def member_problem(root: Path, rel: str) -> str | None:
+    """Why ``root/rel`` is not a bundle member :func:`load` may read, or ``None``.
+
+    Only regular files whose real path stays inside the bundle: a symlink out of it (to
+    ``/etc/passwd``, ``/dev/urandom``), a FIFO (which blocks a reader forever) or a device is
+    refused before anything opens it.
+    """
+    path = root / rel
+    try:
+        real, inside = os.path.realpath(path), os.path.realpath(root)
+        if os.path.commonpath([real, inside]) != inside:
+            return f"{rel!r} is a link that leads out of the bundle (to {real!r})"
+        mode = os.stat(path).st_mode
+    except (OSError, ValueError) as e:
+        return f"{rel!r} cannot be read ({getattr(e, 'strerror', None) or e})"
+    if not stat.S_ISREG(mode):
+        kind = ("a directory" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode) else
+                "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "a socket" if stat.S_ISSOCK(mode)
+                else "not a regular file")
+        return f"{rel!r} is {kind}, not a regular file"
+    return None
+
+
 def _read_manifest(root: Path) -> dict[str, Any]:
     if not root.exists():
         raise BundleError(
@@ -101,11 +129,18 @@ def _read_manifest(root: Path) -> dict[str, Any]:
             f"{MANIFEST}"
         )
     path = root / MANIFEST
-    if not path.is_file():
+    if not path.exists() and not path.is_symlink():
         raise BundleError(
             f"bundle {str(root)!r} has no {MANIFEST}, so it is not a nestflex bundle (or it was only partly copied). "
             f"HINT: copy the whole `.nfx` directory"
         )
+    problem = member_problem(root, MANIFEST)
+    if problem is not None:
+        raise BundleError(f"bundle {str(root)!r}: {problem}. HINT: copy the bundle as plain files")
+    if path.stat().st_size > MAX_MANIFEST_BYTES:
+        raise BundleError(f"bundle {str(root)!r}: {MANIFEST} has {path.stat().st_size} bytes, above the "
+                          f"{MAX_MANIFEST_BYTES}-byte limit (a VGG-16 bundle's is ~0.3 MB). HINT: the file is corrupt; "
+                          f"export the bundle again")
     try:
         manifest = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError, RecursionError) as e:  # JSONDecodeError, UnicodeDecodeError, 4300+ digit ints
@@ -169,8 +204,12 @@ def _check_files(root: Path, manifest: Mapping[str, Any]) -> list[str]:
             problems.append(f"file entry {rel!r:.80} points outside the bundle")
             continue
         path = root / rel
-        if not path.is_file():
+        if not path.exists() and not path.is_symlink():
             problems.append(f"file {rel!r} is missing")
+            continue
+        problem = member_problem(root, rel)
+        if problem is not None:
+            problems.append(problem)
             continue
         if not isinstance(meta, dict):
             continue
@@ -374,7 +413,7 @@ def load(path: str | os.PathLike) -> Bundle:
     integrity = _check_files(root, raw)
     header = None
     weights = root / WEIGHTS
-    if weights.is_file():
+    if weights.is_file() and member_problem(root, WEIGHTS) is None:
         try:
             header = read_safetensors_header(weights)
         except BundleError:

@@ -2016,6 +2016,10 @@ def manifest_digest(manifest: Mapping[str, Any]) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
+#: the largest safetensors header :func:`read_safetensors_header` reads (a VGG-16 bundle's is ~10 KB)
+MAX_HEADER_BYTES = 16 * 2**20
+
+
 def read_safetensors_header(path: Any) -> dict[str, Any]:
     """The JSON header of a safetensors file (tensor name -> dtype, shape, data_offsets), torch-free.
 
@@ -2029,6 +2033,8 @@ def read_safetensors_header(path: Any) -> dict[str, Any]:
             size = f.seek(0, 2)
             if n <= 0 or n > size - 8:
                 raise ValueError(f"header length {n} does not fit a {size}-byte file")
+            if n > MAX_HEADER_BYTES:  # read whole before parsing: bound it (safetensors itself caps at 100 MB)
+                raise ValueError(f"header of {n} bytes is above the {MAX_HEADER_BYTES}-byte limit")
             f.seek(8)
             header = json.loads(f.read(n))
     except (OSError, ValueError, RecursionError) as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
