@@ -124,8 +124,11 @@ def test_the_runtime_holds_no_simulation():
 
 
 def test_docstring_examples_run():
-    # benchmarks/ is outside pytest's --doctest-modules paths, so its examples are run here
-    result = doctest.testmod(simulation, optionflags=doctest.ELLIPSIS)
+    # benchmarks/ is outside pytest's --doctest-modules paths, so its examples are run here; on a
+    # fresh load: another test may have loaded the script again under the same module name, and
+    # doctest skips objects whose module is not the one registered in sys.modules
+    fresh = load_script("benchmarks/_simulation.py")
+    result = doctest.testmod(fresh, optionflags=doctest.ELLIPSIS)
     assert result.attempted > 0 and result.failed == 0
 
 

@@ -342,3 +342,27 @@ def test_a_huge_manifest_or_safetensors_header_is_refused_unread(plain_bundle):
         f.truncate(MAX_HEADER_BYTES + 64)
     with pytest.raises(BundleError, match=rf"header of {MAX_HEADER_BYTES + 1} bytes is above the"):
         read_safetensors_header(fake)
+
+
+def _edit(root, fn):
+    m = json.loads((root / "manifest.json").read_text())
+    fn(m)
+    m["integrity"] = {"manifest_sha256": manifest_digest(m)}  # a consistent-looking bundle: only shapes can tell
+    (root / "manifest.json").write_text(json.dumps(m))
+
+
+def _node(program, op):
+    return next(n for n in program if n["op"] == op)
+
+
+@pytest.mark.parametrize("edit, match", [
+    (lambda m: _node(m["capacity"]["program"], "max_pool2d")["attrs"].update(stride=1000000),
+     r"capacity program at level 0 fails shape inference \(RuntimeError"),
+    (lambda m: _node(m["capacity"]["program"], "conv2d")["attrs"].update(padding=[1000000, 1000000]),
+     r"capacity program at level 0: node '.*' produces [\d,]+ elements per sample, above"),
+    (lambda m: _node(m["exit_sets"][0]["heads"][0]["program"], "flatten")["attrs"].update(start_dim=2),
+     r"progressive exit 0 (head fails shape inference|ends in shape)"),
+])
+def test_fields_valid_alone_but_inconsistent_as_a_network_are_refused_before_running(plain_bundle, edit, match):
+    _edit(plain_bundle, edit)
+    _refused(plain_bundle, match)

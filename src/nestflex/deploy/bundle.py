@@ -421,6 +421,10 @@ def load(path: str | os.PathLike) -> Bundle:
     spec, schema = parse_manifest(raw, header)
     if spec is not None and not integrity:
         schema += _check_index_values(root, spec)
+    if spec is not None and not integrity and not schema:
+        from nestflex.deploy.runtime import check_shapes  # the runtime imports this module
+
+        schema += check_shapes(spec)
     if integrity or schema:
         raise BundleError(_message(root, integrity, schema), [*integrity, *schema])
     return Bundle(root, spec)

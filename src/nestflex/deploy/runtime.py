@@ -29,6 +29,7 @@ Example::
 
 from __future__ import annotations
 
+import math
 import operator
 import time
 from dataclasses import dataclass
@@ -41,7 +42,8 @@ from nestflex.deploy.bundle import EXIT_SETS, Bundle, BundleError
 from nestflex.deploy.exits import ConfidenceFn, ExitResult, early_exit
 from nestflex.deploy.schema import EXIT_SET_KEYS, ExitSet, Program, ProgramNode
 
-__all__ = ["OPS", "PagingReport", "CapacityRuntime", "ProgressiveRuntime", "run_program", "cut_program"]
+__all__ = ["OPS", "MAX_ACTIVATION_ELEMENTS", "PagingReport", "CapacityRuntime", "ProgressiveRuntime", "run_program", "cut_program",
+           "check_shapes"]
 
 Node = ProgramNode
 Region = Sequence[int] | None
@@ -525,3 +527,104 @@ class ProgressiveRuntime:
                           self.thresholds if thresholds is None else thresholds,
                           self.confidence if confidence is None else confidence,
                           self.fallback if fallback is None else fallback)
+
+
+# --------------------------------------------------------------------------------------------
+# shape inference at load time
+
+#: the largest activation (elements per sample) a program may produce; far above any CNN this
+#: runtime serves (VGG-16 at 32x32: 65,536), far below what would exhaust a device's memory
+MAX_ACTIVATION_ELEMENTS = 2**26
+
+
+def check_shapes(spec: Any) -> list[str]:
+    """Run every program of a validated manifest on an empty batch: shapes only, nothing read or computed.
+
+    The schema checks each field on its own; this checks that they fit together as a network
+    before anything runs: every level of the capacity program, every exit set's stages and heads,
+    and every split's head and tail must accept the declared input shape, end in ``(num_classes,)``
+    logits per sample, and keep every activation under :data:`MAX_ACTIVATION_ELEMENTS` per sample (a stride,
+    padding or kernel edited inside its range can still break a conv, or blow an activation up).
+
+    The batch has 0 samples: torch's CPU kernels check every shape and allocate nothing for the
+    activations. (Meta tensors would do too, but their decompositions import ``torch._dynamo`` on
+    first use, which a light runtime should not pay for at load.) Weights are uninitialised
+    tensors of their declared shapes, index tensors zeros (their values are checked apart).
+
+    Returns:
+        one line per problem (empty when the bundle is consistent).
+    """
+    table = spec.weights.tensors
+    cap = spec.capacity
+    want = (int(spec.num_classes),)
+    problems: list[str] = []
+
+    def meta(names: Sequence[str], level: int, regions: Mapping[str, Sequence[Region]]) -> dict[str, torch.Tensor]:
+        out = {}
+        for n in names:
+            regs = regions.get(n)
+            shape = table[n].shape if regs is None else regs[level]
+            if shape is not None:
+                dtype = getattr(torch, table[n].dtype)
+                out[n] = torch.empty(tuple(shape), dtype=dtype) if dtype.is_floating_point else \
+                    torch.zeros(tuple(shape), dtype=dtype)
+        return out
+
+    def run(where: str, nodes: Sequence[Node], inputs: list[str], values: tuple, tensors, level: int,
+            outputs: list[str] | None = None) -> Any:
+        env = dict(zip(inputs, values))
+        error = None
+        try:
+            result = run_program(nodes, env, tensors, level)
+        except Exception as e:  # a shape error names what torch refused
+            error = f"{where} fails shape inference ({type(e).__name__}: {str(e).splitlines()[0][:200]})"
+        # an oversized activation is the root cause when a later node then fails on it
+        big = [(k, math.prod(v.shape[1:])) for k, v in env.items()
+               if isinstance(v, torch.Tensor) and v.dim() > 0 and math.prod(v.shape[1:]) > MAX_ACTIVATION_ELEMENTS]
+        if big:
+            problems.append(f"{where}: node {big[0][0]!r} produces {big[0][1]:,} elements per sample, above "
+                            f"{MAX_ACTIVATION_ELEMENTS:,}")
+            return None
+        if error is not None:
+            problems.append(error)
+            return None
+        return tuple(env[o] for o in outputs) if outputs else result
+
+    x = torch.empty(0, *spec.input.shape)
+    nodes = cap.program.nodes
+    top = cap.num_levels - 1
+    for level in range(cap.num_levels):
+        out = run(f"capacity program at level {level}", nodes, [nodes[0].name], (x,),
+                  meta(cap.program.tensor_names(), level, cap.regions), level)
+        if isinstance(out, torch.Tensor) and tuple(out.shape[1:]) != want:
+            problems.append(f"capacity program at level {level} ends in per-sample shape {tuple(out.shape[1:])}, "
+                            f"expected {want}")
+    if problems:
+        return problems  # stages and splits cut the same program: one report is enough
+    top_tensors = meta(cap.program.tensor_names(), top, cap.regions)
+    for s in spec.splits:
+        (ins, head, outs), (_, tail, _) = cut_program(nodes, [s.node])
+        crossing = run(f"split {s.name!r} head", head, ins, (x,), top_tensors, top, outs)
+        if crossing is not None:
+            run(f"split {s.name!r} tail", tail, outs, crossing, top_tensors, top)
+    for ex in spec.exit_sets:
+        if ex.backbone == "shared":
+            backbone, level, tensors = nodes, top, top_tensors
+        else:
+            backbone, level, tensors = ex.program.nodes, 0, meta(ex.program.tensor_names(), 0, {})
+        heads = meta(list(dict.fromkeys(t for h in ex.heads for t in h.program.tensor_names())), 0, {})
+        state: tuple | None = (x,)
+        for k, (ins, body, outs) in enumerate(cut_program(backbone, ex.taps)):
+            state = run(f"{ex.kind} exits, stage {k}", body, ins, state, tensors, level, outs or None)
+            if state is None:
+                break
+            if not isinstance(state, tuple):
+                state = (state,)
+            if k < len(ex.heads):
+                head = ex.heads[k].program.nodes
+                logits = run(f"{ex.kind} exit {k} head", head, [head[0].name], state[:1], heads, 0)
+            else:
+                logits = state[0]
+            if isinstance(logits, torch.Tensor) and tuple(logits.shape[1:]) != want:
+                problems.append(f"{ex.kind} exit {k} ends in per-sample shape {tuple(logits.shape[1:])}, expected {want}")
+    return problems
