@@ -1,7 +1,8 @@
 import subprocess
 import sys
 
-HEAVY = ("lightning", "pytorch_lightning", "timm", "torchmetrics", "onnx")
+# grpc and ray: the split client imports gRPC only when a TailClient is made; Ray belongs to nestflex.serve.ray
+HEAVY = ("lightning", "pytorch_lightning", "timm", "torchmetrics", "onnx", "grpc", "ray")
 
 
 def test_importing_deploy_pulls_in_no_training_dependency():

@@ -4,8 +4,10 @@ Invariant (DESIGN.md 6): importing this package pulls in no training dependency 
 timm, torchmetrics, onnx). Here: the bundle loader (:func:`load`, :mod:`nestflex.deploy.bundle`),
 the multi-capacity and progressive runtimes (:mod:`nestflex.deploy.runtime`), the CLI
 (``nestflex`` / ``python -m nestflex.deploy``), the split-tensor codec
-(:mod:`nestflex.deploy.codec`) and the early-exit confidence measures and policy
-(:mod:`nestflex.deploy.exits`).
+(:mod:`nestflex.deploy.codec`), the early-exit confidence measures and policy
+(:mod:`nestflex.deploy.exits`), and the device side of split inference (:mod:`nestflex.deploy.split`,
+:mod:`~nestflex.deploy.client`, :mod:`~nestflex.deploy.offload`, :mod:`~nestflex.deploy.link`;
+gRPC is imported only when a :class:`TailClient` is made).
 """
 
 from nestflex.deploy.codec import (
@@ -36,7 +38,11 @@ from nestflex.deploy.exits import (
 )
 from nestflex.deploy.runtime import CapacityRuntime, PagingReport, ProgressiveRuntime
 from nestflex.deploy.engine import Engine, EngineError, FrameResult
-from nestflex.deploy.profiler import OnlineProfiler, ProfilerError
+from nestflex.deploy.profiler import NetworkProfiler, OnlineProfiler, ProfilerError
+from nestflex.deploy.split import SERVER_ONLY, SplitRuntime, accuracy_drops, measure_bytes, measure_costs
+from nestflex.deploy.client import SplitError, TailClient
+from nestflex.deploy.offload import Offloader, SplitAnswer, SplitConfig
+from nestflex.deploy.scheduler.split import SplitCosts, SplitPlan, SplitScheduler
 from nestflex.deploy.scheduler import (
     AppProfile,
     Decision,
@@ -95,4 +101,20 @@ __all__ = [
     "register_scheduler",
     "list_schedulers",
     "get_scheduler",
+    # split inference, device side (nestflex.deploy.split, .client, .offload, .scheduler.split);
+    # the server is nestflex.serve, the link emulator nestflex.deploy.link
+    "SERVER_ONLY",
+    "SplitRuntime",
+    "measure_costs",
+    "measure_bytes",
+    "accuracy_drops",
+    "TailClient",
+    "SplitError",
+    "Offloader",
+    "SplitConfig",
+    "SplitAnswer",
+    "NetworkProfiler",
+    "SplitCosts",
+    "SplitPlan",
+    "SplitScheduler",
 ]

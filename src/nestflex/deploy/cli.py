@@ -1,8 +1,9 @@
-"""The ``nestflex`` command: inspect and benchmark bundles.
+"""The ``nestflex`` command: inspect, benchmark, run and serve bundles.
 
     nestflex inspect runs/vgg_cifar/bundle.nfx          # levels, exits, splits, sizes
     nestflex bench runs/vgg_cifar/bundle.nfx --repeats 20
     nestflex run a.nfx b.nfx --fps 30 --memory-mb 8 --seconds 20   # live: the engine serves both
+    nestflex serve runs/vgg_cifar/bundle.nfx --port 50051          # split inference: the tail server
     python -m nestflex.deploy inspect ...               # the same without the console script
 
 Light on purpose: it imports the deploy runtime only (DESIGN invariant 6). The multi-tenant
@@ -240,6 +241,38 @@ def run_live(paths: Sequence[str], *, fps: float = 30.0, memory_mb: float | None
         engine.close()
 
 
+def _cmd_serve(args: argparse.Namespace) -> int:
+    """Serve the bundle's tail over gRPC until SIGINT/SIGTERM (nestflex.serve, the `serve` extra)."""
+    import asyncio
+    import signal
+
+    from nestflex.deploy.bundle import load
+    from nestflex.errors import NestflexError
+
+    try:
+        from nestflex.serve import TailServer
+        import grpc  # noqa: F401
+    except ImportError:
+        raise NestflexError("`nestflex serve` needs gRPC. HINT: pip install \"nestflex[serve]\"") from None
+    import torch
+
+    torch.set_num_threads(args.threads)
+    server = TailServer(load(args.bundle), max_batch=args.max_batch, max_wait_ms=args.max_wait_ms,
+                        threads=args.threads, slowdown=args.slowdown, drop_rate=args.drop_rate)
+
+    async def serve() -> None:
+        port = await server.start(args.host, args.port)
+        print(f"nestflex serve: listening on {args.host}:{port} (bundle {server.core.id[:16]}...)", flush=True)
+        stop = asyncio.Event()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            asyncio.get_running_loop().add_signal_handler(sig, stop.set)
+        await stop.wait()
+        await server.stop(1.0)
+
+    asyncio.run(serve())
+    return 0
+
+
 def _cmd_run(args: argparse.Namespace) -> int:
     for arg, value in (("--fps", args.fps), ("--seconds", args.seconds), ("--interval", args.interval)):
         if not value > 0:
@@ -276,13 +309,23 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seconds", type=float, default=10.0)
     p.add_argument("--interval", type=float, default=1.0, help="seconds between two tables")
     p.add_argument("--json", default=None, help="also write the final stats to this JSON file")
+    p = sub.add_parser("serve", help="split inference: serve the bundle's tail (any split point) over gRPC")
+    p.add_argument("bundle")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)")
+    p.add_argument("--port", type=int, default=50051, help="port (0: an ephemeral one, printed)")
+    p.add_argument("--max-batch", type=int, default=32, help="most samples batched together")
+    p.add_argument("--max-wait-ms", type=float, default=2.0, help="longest a request waits for a batch to fill")
+    p.add_argument("--threads", type=int, default=1, help="torch threads of the compute thread")
+    p.add_argument("--slowdown", type=float, default=1.0, help="model a slower server: each batch takes this x longer")
+    p.add_argument("--drop-rate", type=float, default=0.0, help="fault injection: share of requests never answered")
     args = parser.parse_args(argv)
     from nestflex.errors import NestflexError
 
     try:
-        return {"inspect": _cmd_inspect, "bench": _cmd_bench, "run": _cmd_run}[args.command](args)
+        return {"inspect": _cmd_inspect, "bench": _cmd_bench, "run": _cmd_run, "serve": _cmd_serve}[args.command](args)
     except NestflexError as e:
-        print(f"error: {e}", file=sys.stderr)
+        # one line, whatever the message quotes (a file name or a value may hold a newline)
+        print("error: " + " ".join(str(e).splitlines()), file=sys.stderr)
         return 2
 
 

@@ -1,0 +1,337 @@
+"""The device side of split inference: head, send, keep computing, cancel or fall back (SPINN, DynO).
+
+:class:`Offloader` runs one app's frames under a :class:`SplitConfig` (split point, bitwidth,
+exit thresholds, deadline), which a scheduler may change between any two frames
+(:meth:`Offloader.set_config`). One frame:
+
+1. run the head to the split with the early exits before it; a confident exit answers here and
+   nothing is sent;
+2. quantise the crossing tensors with ISQuant at ``bits`` and pack them (bit shuffle + LZ4; the
+   versioned codec frame) and send them with a deadline;
+3. meanwhile keep computing locally past the split up to the next exit (SPINN); if it is
+   confident, cancel the in-flight request (the server drops it if its batch has not started)
+   and answer locally;
+4. otherwise take the server's answer; on failure, refusal or deadline answer from the best
+   local exit (invariant 8: every frame is answered). With no local exit at all (the server-only
+   split) the device runs the tail itself: slow, but answered.
+
+:meth:`Offloader.stream` pipelines consecutive frames (DynO): while frame ``i`` is on the network
+and the server, frame ``i + 1``'s head and packing run on the device; ``depth`` frames may be in
+flight. Each answer says where it came from and what it cost; an optional
+:class:`~nestflex.deploy.profiler.NetworkProfiler` is fed every completed transfer.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from collections import deque
+from dataclasses import dataclass, replace
+from typing import Any, Iterable, Iterator
+
+import torch
+
+from nestflex.deploy.bundle import Bundle
+from nestflex.deploy.client import SplitError, TailCall, TailClient
+from nestflex.deploy.codec import encode
+from nestflex.deploy.exits import ExitResult
+from nestflex.deploy.split import SERVER_ONLY, HeadResult, SplitRuntime, TailResult
+from nestflex.errors import NestflexError
+
+__all__ = ["SplitConfig", "SplitAnswer", "Offloader"]
+
+
+@dataclass(frozen=True)
+class SplitConfig:
+    """One operating point of split inference.
+
+    Attributes:
+        split: split point name, :data:`~nestflex.deploy.split.SERVER_ONLY`, or ``None`` (device only).
+        bits: ISQuant bitwidth of the crossing tensors, ``None`` for lossless float32.
+        thresholds: per early exit; ``None``: the bundle's shipped (lossless) thresholds.
+        codec: byte codec of the frame (``blosc_lz4``: bit shuffle + LZ4).
+        deadline_ms: the request's deadline; past it the device answers locally.
+        continue_locally: run past the split to the next exit while the request is in flight.
+    """
+
+    split: str | None
+    bits: int | None = 8
+    thresholds: tuple[float, ...] | None = None
+    codec: str = "blosc_lz4"
+    deadline_ms: float = 1000.0
+    continue_locally: bool = True
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.deadline_ms, (int, float)) and math.isfinite(self.deadline_ms) and self.deadline_ms > 0):
+            raise NestflexError(f"`deadline_ms` must be a number > 0, got {self.deadline_ms!r}")
+        if self.bits is not None and (isinstance(self.bits, bool) or not isinstance(self.bits, int)
+                                      or not 1 <= self.bits <= 16):
+            raise NestflexError(f"`bits` must be an int in [1, 16] or None (float32), got {self.bits!r}")
+
+
+@dataclass
+class SplitAnswer:
+    """One frame's answer.
+
+    Attributes:
+        result: the :class:`~nestflex.deploy.exits.ExitResult` for the frame's samples.
+        where: ``device`` (an exit before the split, or device only), ``local`` (the local
+            continuation's exit; the request was cancelled), ``server``, or ``fallback`` (the
+            server failed: ``error`` says how).
+        bytes_sent: request bytes (0 when nothing was sent).
+        latency_ms: from :meth:`Offloader.infer` (or the frame's start in a stream) to the answer.
+        device_ms: head + packing (+ continuation) time on the device.
+        reply: the server's :class:`~nestflex.deploy.client.TailReply` when it answered.
+        config: the configuration that ran the frame.
+    """
+
+    result: ExitResult
+    where: str
+    bytes_sent: int = 0
+    latency_ms: float = 0.0
+    device_ms: float = 0.0
+    reply: Any = None
+    error: str | None = None
+    config: SplitConfig | None = None
+
+
+@dataclass
+class _InFlight:
+    x: torch.Tensor
+    config: SplitConfig
+    rt: SplitRuntime
+    head: HeadResult
+    call: TailCall | None
+    start: float
+    device_ms: float
+
+
+class Offloader:
+    """Split inference for one app on this device.
+
+    Args:
+        bundle: the bundle (the server must serve the same one).
+        client: a :class:`~nestflex.deploy.client.TailClient`, or ``None`` (device only: every
+            split then answers from local exits).
+        config: the first :class:`SplitConfig`.
+        exit_set: the exit set (``"exits"`` / ``"flex_exits"``), or ``None`` for the backbone alone.
+        profiler: a :class:`~nestflex.deploy.profiler.NetworkProfiler` to feed, or ``None``.
+    """
+
+    def __init__(self, bundle: Bundle, client: TailClient | None, config: SplitConfig | None = None,
+                 exit_set: str | None = "exits", profiler: Any = None, *, scheduler: Any = None,
+                 replan_every: int = 8, slowdown: float = 1.0, probe_every_s: float = 2.0) -> None:
+        if not (isinstance(slowdown, (int, float)) and math.isfinite(slowdown) and slowdown >= 1):
+            raise NestflexError(f"`slowdown` must be a number >= 1 (1: this machine's speed), got {slowdown!r}")
+        if isinstance(replan_every, bool) or not isinstance(replan_every, int) or replan_every < 1:
+            raise NestflexError(f"`replan_every` must be an int >= 1 (frames), got {replan_every!r}")
+        if scheduler is not None and profiler is None:
+            from nestflex.deploy.profiler import NetworkProfiler
+
+            profiler = NetworkProfiler()
+        if config is None and scheduler is None:
+            raise NestflexError("pass a `config` (SplitConfig) or a `scheduler` that chooses one")
+        self.bundle, self.client, self.profiler, self.scheduler = bundle, client, profiler, scheduler
+        self.exit_set = exit_set if exit_set is not None and exit_set in bundle.exit_sets else None
+        self.slowdown, self.replan_every, self.probe_every_s = float(slowdown), replan_every, float(probe_every_s)
+        self._last_transfer = -math.inf
+        self._capacity = bundle.capacity(bundle.num_levels - 1)
+        self._runtimes: dict[str, SplitRuntime] = {}
+        self._device_ratio: deque[float] = deque(maxlen=32)
+        self._frames = 0
+        self._last_x: torch.Tensor | None = None
+        self.plans: list[Any] = []
+        self.config = config
+        if config is not None:
+            self.set_config(config)
+        if scheduler is not None:
+            self.replan(force=True)
+
+    def runtime(self, split: str | None) -> SplitRuntime:
+        """The split runtime for ``split`` (``None``: the first split point, run whole on the device)."""
+        if split is None:
+            split = self.bundle.spec.splits[0].name if self.bundle.spec.splits else SERVER_ONLY
+        if split not in self._runtimes:
+            self._runtimes[split] = SplitRuntime(self.bundle, split, self.exit_set, capacity=self._capacity)
+        return self._runtimes[split]
+
+    def set_config(self, config: SplitConfig) -> None:
+        """Use ``config`` from the next frame on (builds its split runtime now, not on the frame)."""
+        if not isinstance(config, SplitConfig):
+            raise NestflexError(f"`config` must be a SplitConfig, got {type(config).__name__}")
+        rt = self.runtime(config.split)
+        if config.thresholds is not None and len(config.thresholds) != rt.num_exits - 1:
+            raise NestflexError(f"`thresholds` must have one value per early exit ({rt.num_exits - 1}), got "
+                                f"{len(config.thresholds)}")
+        self.config = config
+
+    def _device(self, fn: Any, *args: Any) -> tuple[Any, float]:
+        """Run device work; with ``slowdown`` > 1 it takes that many times as long (a slower device)."""
+        t0 = time.perf_counter()
+        out = fn(*args)
+        took = time.perf_counter() - t0
+        if self.slowdown > 1:
+            time.sleep((self.slowdown - 1) * took)
+        return out, (time.perf_counter() - t0) * 1000
+
+    # -- the scheduler loop ---------------------------------------------------------------------
+
+    def replan(self, force: bool = False) -> Any:
+        """Ask the scheduler for a configuration if its inputs moved (or ``force``); apply it from the next frame.
+
+        Inputs: the profiler's real-time bandwidth and latency (historical ones before any
+        real-time sample), the device's slowdown (measured device time / predicted) and the
+        server's. Returns the new plan, or ``None`` when nothing moved.
+        """
+        p, s = self.profiler, self.scheduler
+        inputs = {"bandwidth_mbps": p.bandwidth_mbps("realtime", default=p.bandwidth_mbps("historical", default=1.0)),
+                  "latency_ms": p.latency_ms("realtime", default=p.latency_ms("historical", default=10.0)),
+                  "device_slowdown": statistics.median(self._device_ratio) if self._device_ratio else 1.0,
+                  "server_slowdown": p.server_slowdown()}
+        if not force and not s.needs_replan(**inputs):
+            return None
+        plan = s.plan(**inputs)
+        o = plan.option
+        base = self.config or SplitConfig(None)
+        self.set_config(replace(base, split=o.split, bits=o.bits, thresholds=o.thresholds))
+        self.plans.append(plan)
+        return plan
+
+    def _after(self, answer: SplitAnswer) -> SplitAnswer:
+        self._frames += 1
+        plan = self.plans[-1] if self.plans else None
+        if plan is not None and answer.config == self.config and plan.option.device_ms > 0 and answer.where != "fallback":
+            # only the head's time is predicted per frame on average; frames that exit early make the ratio noisy,
+            # the moving median smooths it
+            self._device_ratio.append(answer.device_ms / (plan.option.device_ms / plan.inputs["device_slowdown"]))
+        if answer.reply is not None:
+            self._last_transfer = time.perf_counter()
+        if self.scheduler is not None and self._frames % self.replan_every == 0:
+            if self.client is not None and time.perf_counter() - self._last_transfer > self.probe_every_s:
+                self.probe(self._last_x)  # the plan sends nothing: measure the link so it can change its mind
+            self.replan()
+        return answer
+
+    def probe(self, x: torch.Tensor, deadline_ms: float = 1000.0) -> bool:
+        """Measure the link: one empty round trip and one request with ``x`` sent whole (float32).
+
+        Feeds the profiler (latency, bandwidth, server time). Returns False when the server did
+        not answer (the failure is recorded).
+        """
+        if self.client is None or self.profiler is None:
+            return False
+        try:
+            self.profiler.record_ping(self.client.ping_ms(timeout=deadline_ms / 1000))
+            rt = self.runtime(SERVER_ONLY)
+            frame = encode([x], None, "raw")
+            reply = self.client.submit(frame, split=SERVER_ONLY, exit_set=self.exit_set, n=int(x.shape[0]),
+                                       num_exits=rt.num_exits, deadline_s=deadline_ms / 1000).result(deadline_ms / 1000 + 1)
+        except SplitError as e:
+            self.profiler.record_failure(e.code)
+            self._last_transfer = time.perf_counter()  # do not probe a dead server on every frame
+            return False
+        self.profiler.record_transfer(reply.bytes_sent, reply.bytes_received, reply.rtt_ms, reply.server_ms,
+                                      reply.queue_ms)
+        self._last_transfer = time.perf_counter()
+        return True
+
+    # -- one frame in three steps: start (head + send), finish (continue, wait or fall back) ------
+
+    def _start(self, x: torch.Tensor, start: float) -> _InFlight:
+        cfg = self.config
+        self._last_x = x
+        rt = self.runtime(cfg.split)
+        head, ms = self._device(rt.head, x, cfg.thresholds)
+        call = None
+        if cfg.split is not None and self.client is not None and head.rest.numel():
+            frame, pack_ms = self._device(encode, list(head.crossing), cfg.bits, cfg.codec)
+            ms += pack_ms
+            call = self.client.submit(frame, split=rt.split, exit_set=self.exit_set, n=int(head.rest.numel()),
+                                      num_exits=rt.num_exits, thresholds=cfg.thresholds,
+                                      deadline_s=cfg.deadline_ms / 1000)
+        return _InFlight(x, cfg, rt, head, call, start, ms)
+
+    def _finish(self, f: _InFlight) -> SplitAnswer:
+        rt, head, cfg = f.rt, f.head, f.config
+        thr = rt._policy(cfg.thresholds, None, None)[0]
+        if head.rest.numel() == 0 or (cfg.split is None or self.client is None):
+            if head.rest.numel() == 0:
+                return self._answer(f, rt.combine(head, None), "device")
+            tail, ms = self._device(rt.tail, head.crossing, cfg.thresholds)  # device only: the tail runs here
+            f.device_ms += ms
+            return self._answer(f, rt.combine(head, tail), "device")
+        local = None
+        if cfg.continue_locally and not f.call.done():
+            local, ms = self._device(rt.next_local_exit, head)
+            f.device_ms += ms
+            if local is not None:
+                logits, conf, k = local
+                if bool((conf > thr[k]).all()) and f.call.cancel():
+                    tail = TailResult(logits, torch.full_like(head.rest, k), torch.full_like(head.rest, k), conf,
+                                      torch.ones_like(conf, dtype=torch.bool))
+                    return self._answer(f, rt.combine(head, tail), "local")
+        remaining = cfg.deadline_ms / 1000 - (time.perf_counter() - f.start)
+        try:
+            reply = f.call.result(timeout=max(remaining, 0.0) + 0.05)  # gRPC's own deadline fires first
+        except SplitError as e:
+            if self.profiler is not None:
+                self.profiler.record_failure(e.code)
+            return self._fallback(f, local, e)
+        if self.profiler is not None:
+            predicted = None
+            plan = self.plans[-1] if self.plans else None
+            if plan is not None and plan.option.split == cfg.split and plan.option.server_ms > 0:
+                # the reply's time is its server batch's: compare it with that many frames' prediction
+                # (the offline prediction: the plan's own, less the slowdown it was made with)
+                predicted = (plan.option.server_ms / plan.inputs["server_slowdown"]) * reply.batch \
+                    / max(1, int(head.rest.numel()))
+            self.profiler.record_transfer(reply.bytes_sent, reply.bytes_received, reply.rtt_ms, reply.server_ms,
+                                          reply.queue_ms, predicted_server_ms=predicted)
+        return self._answer(f, rt.combine(head, reply.result), "server", reply=reply)
+
+    def _fallback(self, f: _InFlight, local: Any, error: SplitError) -> SplitAnswer:
+        rt, head = f.rt, f.head
+        if local is None and head.best_logits is None:
+            # no exit ran on this device (server-only split): the tail runs here, so the frame is answered
+            tail, ms = self._device(rt.tail, head.crossing, f.config.thresholds)
+            f.device_ms += ms
+        elif local is None:
+            tail = None
+        else:
+            logits, conf, k = local
+            tail = TailResult(logits, torch.full_like(head.rest, k), torch.full_like(head.rest, k), conf,
+                              torch.zeros_like(conf, dtype=torch.bool))
+        return self._answer(f, rt.combine(head, tail), "fallback", error=f"{error.code}: {error}")
+
+    def _answer(self, f: _InFlight, result: ExitResult, where: str, reply: Any = None,
+                error: str | None = None) -> SplitAnswer:
+        return self._after(SplitAnswer(result, where, f.call.bytes_sent if f.call is not None else 0,
+                                       (time.perf_counter() - f.start) * 1000, f.device_ms, reply, error, f.config))
+
+    # -- public --------------------------------------------------------------------------------
+
+    def infer(self, x: torch.Tensor) -> SplitAnswer:
+        """Answer one batch (normalised input ``(N, *input shape)``) under the current config."""
+        return self._finish(self._start(x, time.perf_counter()))
+
+    def stream(self, frames: Iterable[torch.Tensor], depth: int = 2) -> Iterator[SplitAnswer]:
+        """Answer frames in order, with up to ``depth`` in flight (``depth=1``: no pipelining).
+
+        The device starts frame ``i + depth - 1``'s head and send before it waits for frame ``i``;
+        latency is counted from each frame's own start.
+        """
+        if isinstance(depth, bool) or not isinstance(depth, int) or depth < 1:
+            raise NestflexError(f"`depth` must be an int >= 1, got {depth!r}")
+        pending: deque[_InFlight] = deque()
+        for x in frames:
+            pending.append(self._start(x, time.perf_counter()))
+            if len(pending) >= depth:
+                yield self._finish(pending.popleft())
+        while pending:
+            yield self._finish(pending.popleft())
+
+    def with_config(self, **changes: Any) -> SplitConfig:
+        """The current config with ``changes`` applied (not set)."""
+        return replace(self.config, **changes)
+
