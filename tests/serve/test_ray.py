@@ -1,0 +1,292 @@
+"""The tail as a Ray Serve deployment (issue 22, item 2) and its client over a DeploymentHandle.
+
+One local Ray instance for the module (2 CPUs, no dashboard, no HTTP proxy) and one application
+with two replicas: parity with the unsplit bundle in float32, batching under concurrent requests,
+bad requests answered with an error while the replicas keep serving, deadlines and cancellation,
+the Offloader on the Ray client; then a second application that autoscales on ongoing requests
+and loses a replica mid-stream. Ray's startup dominates the runtime (the fixture prints it; the
+module takes 25-40 s on 2 busy cores). Ray Serve's ``_local_testing_mode`` cannot run
+``serve.batch`` (Ray 2.60: the batch queue reads the replica context, which that mode does not
+set), so every test but the argument checks runs on the local cluster.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+ray = pytest.importorskip("ray")
+serve = pytest.importorskip("ray.serve")
+
+import nestflex.deploy as nd  # noqa: E402
+from nestflex.deploy.bundle import BundleError  # noqa: E402
+from nestflex.deploy.client import SplitError  # noqa: E402
+from nestflex.deploy.codec import encode  # noqa: E402
+from nestflex.deploy.offload import Offloader, SplitConfig  # noqa: E402
+from nestflex.deploy.split import SERVER_ONLY, SplitRuntime  # noqa: E402
+from nestflex.deploy.wire import WireError, bundle_id, decode_response, request_metadata  # noqa: E402
+from nestflex.errors import NestflexError  # noqa: E402
+from nestflex.serve.ray import DEPLOYMENT, RayTailClient, app_builder, build  # noqa: E402
+
+#: a small committed bundle (VGG-11 x0.125, 3 levels, SDN exits, 9 split points): loads in
+#: milliseconds, where exporting one takes 5-10 s on 2 cores; read only
+BUNDLE = Path(__file__).parents[1] / "deploy" / "fixtures" / "bundle_v1.nfx"
+APP = "nestflex-tail-test"
+MAX_BATCH = 16
+
+
+def _x(n=1, seed=0):
+    return torch.randn(n, 3, 32, 32, generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.fixture(scope="module")
+def bundle():
+    return nd.load(BUNDLE)
+
+
+# -- without a cluster ------------------------------------------------------------------------------
+
+
+def test_build_and_builder_check_their_arguments():
+    with pytest.raises(NestflexError, match="not both"):
+        build(BUNDLE, num_replicas=2, autoscaling={"max_replicas": 4})
+    with pytest.raises(NestflexError, match="max_batch_size"):
+        build(BUNDLE, max_batch_size=0)
+    with pytest.raises(NestflexError, match="bundle=PATH"):
+        app_builder({"num_replicas": "2"})
+    with pytest.raises(NestflexError, match="must be an int"):
+        app_builder({"bundle": str(BUNDLE), "num_replicas": "two"})
+    with pytest.raises(NestflexError, match="must be a JSON object"):
+        app_builder({"bundle": str(BUNDLE), "autoscaling": "{max_replicas: 4"})
+    app = app_builder({"bundle": str(BUNDLE), "max_batch_size": "8", "ray_actor_options": '{"num_cpus": 0.5}',
+                       "autoscaling": {"min_replicas": 1, "max_replicas": 2}})
+    assert type(app).__name__ == "Application"
+    app = build(BUNDLE, autoscaling={"min_replicas": 1, "max_replicas": 3, "target_ongoing_requests": 8})
+    assert type(app).__name__ == "Application"
+
+
+def test_ray_failures_map_to_split_error_codes():
+    from ray import exceptions as rex
+    from ray.serve import exceptions as sex
+
+    from nestflex.serve.ray import _code
+
+    cases = [(WireError("x"), "INVALID_ARGUMENT"), (BundleError("x"), "FAILED_PRECONDITION"),
+             (sex.BackPressureError(num_queued_requests=9, max_queued_requests=8), "RESOURCE_EXHAUSTED"),
+             (sex.RequestCancelledError("id"), "CANCELLED"), (rex.GetTimeoutError(), "DEADLINE_EXCEEDED"),
+             (rex.RayActorError(), "UNAVAILABLE"), (RuntimeError("bug"), "INTERNAL")]
+    for error, code in cases:
+        assert _code(error) == code, error
+    wrapped = rex.RayTaskError("__call__", "traceback", WireError("bad frame")).as_instanceof_cause()
+    assert _code(wrapped) == "INVALID_ARGUMENT"
+
+
+# -- a local Ray cluster ----------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tail(bundle):
+    start = time.perf_counter()
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    serve.start(proxy_location="Disabled")  # handles only: no HTTP proxy
+    up = time.perf_counter()
+    handle = serve.run(build(BUNDLE, num_replicas=2, max_batch_size=MAX_BATCH, batch_wait_timeout_s=0.1,
+                             ray_actor_options={"num_cpus": 0.5}), name=APP, route_prefix=None)
+    print(f"\nray.init + serve.start {up - start:.1f} s, deployment ready {time.perf_counter() - up:.1f} s")
+    client = RayTailClient(handle, bundle)
+    try:
+        yield handle, client
+    finally:
+        client.close()
+        serve.shutdown()
+        ray.shutdown()
+
+
+@pytest.mark.parametrize("split,thresholds", [("features.relu1", None), ("features.relu3", [1.0, 1.0]),
+                                              ("features.relu3", [0.2, 0.3]), (SERVER_ONLY, None)])
+def test_parity_with_the_unsplit_bundle(tail, bundle, split, thresholds):
+    _, client = tail
+    rt = SplitRuntime(bundle, split, "exits")
+    x = _x(6)
+    head = rt.head(x, thresholds)
+    assert head.rest.numel() > 0
+    reply = client.submit(encode(list(head.crossing), bits=None), split=split, exit_set="exits",
+                          n=int(head.rest.numel()), num_exits=rt.num_exits, thresholds=thresholds,
+                          deadline_s=30).result()
+    got = rt.combine(head, reply.result)
+    for want in (rt(x, thresholds), bundle.progressive()(x, thresholds)):
+        torch.testing.assert_close(got.logits, want.logits, atol=1e-5, rtol=0)
+        assert torch.equal(got.exit_index, want.exit_index)
+        assert torch.equal(got.answer_index, want.answer_index)
+    assert reply.bytes_sent > 0 and reply.rtt_ms >= reply.server_ms > 0
+
+
+def test_backbone_alone_and_a_raw_handle_call(tail, bundle):
+    handle, _ = tail
+    rt = SplitRuntime(bundle, "features.relu4", None)
+    x = _x(2, seed=3)
+    head = rt.head(x)
+    md = request_metadata(bundle_id(bundle), "features.relu4", None)
+    body, trailing = handle.remote(encode(list(head.crossing), bits=None), md).result(timeout_s=30)
+    assert set(dict(trailing)) == {"nf-server-ms", "nf-queue-ms", "nf-batch"}
+    got = decode_response(body, 2, 10, 1)
+    torch.testing.assert_close(got.logits, bundle.capacity(bundle.num_levels - 1)(x), atol=1e-5, rtol=0)
+
+
+def test_concurrent_requests_are_batched_on_both_replicas(tail, bundle):
+    handle, client = tail
+    rt = SplitRuntime(bundle, "features.relu3", "exits")
+    x = _x(24, seed=2)
+    head = rt.head(x, [1.0, 1.0])
+    before = {i["replica"]: i["stats"]["samples"] for i in handle.broadcast("info").results(timeout_s=30)}
+    calls = [client.submit(encode([t[i:i + 1] for t in head.crossing], bits=None), split=rt.split,
+                           exit_set="exits", n=1, num_exits=3, thresholds=[1.0, 1.0], deadline_s=30)
+             for i in range(24)]
+    replies = [c.result() for c in calls]
+    assert max(r.batch for r in replies) > 1 and all(1 <= r.batch <= MAX_BATCH for r in replies)
+    want = rt.tail(head.crossing, [1.0, 1.0])
+    torch.testing.assert_close(torch.cat([r.result.logits for r in replies]), want.logits, atol=1e-5, rtol=0)
+    infos = handle.broadcast("info").results(timeout_s=30)
+    assert len({i["replica"] for i in infos}) == 2 and all(i["bundle"] == client.bundle_id for i in infos)
+    done = {i["replica"]: i["stats"]["samples"] - before.get(i["replica"], 0) for i in infos}
+    assert sum(done.values()) == 24 and all(v > 0 for v in done.values()), done
+    status = serve.status().applications[APP].deployments[DEPLOYMENT]
+    assert status.replica_states.get("RUNNING") == 2
+
+
+def test_bad_requests_get_an_error_and_the_replicas_keep_serving(tail, bundle):
+    handle, client = tail
+    rt = SplitRuntime(bundle, "features.relu3", "exits")
+    head = rt.head(_x(2), [1.0, 1.0])
+    frame = encode(list(head.crossing), bits=None)
+    bad = [(b"garbage", "INVALID_ARGUMENT"), (frame[: len(frame) // 2], "INVALID_ARGUMENT"),
+           (encode([t[:, :3] for t in head.crossing], bits=None), "INVALID_ARGUMENT")]
+    for body, code in bad:
+        with pytest.raises(SplitError) as e:
+            client.submit(body, split=rt.split, exit_set="exits", n=2, num_exits=3, deadline_s=30).result()
+        assert e.value.code == code, e.value
+    with pytest.raises(SplitError) as e:  # one threshold for two early exits
+        client.submit(frame, split=rt.split, exit_set="exits", n=2, num_exits=3, thresholds=[0.5],
+                      deadline_s=30).result()
+    assert e.value.code == "INVALID_ARGUMENT" and "thresholds" in str(e.value)
+    with pytest.raises(SplitError) as e:
+        client.submit(frame, split="nope", exit_set="exits", n=2, num_exits=3, deadline_s=30).result()
+    assert e.value.code == "FAILED_PRECONDITION"  # the bundle has no such split: BundleError
+    with pytest.raises(BundleError, match="same bundle"):  # another bundle, through the raw handle
+        handle.remote(frame, request_metadata("0" * 64, rt.split, "exits")).result(timeout_s=30)
+    with pytest.raises(WireError, match="protocol"):
+        handle.remote(frame, (("nf-protocol", "99"),)).result(timeout_s=30)
+    reply = client.submit(frame, split=rt.split, exit_set="exits", n=2, num_exits=3, thresholds=[1.0, 1.0],
+                          deadline_s=30).result()
+    want = rt.tail(head.crossing, [1.0, 1.0])
+    torch.testing.assert_close(reply.result.logits, want.logits, atol=1e-5, rtol=0)
+
+
+def test_deadline_and_cancellation(tail, bundle):
+    handle, client = tail
+    rt = SplitRuntime(bundle, "features.relu3", "exits")
+    frame = encode(list(rt.head(_x(1), [1.0, 1.0]).crossing), bits=None)
+
+    def samples():
+        return sum(i["stats"]["samples"] for i in handle.broadcast("info").results(timeout_s=30))
+
+    before = samples()
+    # the batch waits 100 ms for company: a 5 ms deadline expires first, and the request is cancelled
+    with pytest.raises(SplitError) as e:
+        client.submit(frame, split=rt.split, exit_set="exits", n=1, num_exits=3, deadline_s=0.005).result()
+    assert e.value.code == "DEADLINE_EXCEEDED"
+    call = client.submit(frame, split=rt.split, exit_set="exits", n=1, num_exits=3, deadline_s=30)
+    time.sleep(0.01)
+    assert call.cancel()
+    with pytest.raises(SplitError) as e:
+        call.result()
+    assert e.value.code == "CANCELLED"
+    time.sleep(0.5)  # past the batch window: a cancelled request never reaches the tail
+    assert samples() == before
+    assert client.ping_ms() > 0 and client.info()["splits"][0] == "features.relu1"
+
+
+def test_one_batch_of_two_splits_runs_as_two_groups(tail, bundle):
+    """Concurrent requests for two splits (and one bad request among them): each split's rows
+    come back from a batch of that split alone; the bad one fails alone."""
+    _, client = tail
+    rts = {s: SplitRuntime(bundle, s, "exits") for s in ("features.relu1", "features.relu5")}
+    x = _x(4, seed=4)
+    heads = {s: rt.head(x, [1.0, 1.0]) for s, rt in rts.items()}
+    order = ["features.relu1", "features.relu5"] * 4
+    calls = [client.submit(encode([t[i // 2:i // 2 + 1] for t in heads[s].crossing], bits=None), split=s,
+                           exit_set="exits", n=1, num_exits=3, thresholds=[1.0, 1.0], deadline_s=30)
+             for i, s in enumerate(order)]
+    bad = client.submit(b"not a frame", split="features.relu1", exit_set="exits", n=1, num_exits=3,
+                        deadline_s=30)
+    for i, (s, call) in enumerate(zip(order, calls)):
+        reply = call.result()
+        assert 1 <= reply.batch <= 4
+        want = rts[s].tail([t[i // 2:i // 2 + 1] for t in heads[s].crossing], [1.0, 1.0])
+        torch.testing.assert_close(reply.result.logits, want.logits, atol=1e-5, rtol=0)
+    with pytest.raises(SplitError) as e:
+        bad.result()
+    assert e.value.code == "INVALID_ARGUMENT" and "CodecError" in str(e.value)
+
+
+def test_offloader_runs_on_the_ray_client(tail, bundle):
+    """The device side (head, ISQuant packing, send, combine) takes the Ray client like the gRPC one."""
+    _, client = tail
+    x = _x(4, seed=5)
+    config = SplitConfig("features.relu3", bits=None, thresholds=(1.0, 1.0), deadline_ms=30000,
+                         continue_locally=False)
+    off = Offloader(bundle, client, config)
+    answers = list(off.stream([x[:2], x[2:]], depth=2))
+    assert [a.where for a in answers] == ["server", "server"]
+    want = bundle.progressive()(x, [1.0, 1.0])
+    torch.testing.assert_close(torch.cat([a.result.logits for a in answers]), want.logits, atol=1e-5, rtol=0)
+    off.set_config(SplitConfig("features.relu3", bits=8, deadline_ms=30000))
+    assert off.infer(x).result.logits.shape == (4, 10)
+
+
+def test_autoscaling_on_ongoing_requests_and_a_killed_replica(tail, bundle):
+    """One replica, one request per batch, each batch slowed 200x: a burst of requests keeps more
+    than target_ongoing_requests in flight, and Ray Serve adds the second replica. Then one replica
+    is killed mid-stream: its calls fail with UNAVAILABLE (the device answers locally), the others
+    are answered, and the application keeps serving."""
+    app = "nestflex-tail-autoscale"
+    autoscaling = {"min_replicas": 1, "max_replicas": 2, "target_ongoing_requests": 1, "upscale_delay_s": 0}
+    tail_app = build(BUNDLE, autoscaling=autoscaling, max_batch_size=1, batch_wait_timeout_s=0, slowdown=200,
+                     ray_actor_options={"num_cpus": 0.5})
+    handle = serve.run(tail_app, name=app, route_prefix=None)
+
+    def replicas():
+        return serve.status().applications[app].deployments[DEPLOYMENT].replica_states
+
+    try:
+        assert replicas().get("RUNNING") == 1
+        client = RayTailClient(handle, bundle)
+        rt = SplitRuntime(bundle, "features.relu7", "exits")
+        frame = encode(list(rt.head(_x(1), [1.0, 1.0]).crossing), bits=None)
+        deadline = time.monotonic() + 30
+        while replicas().get("RUNNING", 0) < 2 and time.monotonic() < deadline:
+            calls = [client.submit(frame, split=rt.split, exit_set="exits", n=1, num_exits=3, deadline_s=30)
+                     for _ in range(6)]
+            assert all(c.result().batch == 1 for c in calls)
+        assert replicas().get("RUNNING") == 2
+        calls = [client.submit(frame, split=rt.split, exit_set="exits", n=1, num_exits=3, deadline_s=30)
+                 for _ in range(8)]
+        time.sleep(0.3)
+        replica = next(a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
+                       if a["name"].startswith(f"SERVE_REPLICA::{app}#"))
+        ray.kill(ray.get_actor(replica, namespace="serve"), no_restart=True)
+        codes = []
+        for call in calls:
+            try:
+                codes.append(call.result().batch and "OK")
+            except SplitError as e:
+                codes.append(e.code)
+        assert set(codes) == {"OK", "UNAVAILABLE"}, codes
+        assert client.submit(frame, split=rt.split, exit_set="exits", n=1, num_exits=3,
+                             deadline_s=30).result().batch == 1  # still serving
+        client.close()
+    finally:
+        serve.delete(app)
