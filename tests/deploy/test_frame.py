@@ -357,3 +357,50 @@ def test_a_compression_bomb_is_refused_without_expanding(codec, raw_len):
     finally:
         tracemalloc.stop()
     assert peak < len(payload) + (4 << 20), peak  # the payload copy and zlib's window, not 200 MB
+
+
+# ---- every decoder on its own: arbitrary bytes and sizes --------------------------------------
+
+
+def _decompress_within(codec: str, data: bytes, raw_len: int) -> None:
+    """Only CodecError, an output of exactly ``raw_len`` bytes, and no allocation beyond the input,
+    the declared output and a small constant (the check of DESIGN invariant 7 at the codec level)."""
+    import tracemalloc
+
+    import numcodecs.blosc  # noqa: F401 - imported before tracing: the import allocates, not the decoder
+
+    tracemalloc.start()
+    try:
+        try:
+            out = get_codec(codec).decompress(data, raw_len)
+        except CodecError:
+            out = None
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert out is None or (isinstance(out, bytes) and len(out) == raw_len)
+    assert peak <= 2 * (len(data) + raw_len) + (256 << 10), (codec, len(data), raw_len, peak)
+
+
+@pytest.mark.parametrize("codec", BUILTIN)
+@settings(max_examples=150, deadline=None)
+@given(data=st.binary(max_size=4096), raw_len=st.integers(0, 1 << 16))
+def test_decompress_of_arbitrary_bytes_raises_only_codec_error(codec, data, raw_len):
+    _decompress_within(codec, data, raw_len)
+
+
+@pytest.mark.parametrize("codec", BUILTIN)
+@settings(max_examples=100, deadline=None)
+@given(payload=st.binary(max_size=2048), zeros=st.integers(0, 1 << 20), raw_len=st.integers(0, 1 << 16),
+       cut=st.integers(0, 64), flip=st.integers(0, 255))
+def test_decompress_of_a_damaged_or_mis_sized_stream_raises_only_codec_error(codec, payload, zeros, raw_len, cut,
+                                                                             flip):
+    # a real stream (random bytes, or up to 1 MB of zeros: a bomb when raw_len is smaller), declared
+    # with a size that rarely matches, and truncated or with one byte changed
+    c = get_codec(codec)
+    stream = bytearray(c.compress(payload + b"\0" * zeros))
+    _decompress_within(codec, bytes(stream), raw_len)
+    if stream:
+        stream[cut % len(stream)] ^= flip
+        _decompress_within(codec, bytes(stream), len(payload) + zeros)
+        _decompress_within(codec, bytes(stream[: len(stream) - cut % len(stream)]), len(payload) + zeros)

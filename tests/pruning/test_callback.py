@@ -1,4 +1,6 @@
 import json
+import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -222,6 +224,48 @@ def test_killed_and_resumed_run_gives_the_same_roadmap(tmp_path, pretrained):
     assert json.loads((tmp_path / "b" / "pruning" / "roadmap.json").read_text())["status"] == "running"
     resumed = run(tmp_path / "b", ckpt=tmp_path / "b" / "ckpt" / "last.ckpt")
     assert resumed == whole
+
+
+KILL_BEFORE_CHECKPOINT = textwrap.dedent(
+    """
+    import os, signal, sys
+    from pathlib import Path
+    import pytorch_lightning as pl
+    from pytorch_lightning.callbacks import Callback, ModelCheckpoint
+    from tests.pruning.test_callback import _dm, _module, _prune, _trainer
+
+    class SigKill(Callback):  # mid-way through epoch 0: the roadmap is started, no checkpoint exists yet
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            if trainer.current_epoch == 0 and batch_idx == 3:
+                os.kill(os.getpid(), signal.SIGKILL)
+
+    root = Path(sys.argv[1])
+    pl.seed_everything(0)
+    cbs = [_prune(), ModelCheckpoint(dirpath=root / "ckpt", save_last=True), SigKill()]
+    _trainer(root, cbs).fit(_module(), datamodule=_dm())
+    """
+)
+
+
+def test_a_run_killed_before_its_first_checkpoint_reruns_to_the_same_roadmap(tmp_path):
+    """SIGKILL before ModelCheckpoint ever wrote: nothing to resume from, so the stage runs again
+    (as the recipe does without last.ckpt) over what the killed run left, and ends where an
+    uninterrupted run ends."""
+    def run(root):
+        pl.seed_everything(0)
+        _trainer(root, [_prune(), ModelCheckpoint(dirpath=root / "ckpt", save_last=True)]).fit(
+            _module(), datamodule=_dm())
+        return json.loads((root / "pruning" / "roadmap.json").read_text())
+
+    whole = run(tmp_path / "a")
+    root = Path(__file__).resolve().parents[2]
+    killed = subprocess.run([sys.executable, "-c", KILL_BEFORE_CHECKPOINT, str(tmp_path / "b")], cwd=root,
+                            env={**os.environ, "PYTHONPATH": str(root)}, capture_output=True, text=True, timeout=600)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
+    left = json.loads((tmp_path / "b" / "pruning" / "roadmap.json").read_text())
+    assert left["status"] == "running" and len(left["footprints"]) == 1  # started, then killed
+    assert not (tmp_path / "b" / "ckpt").exists() or not any((tmp_path / "b" / "ckpt").iterdir())
+    assert run(tmp_path / "b") == whole
 
 
 DDP_SCRIPT = textwrap.dedent(

@@ -33,8 +33,8 @@ Example::
 
 from __future__ import annotations
 
+import glob
 import hashlib
-import json
 import os
 import re
 import stat
@@ -53,6 +53,7 @@ from nestflex.deploy.schema import (
     Manifest,
     describe,
     manifest_digest,
+    parse_json,
     parse_manifest,
     read_safetensors_header,
     safe_relpath,
@@ -90,8 +91,9 @@ def _version_tuple(text: Any) -> tuple[int, ...] | None:
     return tuple(int(g or 0) for g in m.groups()) if m else None
 
 
-#: the largest ``manifest.json`` :func:`load` reads (it is parsed whole)
-MAX_MANIFEST_BYTES = 64 * 2**20
+#: the largest ``manifest.json`` :func:`load` reads (it is parsed whole, so peak memory is ~2x this
+#: plus the objects; a VGG-16 x0.5 bundle's is ~90 KB); read at call time, so a program may raise it
+MAX_MANIFEST_BYTES = 16 * 2**20
 
 
 def member_problem(root: Path, rel: str) -> str | None:
@@ -102,23 +104,49 @@ def member_problem(root: Path, rel: str) -> str | None:
     refused before anything opens it.
     """
     path = root / rel
+    name = _name(rel)
     try:
         real, inside = os.path.realpath(path), os.path.realpath(root)
         if os.path.commonpath([real, inside]) != inside:
-            return f"{rel!r} is a link that leads out of the bundle (to {real!r})"
+            return f"{name} is a link that leads out of the bundle (to {_name(real)})"
         mode = os.stat(path).st_mode
-    except (OSError, ValueError) as e:
-        return f"{rel!r} cannot be read ({getattr(e, 'strerror', None) or e})"
+    except (OSError, ValueError) as e:  # ENAMETOOLONG, ELOOP (a link to itself), ENOENT (a dangling link)
+        return f"{name} cannot be read ({getattr(e, 'strerror', None) or e})"
     if not stat.S_ISREG(mode):
         kind = ("a directory" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode) else
                 "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "a socket" if stat.S_ISSOCK(mode)
                 else "not a regular file")
-        return f"{rel!r} is {kind}, not a regular file"
+        return f"{name} is {kind}, not a regular file"
     return None
 
 
+def _name(rel: str) -> str:
+    """``repr(rel)``, shortened: a forged name may be thousands of characters long."""
+    return repr(rel) if len(rel) <= 100 else f"{rel[:60]!r}...({len(rel):,} characters)"
+
+
+def _exists(path: Path) -> bool:
+    """Whether ``path`` (or a link at it) is there; ``True`` when the name cannot even be looked up
+    (e.g. ENAMETOOLONG), so that :func:`member_problem` reports why."""
+    try:
+        return path.exists() or path.is_symlink()
+    except OSError:
+        return True
+
+
 def _read_manifest(root: Path) -> dict[str, Any]:
+    try:
+        root.stat()
+    except FileNotFoundError:
+        pass
+    except OSError as e:  # ENAMETOOLONG, ELOOP, EACCES: the path itself cannot be looked up
+        raise BundleError(f"bundle {_name(str(root))} cannot be opened ({e.strerror or e}). HINT: check the "
+                          f"path") from None
     if not root.exists():
+        aside = sorted(root.parent.glob(f".{glob.escape(root.name)}.old-*"))
+        if aside:  # an export was killed between moving the old bundle aside and the new one in
+            raise BundleError(f"bundle {str(root)!r} does not exist: an export to it was interrupted. HINT: the "
+                              f"previous bundle is whole at {str(aside[-1])!r}: rename it back, or export again")
         raise BundleError(
             f"bundle {str(root)!r} does not exist. HINT: write one with nestflex.export.export_bundle(...) or the "
             f"recipe's export stage (recipes/vgg_cifar.py --stages export)"
@@ -129,7 +157,7 @@ def _read_manifest(root: Path) -> dict[str, Any]:
             f"{MANIFEST}"
         )
     path = root / MANIFEST
-    if not path.exists() and not path.is_symlink():
+    if not _exists(path):
         raise BundleError(
             f"bundle {str(root)!r} has no {MANIFEST}, so it is not a nestflex bundle (or it was only partly copied). "
             f"HINT: copy the whole `.nfx` directory"
@@ -137,15 +165,22 @@ def _read_manifest(root: Path) -> dict[str, Any]:
     problem = member_problem(root, MANIFEST)
     if problem is not None:
         raise BundleError(f"bundle {str(root)!r}: {problem}. HINT: copy the bundle as plain files")
-    if path.stat().st_size > MAX_MANIFEST_BYTES:
-        raise BundleError(f"bundle {str(root)!r}: {MANIFEST} has {path.stat().st_size} bytes, above the "
-                          f"{MAX_MANIFEST_BYTES}-byte limit (a VGG-16 bundle's is ~0.3 MB). HINT: the file is corrupt; "
-                          f"export the bundle again")
+    def too_big(size: Any) -> BundleError:
+        return BundleError(f"bundle {str(root)!r}: {MANIFEST} has {size} bytes, above the {MAX_MANIFEST_BYTES}-byte "
+                           f"limit (a VGG-16 bundle's is ~0.1 MB). HINT: the file is corrupt; export the bundle again "
+                           f"(or raise nestflex.deploy.bundle.MAX_MANIFEST_BYTES for a model this large)")
+
     try:
-        manifest = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError, RecursionError) as e:  # JSONDecodeError, UnicodeDecodeError, 4300+ digit ints
-        raise BundleError(f"bundle {str(root)!r}: {MANIFEST} is not valid JSON ({type(e).__name__}: {e}). "
-                          f"HINT: the file is corrupt; export the bundle again") from None
+        if path.stat().st_size > MAX_MANIFEST_BYTES:
+            raise too_big(path.stat().st_size)
+        with open(path, "rb") as f:
+            data = f.read(MAX_MANIFEST_BYTES + 1)  # bounded even if the file grew since the stat
+    except OSError as e:
+        raise BundleError(f"bundle {str(root)!r}: {MANIFEST} cannot be read ({e.strerror or e}). HINT: check the "
+                          f"file's permissions, or copy the bundle again") from None
+    if len(data) > MAX_MANIFEST_BYTES:
+        raise too_big(f"more than {MAX_MANIFEST_BYTES}")
+    manifest = parse_json(data, f"bundle {str(root)!r}: {MANIFEST}", "the file is corrupt; export the bundle again")
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         got = manifest.get("format") if isinstance(manifest, dict) else type(manifest).__name__
         raise BundleError(f"bundle {str(root)!r}: {MANIFEST} has format {got!r:.80}, expected {FORMAT!r}. "
@@ -201,11 +236,11 @@ def _check_files(root: Path, manifest: Mapping[str, Any]) -> list[str]:
         files = files if isinstance(files, dict) else {}
     for rel, meta in files.items():
         if not safe_relpath(rel):
-            problems.append(f"file entry {rel!r:.80} points outside the bundle")
+            problems.append(f"file entry {_name(rel)} points outside the bundle")
             continue
         path = root / rel
-        if not path.exists() and not path.is_symlink():
-            problems.append(f"file {rel!r} is missing")
+        if not _exists(path):
+            problems.append(f"file {_name(rel)} is missing")
             continue
         problem = member_problem(root, rel)
         if problem is not None:
@@ -216,12 +251,12 @@ def _check_files(root: Path, manifest: Mapping[str, Any]) -> list[str]:
         try:
             size = path.stat().st_size
             if size != meta.get("bytes"):
-                problems.append(f"file {rel!r} has {size} bytes, the manifest says {meta.get('bytes')!r:.40}")
+                problems.append(f"file {_name(rel)} has {size} bytes, the manifest says {meta.get('bytes')!r:.40}")
                 continue
             if file_digest(path) != meta.get("sha256"):
-                problems.append(f"file {rel!r} fails its sha256 checksum (the content changed after export)")
+                problems.append(f"file {_name(rel)} fails its sha256 checksum (the content changed after export)")
         except OSError as e:
-            problems.append(f"file {rel!r} cannot be read ({e.strerror or e})")
+            problems.append(f"file {_name(rel)} cannot be read ({e.strerror or e})")
     return problems
 
 
@@ -388,8 +423,10 @@ class Bundle:
 def load(path: str | os.PathLike) -> Bundle:
     """Open and validate a bundle.
 
-    Checks, in order: the directory and ``manifest.json`` exist and parse, the schema version is
-    one this runtime reads, the producer is nestflex of the same major version (these stop at the
+    Checks, in order: the directory and ``manifest.json`` exist, are regular files inside the
+    bundle, within :data:`MAX_MANIFEST_BYTES`, and parse as strict JSON
+    (:func:`~nestflex.deploy.schema.parse_json`: bounded depth, items and number length, no
+    NaN/Infinity), the schema version is one this runtime reads, the producer is nestflex of the same major version (these stop at the
     first problem); then the manifest digest, every listed file's size and sha256, and the whole
     manifest through :meth:`Manifest.from_json <nestflex.deploy.schema.Manifest.from_json>` with
     the safetensors header (types, finite numbers, ranges, tensor shapes and dtypes, programs,
@@ -416,8 +453,8 @@ def load(path: str | os.PathLike) -> Bundle:
     if weights.is_file() and member_problem(root, WEIGHTS) is None:
         try:
             header = read_safetensors_header(weights)
-        except BundleError:
-            integrity.append(f"{WEIGHTS} is not a safetensors file")
+        except BundleError as e:
+            integrity.append(f"{WEIGHTS} is not a safetensors file ({e.problems[0] if e.problems else e})")
     spec, schema = parse_manifest(raw, header)
     if spec is not None and not integrity:
         schema += _check_index_values(root, spec)

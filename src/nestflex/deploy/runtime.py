@@ -590,15 +590,22 @@ def check_shapes(spec: Any) -> list[str]:
             return None
         return tuple(env[o] for o in outputs) if outputs else result
 
+    def ends_in_logits(where: str, out: Any) -> None:
+        if out is None:  # it failed: run() reported why
+            return
+        if not isinstance(out, torch.Tensor):  # an output node with several args gives a tuple
+            problems.append(f"{where} ends in {len(out) if isinstance(out, tuple) else type(out).__name__} outputs, "
+                            f"expected one tensor of logits")
+        elif tuple(out.shape[1:]) != want:
+            problems.append(f"{where} ends in per-sample shape {tuple(out.shape[1:])}, expected {want}")
+
     x = torch.empty(0, *spec.input.shape)
     nodes = cap.program.nodes
     top = cap.num_levels - 1
     for level in range(cap.num_levels):
         out = run(f"capacity program at level {level}", nodes, [nodes[0].name], (x,),
                   meta(cap.program.tensor_names(), level, cap.regions), level)
-        if isinstance(out, torch.Tensor) and tuple(out.shape[1:]) != want:
-            problems.append(f"capacity program at level {level} ends in per-sample shape {tuple(out.shape[1:])}, "
-                            f"expected {want}")
+        ends_in_logits(f"capacity program at level {level}", out)
     if problems:
         return problems  # stages and splits cut the same program: one report is enough
     top_tensors = meta(cap.program.tensor_names(), top, cap.regions)
@@ -613,18 +620,16 @@ def check_shapes(spec: Any) -> list[str]:
         else:
             backbone, level, tensors = ex.program.nodes, 0, meta(ex.program.tensor_names(), 0, {})
         heads = meta(list(dict.fromkeys(t for h in ex.heads for t in h.program.tensor_names())), 0, {})
-        state: tuple | None = (x,)
+        state: tuple = (x,)
         for k, (ins, body, outs) in enumerate(cut_program(backbone, ex.taps)):
-            state = run(f"{ex.kind} exits, stage {k}", body, ins, state, tensors, level, outs or None)
-            if state is None:
+            result = run(f"{ex.kind} exits, stage {k}", body, ins, state, tensors, level, outs or None)
+            if result is None:
                 break
-            if not isinstance(state, tuple):
-                state = (state,)
-            if k < len(ex.heads):
+            if k < len(ex.heads):  # a stage hands its outputs on; its head reads the first
+                state = result if isinstance(result, tuple) else (result,)
                 head = ex.heads[k].program.nodes
                 logits = run(f"{ex.kind} exit {k} head", head, [head[0].name], state[:1], heads, 0)
             else:
-                logits = state[0]
-            if isinstance(logits, torch.Tensor) and tuple(logits.shape[1:]) != want:
-                problems.append(f"{ex.kind} exit {k} ends in per-sample shape {tuple(logits.shape[1:])}, expected {want}")
+                logits = result
+            ends_in_logits(f"{ex.kind} exit {k}", logits)
     return problems

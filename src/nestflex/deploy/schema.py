@@ -37,6 +37,7 @@ import json
 import math
 import re
 from dataclasses import dataclass, field
+from itertools import accumulate, repeat
 from pathlib import PurePosixPath
 from typing import Any, ClassVar, Iterable, Mapping, Sequence
 
@@ -74,6 +75,11 @@ __all__ = [
     "Manifest",
     "manifest_digest",
     "read_safetensors_header",
+    "parse_json",
+    "MAX_JSON_DEPTH",
+    "MAX_JSON_ITEMS",
+    "MAX_NUMBER_CHARS",
+    "MAX_HEADER_BYTES",
 ]
 
 #: ``manifest["format"]`` of every bundle
@@ -2016,31 +2022,197 @@ def manifest_digest(manifest: Mapping[str, Any]) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
-#: the largest safetensors header :func:`read_safetensors_header` reads (a VGG-16 bundle's is ~10 KB)
+# --------------------------------------------------------------------------------------------
+# strict JSON: what load parses (manifest.json, the safetensors header) is parsed with limits
+
+#: JSON nested deeper than this is refused before it is parsed: nestflex writes about 8 levels, and
+#: Python's json recurses once per level (a deep document would otherwise be a RecursionError)
+MAX_JSON_DEPTH = 64
+#: at most this many ``[``, ``{``, ``,`` and ``:`` outside strings (an upper bound on the containers,
+#: keys and values; quotes and those characters anywhere at most 4x this): each costs up to ~70 bytes
+#: of Python objects once parsed, so this bounds a document's memory to ~20 MB beyond its text (a
+#: VGG-16 x0.5 manifest has ~9,000; a ResNet-152 one ~50,000 by estimate)
+MAX_JSON_ITEMS = 2**18
+#: characters of one number literal (an int64 has 19 digits, a float64 ~25 characters with its
+#: exponent); longer literals are refused before Python converts them (a 5,000-digit int is a
+#: ValueError in int(), a 10^6-digit one takes seconds)
+MAX_NUMBER_CHARS = 100
+
+# One token per match: a JSON string (or an unterminated one, up to the end of the text), which
+# yields b"" (group 1 unset), or a structural character, which yields itself. A string always
+# matches from its opening quote, so one left-to-right pass in C reads the structure in linear
+# time; the possessive loops keep no backtracking state (with plain `*`, 8 MB of escapes took ~1
+# GB in `re`), and findall's items are shared objects (b"" and one-byte bytes): 8 bytes per token.
+_JSON_TOKEN = re.compile(rb'"[^"\\]*+(?:\\.[^"\\]*+)*+"?|([\[\]{},:])', re.DOTALL)
+_DEPTH_STEP = {b"[": 1, b"{": 1, b"]": -1, b"}": -1}
+
+
+class _JSONLimit(ValueError):
+    """A limit of :func:`parse_json` (kept apart from json's own syntax errors in the message)."""
+
+
+def _number(kind: type) -> Any:
+    def parse(literal: str) -> Any:
+        if len(literal) > MAX_NUMBER_CHARS:
+            raise _JSONLimit(f"it holds a number literal of {len(literal):,} characters ({literal[:20]}...), above "
+                             f"the {MAX_NUMBER_CHARS}-character limit")
+        value = kind(literal)
+        if not math.isfinite(value):  # 1e999 parses as inf: Infinity spelled as a number
+            raise _JSONLimit(f"it holds the number {literal}, beyond float64 (it would read as {value})")
+        return value
+
+    return parse
+
+
+_parse_int, _parse_float = _number(int), _number(float)
+
+
+def _constant(name: str) -> Any:
+    raise _JSONLimit(f"it holds {name}, which JSON does not have (no NaN or Infinity)")
+
+
+def parse_json(data: bytes, what: str, hint: str) -> Any:
+    """``json.loads`` with limits, for every JSON document :func:`nestflex.deploy.load` reads.
+
+    Refused: text that is not UTF-8; nesting deeper than :data:`MAX_JSON_DEPTH` (checked on the
+    bytes before parsing, so no RecursionError); more than :data:`MAX_JSON_ITEMS` containers, keys
+    and values; a number literal longer than :data:`MAX_NUMBER_CHARS` or beyond float64;
+    ``NaN``, ``Infinity``, ``-Infinity``. The caller bounds the size of ``data``.
+
+    Args:
+        data: the document's bytes.
+        what: the file, for the message (``"bundle 'm.nfx': manifest.json"``).
+        hint: the fix, appended as ``HINT: ...``.
+
+    Raises:
+        BundleError: ``{what} is not valid JSON (...)`` or ``{what} exceeds a JSON limit: ...``, with the hint.
+
+    Example:
+        >>> parse_json(b'{"a": [1, 2.5]}', "x.json", "fix it")
+        {'a': [1, 2.5]}
+        >>> parse_json(b'{"a": NaN}', "x.json", "fix it")
+        Traceback (most recent call last):
+        nestflex.deploy.schema.BundleError: x.json exceeds a JSON limit: it holds NaN, which JSON does not have (no NaN or Infinity). HINT: fix it
+    """
+    try:
+        # quotes and structural characters anywhere: an upper bound on the tokens scanned below, so
+        # the scan's list stays small (a nestflex manifest has about 2 per key or value)
+        marks = sum(data.count(c) for c in (b'"', b"[", b"]", b"{", b"}", b",", b":"))
+        if marks > 4 * MAX_JSON_ITEMS:
+            raise _JSONLimit(f"it has {marks:,} quotes, brackets, commas and colons, above the limit of "
+                             f"{4 * MAX_JSON_ITEMS:,} (4 per key or value)")
+        # the structure outside strings (brackets, commas and colons inside strings are text)
+        tokens = _JSON_TOKEN.findall(data)
+        count = tokens.count  # no b"".join: it costs an 80-byte buffer per item
+        openers, closers = count(b"[") + count(b"{"), count(b"]") + count(b"}")
+        items = openers + count(b",") + count(b":")
+        if items > MAX_JSON_ITEMS:
+            raise _JSONLimit(f"it has {items:,} containers, keys and values, above the limit of {MAX_JSON_ITEMS:,}")
+        if openers != closers:
+            raise ValueError(f"its brackets do not balance: {openers:,} opened, {closers:,} closed outside strings")
+        depth = max(accumulate(map(_DEPTH_STEP.get, tokens, repeat(0, len(tokens)))), default=0)
+        del tokens
+        if depth > MAX_JSON_DEPTH:
+            raise _JSONLimit(f"it nests {depth} levels deep, above the limit of {MAX_JSON_DEPTH}")
+        return json.loads(data.decode("utf-8"), parse_int=_parse_int, parse_float=_parse_float,
+                          parse_constant=_constant)
+    except _JSONLimit as e:
+        raise BundleError(f"{what} exceeds a JSON limit: {e}. HINT: {hint}") from None
+    except RecursionError:  # pragma: no cover - the depth scan refuses first; belt and braces
+        raise BundleError(f"{what} is nested too deeply to parse. HINT: {hint}") from None
+    except ValueError as e:  # JSONDecodeError, UnicodeDecodeError
+        raise BundleError(f"{what} is not valid JSON ({type(e).__name__}: {str(e)[:200]}). HINT: {hint}") from None
+
+
+#: the largest safetensors header :func:`read_safetensors_header` reads (a VGG-16 bundle's is ~10 KB);
+#: read at call time, so a program may raise it before :func:`nestflex.deploy.load`
 MAX_HEADER_BYTES = 16 * 2**20
+_WEIGHTS_HINT = "the weights are corrupt; export the bundle again"
 
 
 def read_safetensors_header(path: Any) -> dict[str, Any]:
     """The JSON header of a safetensors file (tensor name -> dtype, shape, data_offsets), torch-free.
 
+    The header is parsed by :func:`parse_json` (depth, size, number limits; no NaN/Infinity) and
+    its layout checked as the safetensors reader will check it when the runtime opens the file
+    (:func:`_layout_problem`), so a file that passes here does not fail later with a ``SafetensorError``.
+
     Raises:
-        BundleError: the file is not a safetensors file (or cannot be read).
+        BundleError: the file is not a safetensors file (or cannot be read); ``problems`` holds
+            the one reason, without the path.
     """
+    def refuse(problem: str) -> BundleError:
+        return BundleError(f"{str(path)!r} is not a safetensors file ({problem}). HINT: {_WEIGHTS_HINT}", [problem])
+
     try:
         with open(path, "rb") as f:
             head = f.read(8)
             n = int.from_bytes(head, "little") if len(head) == 8 else -1
             size = f.seek(0, 2)
             if n <= 0 or n > size - 8:
-                raise ValueError(f"header length {n} does not fit a {size}-byte file")
+                raise refuse(f"header length {n} does not fit a {size}-byte file")
             if n > MAX_HEADER_BYTES:  # read whole before parsing: bound it (safetensors itself caps at 100 MB)
-                raise ValueError(f"header of {n} bytes is above the {MAX_HEADER_BYTES}-byte limit")
+                raise refuse(f"header of {n} bytes is above the {MAX_HEADER_BYTES}-byte limit")
             f.seek(8)
-            header = json.loads(f.read(n))
-    except (OSError, ValueError, RecursionError) as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
-        raise BundleError(f"{str(path)!r} is not a safetensors file ({type(e).__name__}: {e}). HINT: the weights "
-                          f"are corrupt; export the bundle again") from None
-    if not isinstance(header, dict):
-        raise BundleError(f"{str(path)!r} is not a safetensors file (its header is not a JSON object). HINT: the "
-                          f"weights are corrupt; export the bundle again")
+            data = f.read(n)
+    except OSError as e:
+        raise refuse(f"cannot be read: {e.strerror or e}") from None
+    try:
+        header = parse_json(data, "its header", _WEIGHTS_HINT)
+    except BundleError as e:
+        raise refuse(str(e).split(". HINT: ")[0]) from None
+    problem = _layout_problem(header, size - 8 - n)
+    if problem is not None:
+        raise refuse(problem)
     return header
+
+
+#: bytes per element of the safetensors dtypes a bundle may hold (others are refused by the schema)
+_SAFETENSORS_ITEMSIZE = {"F64": 8, "I64": 8, "U64": 8, "F32": 4, "I32": 4, "U32": 4, "F16": 2, "BF16": 2, "I16": 2,
+                         "U16": 2, "I8": 1, "U8": 1, "BOOL": 1, "F8_E5M2": 1, "F8_E4M3": 1}
+
+
+def _layout_problem(header: Any, data_bytes: int) -> str | None:
+    """Why ``header`` does not describe ``data_bytes`` of tensor data as safetensors requires, or ``None``.
+
+    The rules of the safetensors reader: every entry has a known dtype, a shape of non-negative
+    ints and ``data_offsets`` ``[begin, end]`` holding exactly its elements; the entries tile the
+    data from 0 to its end without gaps or overlaps; ``__metadata__`` maps strings to strings.
+    """
+    if not isinstance(header, dict):
+        return "its header is not a JSON object"
+    meta = header.get("__metadata__", {})
+    if not isinstance(meta, dict) or not all(isinstance(v, str) for v in meta.values()):
+        return "`__metadata__` is not an object of strings"
+    spans = []
+    for name, entry in header.items():
+        if name == "__metadata__":
+            continue
+        shown = name if len(name) <= 80 else name[:77] + "..."
+        if not isinstance(entry, dict):
+            return f"tensor {shown!r} is not described by an object"
+        dtype, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
+        if dtype not in _SAFETENSORS_ITEMSIZE:
+            return f"tensor {shown!r} has dtype {_show(dtype, 20)}, not one of {', '.join(_SAFETENSORS_ITEMSIZE)}"
+        ints = (isinstance(shape, list) and isinstance(offsets, list) and len(offsets) == 2
+                and all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in [*shape, *offsets]))
+        if not ints:
+            return (f"tensor {shown!r} needs a shape and data_offsets of non-negative ints, got {_show(shape, 40)} "
+                    f"and {_show(offsets, 40)}")
+        numel = 0 if 0 in shape else 1
+        for d in shape:  # stop early: the product of a forged shape could have millions of digits
+            numel *= d
+            if numel > data_bytes:
+                break
+        if offsets[1] - offsets[0] != numel * _SAFETENSORS_ITEMSIZE[dtype]:
+            return (f"tensor {shown!r} is {dtype}{shape} but data_offsets {offsets} span {offsets[1] - offsets[0]} "
+                    f"bytes")
+        spans.append((offsets[0], offsets[1], shown))
+    end = 0
+    for begin, stop, shown in sorted(spans):
+        if begin != end:
+            return f"tensor {shown!r} starts at byte {begin} of the data, expected {end} (a gap or an overlap)"
+        end = stop
+    if end != data_bytes:
+        return f"the tensors cover {end} bytes of data, the file holds {data_bytes}"
+    return None

@@ -12,9 +12,11 @@ leaves the previous bundle (or none), never a half-written one.
 from __future__ import annotations
 
 import contextlib
+import glob
 import io
 import json
 import os
+import re
 import shutil
 import tempfile
 import time
@@ -345,7 +347,9 @@ def _write(target: Path, model, exits, levels, input_shape, mean, std, classes, 
     )
 
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp"))
+    # the pid in the name lets a later export tell a dead writer's leftovers from a live one's
+    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.{os.getpid()}.", suffix=".tmp"))
+    _WRITING.add(tmp)
     try:
         from safetensors.torch import save_file
 
@@ -384,6 +388,8 @@ def _write(target: Path, model, exits, levels, input_shape, mean, std, classes, 
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    finally:
+        _WRITING.discard(tmp)
     sizes = {p: m.bytes for p, m in spec.files.items()}
     onnx_bytes = sum(b for p, b in sizes.items() if p.startswith("onnx/"))
     weights_bytes = sizes[WEIGHTS]
@@ -399,11 +405,22 @@ def _write(target: Path, model, exits, levels, input_shape, mean, std, classes, 
             "levels": K, "files": len(sizes) + 1}
 
 
+#: the temporary and set-aside directories this process is writing or moving right now
+_WRITING: set[Path] = set()
+
+
 def _move_into_place(tmp: Path, target: Path) -> None:
-    """``os.replace`` cannot replace a non-empty directory: move the old bundle aside first."""
+    """``os.replace`` cannot replace a non-empty directory: move the old bundle aside first.
+
+    A process killed between the two renames leaves no bundle at ``target`` and the previous one,
+    whole, at ``.NAME.old-PID-N`` (``load``'s error says so); killed before them, the previous
+    bundle untouched and a ``.NAME.PID.*.tmp`` directory. The next export that succeeds removes
+    both kinds of leftovers of writers that are no longer running.
+    """
     old = None
     if target.exists():
         old = target.with_name(f".{target.name}.old-{os.getpid()}-{time.monotonic_ns()}")
+        _WRITING.add(old)
         os.replace(target, old)
     try:
         os.replace(tmp, target)
@@ -411,8 +428,34 @@ def _move_into_place(tmp: Path, target: Path) -> None:
         if old is not None:
             os.replace(old, target)  # put the previous bundle back
         raise
+    finally:
+        _WRITING.discard(old)
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
+    _remove_stale(target)
+
+
+def _remove_stale(target: Path) -> None:
+    """Remove the temporary and set-aside directories that killed exports to ``target`` left."""
+    pattern = re.compile(rf"\.{re.escape(target.name)}\.(?:(\d+)\..+\.tmp|old-(\d+)-\d+)")
+    for p in target.parent.glob(f".{glob.escape(target.name)}.*"):
+        m = pattern.fullmatch(p.name)
+        if m is None or not p.is_dir() or p.is_symlink():
+            continue
+        pid = int(m.group(1) or m.group(2))
+        if p in _WRITING or (pid != os.getpid() and _alive(pid)):  # a writer still at work on it
+            continue
+        shutil.rmtree(p, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # EPERM: it exists, under another user
+        return True
+    return True
 
 
 def _region_bytes(prog: Program, name: str, level: int) -> int:
