@@ -390,11 +390,19 @@ class Bundle:
             raise BundleError(f"bundle {str(self.path)!r} has no file {rel!r}; files: {', '.join(self._spec.files)}")
         return self.path / rel
 
-    def capacity(self, level: int | None = None):
-        """A :class:`~nestflex.deploy.runtime.CapacityRuntime` with ``level`` resident (default: the largest)."""
+    def capacity(self, level: int | None = None, plan: Any = "auto"):
+        """A :class:`~nestflex.deploy.runtime.CapacityRuntime` with ``level`` resident (default: the largest).
+
+        ``plan``: an :class:`~nestflex.deploy.backends.ExecutionPlan`, ``None`` (eager), or
+        ``"auto"``: the plan ``nestflex tune`` stored beside the bundle, if there is one.
+        """
         from nestflex.deploy.runtime import CapacityRuntime
 
-        return CapacityRuntime(self, self.num_levels - 1 if level is None else level)
+        if isinstance(plan, str) and plan == "auto":
+            from nestflex.deploy.backends import load_plan
+
+            plan = load_plan(self)
+        return CapacityRuntime(self, self.num_levels - 1 if level is None else level, plan)
 
     def progressive(self, capacity=None, exit_set: str = "exits"):
         """A :class:`~nestflex.deploy.runtime.ProgressiveRuntime` (batched early exit).

@@ -4,6 +4,7 @@
     nestflex bench runs/vgg_cifar/bundle.nfx --repeats 20
     nestflex run a.nfx b.nfx --fps 30 --memory-mb 8 --seconds 20   # live: the engine serves both
     nestflex serve runs/vgg_cifar/bundle.nfx --port 50051          # split inference: the tail server
+    nestflex tune runs/vgg_cifar/bundle.nfx                         # fastest backend x threads per level
     python -m nestflex.deploy inspect ...               # the same without the console script
 
 Light on purpose: it imports the deploy runtime only (DESIGN invariant 6). The multi-tenant
@@ -108,7 +109,7 @@ def bench_bundle(bundle, batch_size: int = 1, repeats: int = 20, seed: int = 0) 
     levels = []
     for k in range(bundle.num_levels):
         report = rt.set_level(k)
-        levels.append({"level": k, "latency_ms": round(median_ms(lambda: rt(x), repeats), 4),
+        levels.append({"level": k, "backend": rt.backend, "latency_ms": round(median_ms(lambda: rt(x), repeats), 4),
                        "resident_bytes": report.resident_bytes})
     switches = []
     for a in range(bundle.num_levels):
@@ -150,8 +151,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         write_json(args.json, result)
     print(f"bundle {result['bundle']}  batch {args.batch_size}  median of {args.repeats}  "
           f"({result['machine']['cpus']} cpus, {result['machine']['torch_threads']} torch threads)")
-    print(_table(["level", "latency ms", "resident MB"],
-                 [[r["level"], r["latency_ms"], _mb(r["resident_bytes"])] for r in result["levels"]]))
+    print(_table(["level", "backend", "latency ms", "resident MB"],
+                 [[r["level"], r["backend"], r["latency_ms"], _mb(r["resident_bytes"])] for r in result["levels"]]))
     for key in ("exits", "flex_exits"):
         if result.get(key):
             print()
@@ -273,6 +274,24 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_tune(args: argparse.Namespace) -> int:
+    """Synthesise the fastest execution configuration per level on this machine; store it beside the bundle."""
+    from nestflex.deploy.backends import synthesize, writable_plan_path, write_plan
+    from nestflex.deploy.bundle import load
+
+    bundle = load(args.bundle)
+    writable_plan_path(bundle, args.out)  # fail before measuring, not after
+    plan = synthesize(bundle, backends=args.backends, threads=args.threads, repeats=args.repeats,
+                      log=None if args.quiet else print)
+    path = write_plan(bundle, plan, args.out)
+    rows = [[k, lp.backend, lp.threads, lp.latency_ms, lp.eager_ms,
+             None if not lp.eager_ms or not lp.latency_ms else round(lp.eager_ms / lp.latency_ms, 2)]
+            for k, lp in enumerate(plan.levels)]
+    print(_table(["level", "backend", "threads", "ms", "eager 1-thread ms", "speed-up"], rows))
+    print(f"plan: {path}")
+    return 0
+
+
 def _cmd_run(args: argparse.Namespace) -> int:
     for arg, value in (("--fps", args.fps), ("--seconds", args.seconds), ("--interval", args.interval)):
         if not value > 0:
@@ -309,6 +328,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seconds", type=float, default=10.0)
     p.add_argument("--interval", type=float, default=1.0, help="seconds between two tables")
     p.add_argument("--json", default=None, help="also write the final stats to this JSON file")
+    p = sub.add_parser("tune", help="measure backends x threads per level here; store the fastest plan beside the bundle")
+    p.add_argument("bundle")
+    p.add_argument("--backends", nargs="+", default=None, help="backends to try (default: every installed one)")
+    p.add_argument("--threads", type=int, nargs="+", default=None, help="thread counts (default: 1..cores)")
+    p.add_argument("--repeats", type=int, default=30)
+    p.add_argument("--out", default=None, help="where to write the plan (default: BUNDLE.plan.json beside it)")
+    p.add_argument("--quiet", action="store_true")
     p = sub.add_parser("serve", help="split inference: serve the bundle's tail (any split point) over gRPC")
     p.add_argument("bundle")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)")
@@ -322,7 +348,8 @@ def main(argv: list[str] | None = None) -> int:
     from nestflex.errors import NestflexError
 
     try:
-        return {"inspect": _cmd_inspect, "bench": _cmd_bench, "run": _cmd_run, "serve": _cmd_serve}[args.command](args)
+        return {"inspect": _cmd_inspect, "bench": _cmd_bench, "run": _cmd_run, "serve": _cmd_serve,
+                "tune": _cmd_tune}[args.command](args)
     except NestflexError as e:
         # one line, whatever the message quotes (a file name or a value may hold a newline)
         print("error: " + " ".join(str(e).splitlines()), file=sys.stderr)

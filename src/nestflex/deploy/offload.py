@@ -136,7 +136,7 @@ class Offloader:
         self.exit_set = exit_set if exit_set is not None and exit_set in bundle.exit_sets else None
         self.slowdown, self.replan_every, self.probe_every_s = float(slowdown), replan_every, float(probe_every_s)
         self._last_transfer = -math.inf
-        self._capacity = bundle.capacity(bundle.num_levels - 1)
+        self._capacity = bundle.capacity(bundle.num_levels - 1, plan=None)  # the split program runs eager
         self._runtimes: dict[str, SplitRuntime] = {}
         self._device_ratio: deque[float] = deque(maxlen=32)
         self._frames = 0

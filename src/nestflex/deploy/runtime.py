@@ -318,7 +318,7 @@ class CapacityRuntime:
         rt.set_level(1).page_in_bytes
     """
 
-    def __init__(self, bundle: Bundle, level: int) -> None:
+    def __init__(self, bundle: Bundle, level: int, plan: Any = None) -> None:
         cap = bundle.spec.capacity
         self.bundle = bundle
         self.num_levels = cap.num_levels
@@ -326,6 +326,13 @@ class CapacityRuntime:
         self._store = _Store(bundle, cap.program.tensor_names(), cap.regions, self.num_levels)
         self.level: int | None = None
         self.last_report: PagingReport | None = None
+        self.plan = plan  # an ExecutionPlan (nestflex.deploy.backends) or None: eager everywhere
+        self.backend = "eager"
+        self._fn: Callable[[torch.Tensor], torch.Tensor] = self._eager
+        self._session_bytes = 0
+        if plan is not None and len(plan.levels) != self.num_levels:
+            raise BundleError(f"`plan` has {len(plan.levels)} levels, the bundle {self.num_levels}. HINT: run "
+                              f"`nestflex tune` on this bundle")
         self.set_level(level)
 
     def level_bytes(self, level: int) -> int:
@@ -335,8 +342,8 @@ class CapacityRuntime:
 
     @property
     def resident_bytes(self) -> int:
-        """Weight bytes resident now."""
-        return self._store.resident_bytes
+        """Weight bytes resident now (the paged tensors, plus an onnxruntime session's copy if one is active)."""
+        return self._store.resident_bytes + self._session_bytes
 
     def _check_level(self, level: int) -> None:
         if isinstance(level, bool) or not isinstance(level, int) or not 0 <= level < self.num_levels:
@@ -355,6 +362,14 @@ class CapacityRuntime:
         self._check_level(level)
         start = time.perf_counter()
         page_in, page_out = self._store.page(level)
+        if self.plan is not None:  # the level's execution configuration switches with it
+            from nestflex.deploy.backends import resolve
+
+            self._session_bytes = 0
+            backend, threads = resolve(self.plan.levels[level])
+            self._fn = backend.prepare(self, level, threads)
+            self.backend = backend.name
+            torch.set_num_threads(threads)
         seconds = time.perf_counter() - start
         self.last_report = PagingReport(self.level, level, page_in, page_out, seconds, self._store.resident_bytes)
         self.level = level
@@ -362,8 +377,13 @@ class CapacityRuntime:
 
     @torch.no_grad()
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        """Logits of the resident level for a normalised batch ``(N, *input shape)``."""
+        """Logits of the resident level for a normalised batch ``(N, *input shape)``, run by the
+        level's planned backend (eager without a plan)."""
         _check_input(x, self.bundle.input_spec, "CapacityRuntime")
+        return self._fn(x)
+
+    @torch.no_grad()
+    def _eager(self, x: torch.Tensor) -> torch.Tensor:
         return run_program(self.nodes, {self.nodes[0].name: x}, self._store.tensors, self.level)
 
     def split(self, name: str) -> tuple[Callable[..., tuple[torch.Tensor, ...]], Callable[..., torch.Tensor]]:
@@ -435,7 +455,8 @@ class ProgressiveRuntime:
         self.confidence: str = ex.confidence
         self.fallback: str = ex.fallback
         if ex.backbone == "shared":
-            self.capacity = capacity if capacity is not None else bundle.capacity(bundle.num_levels - 1)
+            self.capacity = capacity if capacity is not None else \
+                bundle.capacity(bundle.num_levels - 1, plan=None)  # exits run the eager program
             if self.capacity.level != bundle.num_levels - 1:
                 self.capacity.set_level(bundle.num_levels - 1)
             self._level = bundle.num_levels - 1

@@ -133,7 +133,7 @@ class SplitRuntime:
                  capacity: CapacityRuntime | None = None) -> None:
         top = bundle.num_levels - 1
         self.bundle = bundle
-        self.capacity = capacity if capacity is not None else bundle.capacity(top)
+        self.capacity = capacity if capacity is not None else bundle.capacity(top, plan=None)
         if self.capacity.level != top:
             self.capacity.set_level(top)
         nodes = self.capacity.nodes
@@ -392,7 +392,7 @@ def measure_bytes(bundle: Bundle, samples: torch.Tensor, bits: Sequence[int | No
     from nestflex.deploy.codec import encode
 
     out: dict[tuple[str, int | None], float] = {}
-    cap = bundle.capacity(bundle.num_levels - 1)
+    cap = bundle.capacity(bundle.num_levels - 1, plan=None)
     for name in split_names(bundle):
         rt = SplitRuntime(bundle, name, None, capacity=cap)
         crossing = rt.head(samples, thresholds=[]).crossing

@@ -79,7 +79,7 @@ class TailCore:
         if not (isinstance(slowdown, (int, float)) and math.isfinite(slowdown) and slowdown >= 1):
             raise NestflexError(f"`slowdown` must be a number >= 1 (1: as fast as this machine), got {slowdown!r}")
         self.bundle, self.id, self.max_batch, self.slowdown = bundle, bundle_id(bundle), max_batch, float(slowdown)
-        self._capacity = bundle.capacity(bundle.num_levels - 1)
+        self._capacity = bundle.capacity(bundle.num_levels - 1, plan=None)
         self._runtimes: dict[tuple[str, str | None], SplitRuntime] = {}
 
     def info(self) -> dict[str, Any]:

@@ -1,0 +1,115 @@
+"""Execution backends and the per-level plan (issue 23, part 1): parity with the eager program,
+the plan beside the bundle, the level switch switching configuration, fallbacks and errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+
+import pytest
+import torch
+
+import nestflex.deploy as nd
+from nestflex.deploy.backends import (BackendError, ExecutionPlan, LevelPlan, get_backend, list_backends,
+                                      load_plan, plan_path, synthesize, write_plan)
+from nestflex.deploy.cli import main
+from tests.export.bundles import write_bundle
+
+
+@pytest.fixture(scope="module")
+def bundle(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("backends")
+    write_bundle(tmp)  # with ONNX files: a level file per level
+    return nd.load(tmp / "model.nfx")
+
+
+def _x(n=4, seed=0):
+    return torch.randn(n, 3, 32, 32, generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.parametrize("name", ["eager", "channels_last", "onnxruntime"])
+def test_every_float_backend_equals_the_eager_program_at_every_level(bundle, name):
+    pytest.importorskip(get_backend(name).package or "torch")
+    x = _x()
+    for level in range(bundle.num_levels):
+        ref = bundle.capacity(level, plan=None)(x)
+        plan = ExecutionPlan(tuple(LevelPlan(name, 1) for _ in range(bundle.num_levels)))
+        rt = bundle.capacity(level, plan=plan)
+        assert rt.backend == name
+        torch.testing.assert_close(rt(x), ref, atol=1e-4, rtol=0)
+
+
+def test_a_level_switch_switches_the_configuration(bundle):
+    plan = ExecutionPlan((LevelPlan("eager"), LevelPlan("channels_last"), LevelPlan("onnxruntime")))
+    rt = bundle.capacity(0, plan=plan)
+    x = _x(2, seed=3)
+    for level, name in [(2, "onnxruntime"), (1, "channels_last"), (0, "eager"), (2, "onnxruntime")]:
+        rt.set_level(level)
+        assert rt.backend == name
+        torch.testing.assert_close(rt(x), bundle.capacity(level, plan=None)(x), atol=1e-4, rtol=0)
+    assert rt.resident_bytes > rt.level_bytes(2)  # the session's copy is counted while onnxruntime runs
+    rt.set_level(0)
+    assert rt.resident_bytes == rt.level_bytes(0)
+
+
+def test_synthesize_keeps_only_agreeing_configurations_and_tune_writes_beside_the_bundle(bundle, tmp_path):
+    plan = synthesize(bundle, threads=[1], repeats=3)
+    assert len(plan.levels) == bundle.num_levels
+    assert all(lp.backend in list_backends() and lp.latency_ms > 0 for lp in plan.levels)
+    for c in plan.candidates:
+        if "agrees" in c and c["backend"] == "eager":
+            assert c["max_abs_diff"] == 0.0
+    chosen = {(c["level"], c["backend"], c["threads"]): c for c in plan.candidates if "agrees" in c}
+    assert all(chosen[(k, lp.backend, lp.threads)]["agrees"] for k, lp in enumerate(plan.levels))
+    before = {p.name: p.stat().st_mtime_ns for p in bundle.path.rglob("*")}
+    assert main(["tune", str(bundle.path), "--threads", "1", "--repeats", "2", "--quiet"]) == 0
+    assert {p.name: p.stat().st_mtime_ns for p in bundle.path.rglob("*")} == before  # the bundle is untouched
+    loaded = load_plan(bundle)
+    assert loaded is not None and len(loaded.levels) == bundle.num_levels
+    assert bundle.capacity(0).plan is not None  # picked up by default
+    nd.load(bundle.path)  # the checksums still hold
+    plan_path(bundle).unlink()
+    assert bundle.capacity(0).plan is None
+
+
+def test_a_missing_backend_package_falls_back_to_eager_with_a_warning(bundle, monkeypatch):
+    monkeypatch.setattr(type(get_backend("onnxruntime")), "available", lambda self: False)
+    plan = ExecutionPlan(tuple(LevelPlan("onnxruntime") for _ in range(bundle.num_levels)))
+    with pytest.warns(UserWarning, match="needs the package 'onnxruntime'.*pip install onnxruntime"):
+        rt = bundle.capacity(0, plan=plan)
+    assert rt.backend == "eager"
+
+
+def test_bad_plans_and_unwritable_folders_are_clear_errors(bundle, tmp_path):
+    with pytest.raises(BackendError, match="unknown execution backend `tensorrt`"):
+        bundle.capacity(0, plan=ExecutionPlan(tuple(LevelPlan("tensorrt") for _ in range(bundle.num_levels))))
+    with pytest.raises(BackendError, match="not a nestflex execution plan"):
+        ExecutionPlan.from_json({"levels": []})
+    with pytest.raises(BackendError, match=r"threads must be an int"):
+        ExecutionPlan.from_json({"format": "nestflex-execution-plan", "levels": [{"backend": "eager", "threads": 0}]})
+    with pytest.raises(BackendError, match="does not exist"):
+        write_plan(bundle, ExecutionPlan((LevelPlan(),)), tmp_path / "missing" / "p.json")
+    assert main(["tune", str(bundle.path), "--threads", "1", "--repeats", "1", "--quiet",
+                 "--out", str(tmp_path / "missing" / "p.json")]) == 2
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(stat.S_IRUSR | stat.S_IXUSR)
+    try:
+        if os.access(ro, os.W_OK):
+            pytest.skip("running as a user who can write anywhere")
+        with pytest.raises(BackendError, match="not writable"):
+            write_plan(bundle, ExecutionPlan((LevelPlan(),)), ro / "p.json")
+    finally:
+        ro.chmod(stat.S_IRWXU)
+
+
+def test_a_plan_for_another_bundle_is_ignored_with_a_warning(bundle):
+    path = plan_path(bundle)
+    path.write_text(json.dumps(ExecutionPlan(tuple(LevelPlan() for _ in range(bundle.num_levels)),
+                                             bundle="0" * 64).to_json()))
+    try:
+        with pytest.warns(UserWarning, match="tuned for another bundle"):
+            assert load_plan(bundle) is None
+    finally:
+        path.unlink()
