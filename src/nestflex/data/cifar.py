@@ -34,6 +34,7 @@ import numpy as np
 import torch
 
 from nestflex.data._dataset import ImageTensorDataset
+from nestflex.data._locate import find_dir, require_dir
 from nestflex.errors import DataError
 
 __all__ = [
@@ -194,16 +195,17 @@ def _candidates(data_dir: str | os.PathLike[str]) -> list[Path]:
     return [root / CIFAR10_DIRNAME, root]
 
 
+def _present(directory: Path) -> set[str]:
+    return {f for f in _REQUIRED_FILES if (directory / f).is_file()}
+
+
 def find_cifar10_dir(data_dir: str | os.PathLike[str]) -> Path | None:
     """The directory holding the CIFAR-10 batches: ``data_dir/cifar-10-batches-py`` or ``data_dir``.
 
     Returns ``None`` when neither holds all of ``data_batch_1..5`` and ``test_batch``. Only
     presence is checked; contents are validated when loaded.
     """
-    for cand in _candidates(data_dir):
-        if all((cand / f).is_file() for f in _REQUIRED_FILES):
-            return cand
-    return None
+    return find_dir(_candidates(data_dir), _present, _REQUIRED_FILES)
 
 
 def cifar10_available(data_dir: str | os.PathLike[str]) -> bool:
@@ -222,18 +224,8 @@ def require_cifar10_dir(data_dir: str | os.PathLike[str]) -> Path:
     Raises:
         DataError: naming ``data_dir``, the missing files and how to get them.
     """
-    found = find_cifar10_dir(data_dir)
-    if found is not None:
-        return found
-    root = Path(data_dir)
-    if not root.is_dir():
-        raise DataError(f"CIFAR-10 directory {root} does not exist (expected {_EXPECTED} in it). {_HINT}")
-    # Report the missing files of whichever candidate holds the most, so a partial copy is named.
-    best = max(_candidates(root), key=lambda c: sum((c / f).is_file() for f in _REQUIRED_FILES))
-    missing = [f for f in _REQUIRED_FILES if not (best / f).is_file()]
-    raise DataError(
-        f"CIFAR-10 not found in {root}: {best} lacks {', '.join(missing)} (expected {_EXPECTED}). {_HINT}"
-    )
+    return require_dir(Path(data_dir), _candidates(data_dir), _present, _REQUIRED_FILES, what="CIFAR-10",
+                       expected=_EXPECTED, hint=_HINT)
 
 
 def load_cifar10(

@@ -35,6 +35,7 @@ import numpy as np
 import torch
 
 from nestflex.data._dataset import ImageTensorDataset
+from nestflex.data._locate import find_dir, require_dir
 from nestflex.errors import DataError
 
 __all__ = [
@@ -187,18 +188,25 @@ def _files_in(directory: Path) -> dict[str, Path]:
     return found
 
 
+_REQUIRED = tuple(n for pair in MNIST_FILES.values() for n in pair)
+
+
+def _candidates(data_dir: str | os.PathLike[str]) -> list[Path]:
+    root = Path(data_dir)
+    return [root / sub if sub else root for sub in _SUBDIRS]
+
+
+def _present(directory: Path) -> set[str]:
+    return set(_files_in(directory))
+
+
 def find_mnist_dir(data_dir: str | os.PathLike[str]) -> Path | None:
     """The directory holding all four MNIST files: ``data_dir``, ``data_dir/raw`` or ``data_dir/MNIST/raw``.
 
     Returns ``None`` when none of them holds all four (each may be gzipped). Only presence is
     checked; contents are validated when loaded.
     """
-    root = Path(data_dir)
-    for sub in _SUBDIRS:
-        candidate = root / sub if sub else root
-        if len(_files_in(candidate)) == 4:
-            return candidate
-    return None
+    return find_dir(_candidates(data_dir), _present, _REQUIRED)
 
 
 def mnist_available(data_dir: str | os.PathLike[str]) -> bool:
@@ -217,17 +225,8 @@ def require_mnist_dir(data_dir: str | os.PathLike[str]) -> Path:
     Raises:
         DataError: naming ``data_dir``, the missing files and where they may go.
     """
-    found = find_mnist_dir(data_dir)
-    if found is not None:
-        return found
-    root = Path(data_dir)
-    if not root.is_dir():
-        raise DataError(f"MNIST directory {root} does not exist (expected {_EXPECTED} in it). {_HINT}")
-    # name the missing files of whichever candidate holds the most, so a partial copy is reported
-    best = max((root / s if s else root for s in _SUBDIRS), key=lambda c: len(_files_in(c)))
-    present = _files_in(best)
-    missing = [n for pair in MNIST_FILES.values() for n in pair if n not in present]
-    raise DataError(f"MNIST not found in {root}: {best} lacks {', '.join(missing)} (expected {_EXPECTED}). {_HINT}")
+    return require_dir(Path(data_dir), _candidates(data_dir), _present, _REQUIRED, what="MNIST",
+                       expected=_EXPECTED, hint=_HINT)
 
 
 def load_mnist(data_dir: str | os.PathLike[str], split: str = "train") -> tuple[torch.Tensor, torch.Tensor]:

@@ -30,7 +30,7 @@ from nestflex.data.cifar import (
     require_cifar10_dir,
 )
 from nestflex.data.datamodule import CIFAR10DataModule, ImageDataModule, MNISTDataModule, SyntheticDataModule
-from nestflex.data.mnist import find_mnist_dir, require_mnist_dir
+from nestflex.data.mnist import require_mnist_dir
 from nestflex.errors import DataError
 
 __all__ = ["DATA_KINDS", "resolve_data"]
