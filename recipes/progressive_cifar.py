@@ -28,6 +28,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the recipes' own helper, beside this file
+from _run import StageDir  # noqa: E402
 from nestflex._io import read_json, write_json
 from nestflex._machine import machine
 from nestflex.data import resolve_data
@@ -117,81 +119,38 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 @stage("train")
 def run_train(args: argparse.Namespace, ctx: dict[str, Any]) -> dict[str, Any]:
-    """Joint training of backbone and exits with the overthinking-aware loss."""
+    """Joint training of backbone and exits with the overthinking-aware loss (the public callback)."""
     import pytorch_lightning as pl
-    from pytorch_lightning.callbacks import ModelCheckpoint
-    from pytorch_lightning.loggers import CSVLogger
 
     from nestflex.exits import MultiExitClassifier, OverthinkingSchedule
 
-    out = Path(args.out) / "train"
-    config = {
-        "model": args.model,
-        "width": args.width,
-        "epochs": args.epochs,
-        "batch_size": args.batch_size,
-        "lr": args.lr,
-        "seed": args.seed,
-        "data": ctx["data"],
-        "max_train_samples": args.max_train_samples,
-        "val_size": args.val_size,
-        "positions": parse_positions(args.positions),
-        "head": args.head,
-    }
-    same = (out / "config.json").exists() and read_json(out / "config.json") == config
-    final = out / "model.ckpt"
-    if final.exists() and same and (out / "result.json").exists():
-        print(f"train: reusing {final} (same configuration)")
-        module = MultiExitClassifier.load_from_checkpoint(final, map_location="cpu", weights_only=True)
-        return {"module": module, "summary": read_json(out / "result.json")}
-
+    st = StageDir(Path(args.out), "train", {
+        "model": args.model, "width": args.width, "epochs": args.epochs, "batch_size": args.batch_size,
+        "lr": args.lr, "seed": args.seed, "data": ctx["data"], "max_train_samples": args.max_train_samples,
+        "val_size": args.val_size, "positions": parse_positions(args.positions), "head": args.head,
+    })
+    if st.done("model.ckpt", "result.json"):
+        module = MultiExitClassifier.load_from_checkpoint(st.dir / "model.ckpt", map_location="cpu", weights_only=True)
+        return {"module": module, "summary": st.read("result.json")}
+    resume = st.begin()
     pl.seed_everything(args.seed, workers=True)
     dm = ctx["datamodule"]
-    module = MultiExitClassifier(
-        args.model,
-        num_classes=dm.num_classes,
-        width=args.width,
-        positions=config["positions"],
-        head=args.head,
-        mode="joint",
-        lr=args.lr,
-        max_epochs=args.epochs,
-    )
-    last = out / "last.ckpt"
-    resume = last if last.exists() and same else None
-    write_json(out / "config.json", config)
-    logs = Path(args.out) / "logs"
-    version = f"train-resume{len(list(logs.glob('train-resume*'))) + 1}" if resume else "train"
-    trainer = pl.Trainer(
-        max_epochs=args.epochs,
-        accelerator=args.accelerator,
-        devices=int(args.devices) if args.devices.isdigit() else args.devices,
-        logger=CSVLogger(args.out, name="logs", version=version),
-        callbacks=[
-            OverthinkingSchedule(),
-            ModelCheckpoint(dirpath=out, filename="last", save_top_k=1, enable_version_counter=False),
-        ],
-        default_root_dir=args.out,
-        enable_model_summary=False,
-    )
-    if resume:
-        print(f"train: resuming from {resume}")
+    module = MultiExitClassifier(args.model, num_classes=dm.num_classes, width=args.width,
+                                 positions=st.config["positions"], head=args.head, mode="joint", lr=args.lr,
+                                 max_epochs=args.epochs, input_shape=dm.input_shape)
+    trainer = st.trainer(args, [OverthinkingSchedule()], args.epochs, resume)
     start = time.perf_counter()
-    trainer.fit(module, datamodule=dm, ckpt_path=str(resume) if resume else None)
+    trainer.fit(module, datamodule=dm, ckpt_path=resume)
     seconds = time.perf_counter() - start
+    trainer.save_checkpoint(st.dir / "model.ckpt", weights_only=True)
     net = module.model
     result = {
-        "epochs": args.epochs,
-        "train_seconds": round(seconds, 1),
-        "train_samples": len(dm.train_dataset),
-        "backbone_macs": net.backbone_macs,
-        "head_macs": net.head_macs,
+        "epochs": args.epochs, "train_seconds": round(seconds, 1), "train_samples": len(dm.train_dataset),
+        "backbone_macs": net.backbone_macs, "head_macs": net.head_macs,
         "params": sum(p.numel() for p in net.parameters()),
-        "backbone_params": sum(p.numel() for p in net.backbone.parameters()),
-        "checkpoint": str(final.relative_to(args.out)),
+        "backbone_params": sum(p.numel() for p in net.backbone.parameters()), "checkpoint": "train/model.ckpt",
     }
-    write_json(out / "result.json", result)
-    trainer.save_checkpoint(final, weights_only=True)
+    st.write("result.json", result)
     return {"module": module, "summary": result}
 
 

@@ -1,4 +1,8 @@
-"""resolve_data: auto / cifar10 / synthetic, and the one-line message."""
+"""resolve_data: auto / cifar10 / synthetic, the one-line message, the kinds and light imports.
+
+The other real kinds are tested beside their readers (test_mnist, test_fashion_mnist, test_cifar100,
+test_svhn, test_imagefolder).
+"""
 
 from __future__ import annotations
 
@@ -86,8 +90,9 @@ def test_download_only_when_asked(tmp_path, monkeypatch, cifar_factory):
 
 
 def test_unknown_kind_and_kwarg(tmp_path):
-    assert DATA_KINDS == ("auto", "cifar10", "mnist", "synthetic")
-    match = r"`kind` must be one of \['auto', 'cifar10', 'mnist', 'synthetic'\], got 'imagenet'"
+    assert DATA_KINDS == ("auto", "cifar10", "mnist", "synthetic", "cifar100", "fashion_mnist", "svhn", "imagefolder")
+    match = (r"`kind` must be one of \['auto', 'cifar10', 'mnist', 'synthetic', 'cifar100', 'fashion_mnist', "
+             r"'svhn', 'imagefolder'\], got 'imagenet'")
     with pytest.raises(DataError, match=match):
         resolve_data("imagenet", tmp_path)
     match = r"unknown DataModule argument\(s\) \['batchsize'\]; accepted: \[.*'batch_size'"
@@ -97,9 +102,11 @@ def test_unknown_kind_and_kwarg(tmp_path):
 
 def test_light_imports_do_not_pull_lightning():
     code = (
-        "import sys, nestflex.data, nestflex.data.synthetic, nestflex.data.cifar, nestflex.data.mnist; "
+        "import sys, nestflex.data, nestflex.data.synthetic, nestflex.data.cifar, nestflex.data.mnist, "
+        "nestflex.data.cifar100, nestflex.data.fashion_mnist, nestflex.data.svhn, nestflex.data.imagefolder; "
         "nestflex.data.make_synthetic(2); "
         "assert 'pytorch_lightning' not in sys.modules and 'lightning' not in sys.modules, "
-        "'lightning imported'"
+        "'lightning imported'; "
+        "assert 'scipy' not in sys.modules and 'PIL' not in sys.modules, 'scipy or Pillow imported'"
     )
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -131,6 +131,7 @@ def test_a_bundle_holds_one_exit_set_per_kind(m, header):
     (lambda m: m["files"]["weights.safetensors"].update(sha256="abc"),
      r"`files\['weights.safetensors'\].sha256` must be 64 lowercase hex digits, got 'abc'"),
     (lambda m: m["input"].update(std=[0.25, 0.0, 0.25]), r"`input.std` must hold numbers > 0"),
+    (lambda m: m["input"].update(scale=0), r"`input.scale` must be a finite number > 0 or null, got 0 \(number\)"),
     (lambda m: m["switching"][0].update(to=3), r"`switching\[0\].to` must be a level in \[0, 2\], got 3"),
     (lambda m: m["exit_sets"][1]["operating_points"][0].pop("threshold"),
      r"`exit_sets\[1\].operating_points\[0\].threshold` is missing \(or `thresholds`, one per early exit\)"),

@@ -123,3 +123,32 @@ def test_calibration_input_errors():
         collect_logits(MultiExitNetwork(create_model("resnet20", width=0.25), positions=(0.5,)), [])
     with pytest.raises(ExitError, match="`model` must be a MultiExitNetwork"):
         calibrate(create_model("resnet20", width=0.25), tiny_loader())
+
+
+def test_a_lossless_claim_on_too_few_samples_warns_with_the_number_needed():
+    from nestflex.exits.calibration import decide, loss_bound, samples_needed
+
+    logits, labels = _synthetic_exits(n=120)
+    with pytest.warns(UserWarning, match=r"lossless thresholds fitted on 120 samples: .* HINT: calibrate on at least "
+                                         r"299 samples"):
+        small = lossless_thresholds(logits, labels, [1, 2, 3, 4], 4, folds=4)
+    g = small["guard"]
+    assert g["samples"] == 120 and not g["supported"] and g["samples_needed"] == 299
+    assert g["loss_bound"] == round(loss_bound(g["harm"], 120), 6) > 0.01
+    # the bound is exact Clopper-Pearson: at it, seeing <= harm events has probability 5%
+    from nestflex.exits.calibration import _binom_cdf
+
+    assert abs(_binom_cdf(g["harm"], 120, loss_bound(g["harm"], 120)) - 0.05) < 1e-6
+    assert samples_needed(0.02) < samples_needed(0.01) < samples_needed(0.005)
+    # a clean, large calibration set supports the claim: exits that are always right harm nothing
+    n = 2000
+    labels = torch.arange(n) % 4
+    sure = torch.nn.functional.one_hot(labels, 4).float() * 20
+    logits = torch.stack([sure, sure, sure])
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        big = lossless_thresholds(logits, labels, [1, 2, 3], 3, folds=4)
+    assert big["guard"]["harm"] == 0 and big["guard"]["supported"] and big["guard"]["loss_bound"] < 0.002
+    assert decide is not None

@@ -180,3 +180,40 @@ def test_callbacks_module_exports_it():
     from nestflex.callbacks import OverthinkingSchedule as exported
 
     assert exported is OverthinkingSchedule
+
+
+def test_joint_mode_trains_a_backbone_handed_over_in_eval_mode(tmp_path):
+    base = ImageClassifier("vgg11", width=0.125, max_epochs=1)
+    base.model.eval()  # e.g. just evaluated: BatchNorm would train on running statistics
+    with pytest.warns(UserWarning, match=r"mode='joint'\): the backbone had \d+ module\(s\) in eval mode"):
+        module = MultiExitClassifier(backbone=base.model, positions=(0.5,), mode="joint", max_epochs=1)
+    assert all(m.training for m in module.model.backbone.modules())
+    base.model.eval()  # ...or put in eval mode after construction: the fit switches it back
+    with pytest.warns(UserWarning, match="in eval mode"):
+        _trainer(tmp_path, max_epochs=1, limit_train_batches=1, limit_val_batches=1).fit(
+            module, tiny_loader(n=16), tiny_loader(n=16))
+
+
+def test_a_custom_backbone_is_recorded_as_such_and_needs_itself_to_load(tmp_path):
+    base = ImageClassifier("vgg11", width=0.125, max_epochs=1)
+    module = MultiExitClassifier(backbone=base.model, positions=(0.5,), mode="exits_only", max_epochs=1)
+    assert module.hparams.model_name is None and module.hparams.backbone_class == "VGG"
+    trainer = _trainer(tmp_path, max_epochs=1, limit_train_batches=1, limit_val_batches=1)
+    trainer.fit(module, tiny_loader(n=16), tiny_loader(n=16))
+    trainer.save_checkpoint(tmp_path / "m.ckpt")
+    with pytest.raises(ExitError, match=r"trained on a backbone of your own \(VGG\).*HINT: pass it again"):
+        MultiExitClassifier.load_from_checkpoint(tmp_path / "m.ckpt", weights_only=True)
+    fresh = ImageClassifier("vgg11", width=0.125).model
+    back = MultiExitClassifier.load_from_checkpoint(tmp_path / "m.ckpt", backbone=fresh, weights_only=True)
+    x = torch.randn(2, 3, 32, 32)
+    for a, b in zip(back.eval()(x), module.eval()(x)):
+        torch.testing.assert_close(a, b)
+
+
+def test_a_backbone_without_a_shape_needs_input_shape():
+    net = torch.nn.Sequential(torch.nn.Conv2d(1, 4, 3), torch.nn.ReLU(), torch.nn.Conv2d(4, 4, 3), torch.nn.ReLU(),
+                              torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(4, 10))
+    with pytest.raises(ExitError, match=r"cannot tell the per-sample input shape of the backbone Sequential .* HINT: "
+                                        r"pass `input_shape=\(C, H, W\)`"):
+        MultiExitClassifier(backbone=net, positions=(0.5,))
+    assert MultiExitClassifier(backbone=net, positions=(0.5,), input_shape=(1, 12, 12)).input_shape == (1, 12, 12)

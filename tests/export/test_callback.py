@@ -66,3 +66,37 @@ def test_bundle_arguments_take_the_shape_and_refuse_a_mismatch():
                                           r"DataModule's samples are \(1, 32, 32\).*HINT: build the module with "
                                           r"`input_shape=datamodule.input_shape`"):
         bundle_arguments(ImageClassifier("vgg11", width=0.125), _DM())
+
+
+def test_exporter_placed_before_a_producer_or_given_missing_files_fails_early(tmp_path):
+    from nestflex.callbacks import FlexDNNExits
+
+    module = ImageClassifier("vgg11", width=0.125, max_epochs=1)
+    with pytest.raises(ExportError, match=r"BundleExporter comes before FlexDNNExits .* HINT: put BundleExporter last"):
+        pl.Trainer(fast_dev_run=True, accelerator="cpu", logger=False, enable_progress_bar=False,
+                   callbacks=[BundleExporter(onnx=False), FlexDNNExits()], default_root_dir=tmp_path).fit(
+            module, datamodule=SyntheticDataModule(batch_size=16, train_size=64, test_size=32, val_size=16))
+    with pytest.raises(ExportError, match=r"`flex`='.*nowhere' is not a directory. HINT: pass FlexDNNExits' output"):
+        BundleExporter(flex=tmp_path / "nowhere")
+    with pytest.raises(ExportError, match=r"`calibration`='.*cal.json' is not a file"):
+        BundleExporter(calibration=tmp_path / "cal.json")
+    with pytest.raises(ExportError, match=r"`exits`='.*x.ckpt' is neither a MultiExitNetwork nor a checkpoint file"):
+        BundleExporter(exits=tmp_path / "x.ckpt")
+    with pytest.raises(ExportError, match=r"`profile_repeats` must be an int >= 1, got 0"):
+        BundleExporter(profile_repeats=0)
+
+
+def test_the_bundle_says_how_to_scale_inputs(tmp_path):
+    module = ImageClassifier("vgg11", width=0.125, max_epochs=1)
+    exporter = BundleExporter(filename="scaled", onnx=False)
+    dm = _fit(module, tmp_path, exporter)
+    spec = nd.load(exporter.result["bundle"]).manifest["input"]
+    assert spec["scale"] == pytest.approx(dm.input_scale) and "raw * 0.00392157 - mean) / std" in spec["note"]
+    from nestflex.export import export_bundle
+
+    # data of another range: no pixel/255 claim, the note points at the data's own transforms
+    info = export_bundle(tmp_path / "raw.nfx", module.model, onnx=False, mean=[0.0] * 3, std=[1.0] * 3)
+    spec = nd.load(info["bundle"]).manifest["input"]
+    assert spec.get("scale") is None and "255" not in spec["note"] and "own transforms" in spec["note"]
+    with pytest.raises(ExportError, match=r"`input_scale` must be a finite number > 0 or None, got -1"):
+        export_bundle(tmp_path / "bad.nfx", module.model, onnx=False, input_scale=-1)

@@ -87,7 +87,8 @@ def test_roadmap_is_recorded_and_the_module_ends_as_the_seed(tmp_path, pretraine
     assert macs == sorted(macs, reverse=True) and macs[-1] < macs[0]
     assert all(f.accuracy >= road.goal for f in road.footprints)
     seed = road.seed
-    graph = trace(module)
+    graph = trace(module.model)  # names are relative to the network; the roadmap says where it lives
+    assert road.network == "model" and road.input_shape == [3, 32, 32]
     assert graph.macs() == seed.macs and graph.params() == seed.params  # real, physical reduction
     for name, width in seed.widths.items():
         assert graph.group(name).width == width == road.groups[name] - len(seed.removed[name])
@@ -97,6 +98,9 @@ def test_roadmap_is_recorded_and_the_module_ends_as_the_seed(tmp_path, pretraine
     x = torch.randn(3, 3, 32, 32)
     module.eval()
     torch.testing.assert_close(fresh(x), module(x))
+    # ...and in the plain network, from the same Lightning checkpoint
+    net = load_pruned(_module().model, tmp_path / "pruning" / "seed.ckpt").eval()
+    torch.testing.assert_close(net(x), module(x))
 
 
 def test_a_step_that_breaks_the_goal_is_rolled_back(tmp_path, pretrained):
@@ -178,8 +182,8 @@ def test_input_shape_is_validated_and_checked_against_the_data(tmp_path):
                                          r"\(0, 32\)"):
         _prune(input_shape=(0, 32))
     # traced at 40x40, fed 32x32: fails at the first evaluation, before anything is pruned
-    with pytest.raises(GraphError, match=r"FilterPruning traces the model at per-sample input_shape \(3, 40, 40\), "
-                                         r"but the data's samples are \(3, 32, 32\)"):
+    with pytest.raises(GraphError, match=r"FilterPruning: `input_shape` says the per-sample input is \(3, 40, 40\), "
+                                         r"but the DataModule's `input_shape` is \(3, 32, 32\)"):
         _trainer(tmp_path, [_prune(criterion="l1", input_shape=(3, 40, 40))], fast_dev_run=True).fit(
             _module(), datamodule=_dm())
     assert not (tmp_path / "pruning" / "roadmap.json").exists()

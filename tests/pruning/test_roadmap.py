@@ -26,7 +26,7 @@ def test_roundtrip_seed_and_kept(tmp_path):
     r = _roadmap()
     r.save(tmp_path / "roadmap.json")
     d = json.loads((tmp_path / "roadmap.json").read_text())
-    assert d["schema_version"] == 1 and d["seed"] == 1
+    assert d["schema_version"] == 2 and d["seed"] == 1
     back = Roadmap.load(tmp_path / "roadmap.json")
     assert back == r and back.seed.step == 1
     assert back.kept(1)["features.conv1"] == [0, 2, 3, 5, 6, 7]
@@ -46,7 +46,7 @@ def test_apply_footprint_rebuilds_the_architecture_and_rejects_other_models():
     assert model.features.conv1.out_channels == 6 and model.features.conv2.out_channels == 12
     with pytest.raises(PruningError, match="has 16 channels, the roadmap expects 8"):
         apply_footprint(create_model("vgg11", width=0.25), _roadmap())
-    with pytest.raises(PruningError, match="which this model does not have"):
+    with pytest.raises(PruningError, match="which CifarResNet does not have. HINT: the roadmap comes from another model"):
         apply_footprint(create_model("resnet20", width=0.25), _roadmap())
 
 

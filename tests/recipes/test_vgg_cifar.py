@@ -95,7 +95,7 @@ def test_prune_stage_writes_roadmap_and_seed_and_reuses_them(tmp_path, capsys):
     pr = summary["pruning"]
     assert pr["criterion"] == "trr" and pr["roadmap"] == "prune/roadmap.json" and (out / pr["roadmap"]).exists()
     road = json.loads((out / pr["roadmap"]).read_text())
-    assert road["schema_version"] == 1 and road["seed"] == pr["steps"] == 2 and pr["status"] == "max_steps"
+    assert road["schema_version"] == 2 and road["seed"] == pr["steps"] == 2 and pr["status"] == "max_steps"
     assert pr["macs"] == road["footprints"][-1]["macs"] < summary["baseline"]["macs"]
     assert pr["params"] < summary["baseline"]["params"] and 0 <= pr["accuracy"] <= 1
     assert (out / "prune" / "seed.ckpt").exists() and (out / "prune_roadmap.png").exists()

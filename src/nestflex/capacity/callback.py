@@ -23,6 +23,7 @@ from pytorch_lightning.utilities import rank_zero_info
 from typing_extensions import override
 
 from nestflex._io import write_json
+from nestflex._trainer import infer_input_shape
 from nestflex.capacity.freeze import LevelFreezer
 from nestflex.capacity.levels import LevelPlan, choose_levels, plan_levels
 from nestflex.capacity.model import INITS, check_roadmap, roadmap_sources
@@ -31,7 +32,7 @@ from nestflex.errors import CapacityError
 from nestflex.graph import checked_batches, input_shape_of, trace
 from nestflex.pruning.callback import _rng_state, _set_rng_state
 from nestflex.pruning.evaluate import accuracy, trainer_eval_loader
-from nestflex.pruning.roadmap import Roadmap
+from nestflex.pruning.roadmap import Roadmap, roadmap_network
 
 __all__ = ["FreezeAndGrow", "level_of_epoch"]
 
@@ -58,10 +59,11 @@ class FreezeAndGrow(Callback):
         eval_batches: validation batches per level evaluation (``None``: all).
         dirpath: where ``capacity.json`` goes (default ``<default_root_dir>/capacity``).
         eval_dataloader: loader for evaluations (default: the validation dataloader).
-        input_shape: per-sample input shape for tracing; default: the module's own
-            (:func:`nestflex.graph.input_shape_of`: its ``input_shape`` attribute, as
-            :class:`~nestflex.training.ImageClassifier` has, else ``(3, 32, 32)``). Evaluation
-            batches of another shape raise ``GraphError``.
+        input_shape: per-sample input shape for tracing; default: the module's ``input_shape``
+            attribute (as :class:`~nestflex.training.ImageClassifier` has), else the shape the
+            roadmap was traced at, else the Trainer's data
+            (:func:`nestflex._trainer.infer_input_shape`). Evaluation batches of another shape
+            raise ``GraphError``.
 
     Example::
 
@@ -101,6 +103,7 @@ class FreezeAndGrow(Callback):
         self.records: list[dict[str, Any]] = []
         self._freezer: LevelFreezer | None = None
         self._handles: list[Any] = []
+        self._shape: tuple[int, ...] | None = None  # resolved by build()
 
     @property
     def state_key(self) -> str:
@@ -114,22 +117,37 @@ class FreezeAndGrow(Callback):
         if stage != "fit" or is_nested(pl_module):
             return
         # before configure_optimizers and before a resumed checkpoint loads: both see the nested module
-        self.plan = self.build(pl_module)
+        self.plan = self.build(pl_module, trainer)
         set_level(pl_module, 1)
 
-    def build(self, module: torch.nn.Module) -> LevelPlan:
-        """Nest ``module`` in place from the roadmap; returns the plan (pure routing to helpers)."""
+    def build(self, module: torch.nn.Module, trainer: pl.Trainer | None = None) -> LevelPlan:
+        """Nest ``module`` (the LightningModule or its network) in place from the roadmap; returns
+        the plan (pure routing to helpers)."""
         road = Roadmap.load(self.roadmap_path)
-        shape = input_shape_of(module, self.input_shape)
-        check_roadmap(module, road, shape)
+        self._shape = self._resolve_shape(module, road, trainer)
+        check_roadmap(module, road, self._shape)
         steps = self.steps if self.steps is not None else choose_levels(road, self.levels)
         if len(steps) != self.levels:
             raise CapacityError(f"`steps` has {len(steps)} entries but `levels`={self.levels}")
         plan = plan_levels(road, steps)
-        nest_(module, plan, roadmap_sources(module, road, self.roadmap_path.parent, plan, self.init), shape)
+        net = roadmap_network(module, road)
+        nest_(net, plan, roadmap_sources(net, road, self.roadmap_path.parent, plan, self.init), self._shape)
+        if getattr(net, "input_shape", None) is None:
+            net.input_shape = self._shape  # extracted levels carry it: exits and export trace at the real shape
         rank_zero_info(f"freeze-&-grow: {plan.num_levels} levels at roadmap steps {list(plan.steps)}, "
                        f"MACs {list(plan.macs)}")
         return plan
+
+    def _resolve_shape(self, module: torch.nn.Module, road: Roadmap, trainer: pl.Trainer | None) -> tuple[int, ...]:
+        """The argument, the module's own, the shape the roadmap was traced at, else the data's."""
+        if self.input_shape is not None or getattr(module, "input_shape", None) is not None:
+            return input_shape_of(module, self.input_shape)
+        if road.input_shape is not None:
+            return tuple(road.input_shape)
+        if trainer is None:
+            raise CapacityError("FreezeAndGrow cannot tell the per-sample input shape: the roadmap records none "
+                                "(version 1) and the module has no `input_shape`. HINT: pass `input_shape=(C, H, W)`")
+        return infer_input_shape(trainer, module, None, "FreezeAndGrow")
 
     @override
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -208,7 +226,9 @@ class FreezeAndGrow(Callback):
         current = self._freezer.level if self._freezer is not None else 1
         set_level(pl_module, level)
         batches = 1 if trainer.fast_dev_run else self.eval_batches
-        shape = input_shape_of(pl_module, self.input_shape)
+        if self._shape is None:  # nested before this callback saw it
+            self._shape = infer_input_shape(trainer, pl_module, self.input_shape, "FreezeAndGrow")
+        shape = self._shape
         with torch.random.fork_rng(devices=[]):
             acc = accuracy(pl_module, checked_batches(self._eval_loader(trainer), shape, "FreezeAndGrow"),
                            max_batches=batches)

@@ -10,9 +10,10 @@ from torch import nn
 
 from nestflex.capacity.levels import LevelPlan, choose_levels, plan_levels
 from nestflex.capacity.nested import Source, extract_level, get_level, is_nested, nest_, num_levels, set_level
-from nestflex.errors import CapacityError
+from nestflex.errors import CapacityError, PruningError
 from nestflex.graph import trace
-from nestflex.pruning.roadmap import Roadmap
+from nestflex.graph.surgery import state_for
+from nestflex.pruning.roadmap import Roadmap, roadmap_network
 
 __all__ = ["INITS", "MultiCapacityModel", "check_roadmap", "roadmap_sources", "nest_from_roadmap", "read_state"]
 
@@ -30,24 +31,24 @@ def read_state(path: str | Path, model: nn.Module) -> dict[str, torch.Tensor]:
     if not path.exists():
         raise CapacityError(f"checkpoint {path} does not exist. HINT: the prune stage writes footprints/step_NNN.ckpt")
     state = torch.load(path, map_location="cpu", weights_only=True)
-    state = state.get("state_dict", state)
-    own = list(model.state_dict())
-    for key in state:
-        for name in own[:1]:
-            if key.endswith(name):
-                prefix = key[: len(key) - len(name)]
-                renamed = {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}
-                if all(n in renamed for n in own if not n.endswith("num_batches_tracked")):
-                    return renamed
+    renamed = state_for(model, state.get("state_dict", state))
+    if renamed is not None:
+        return renamed
     raise CapacityError(f"checkpoint {path} does not hold the weights of {type(model).__name__}")
 
 
 def check_roadmap(model: nn.Module, roadmap: Roadmap, input_shape: Sequence[int] | None = None) -> None:
     """Raise unless ``model`` is the unpruned architecture the roadmap was made for.
 
-    ``input_shape``: traced at it; default the model's own (:func:`nestflex.graph.input_shape_of`).
+    ``model``: the LightningModule the roadmap was made on, or its network
+    (:func:`~nestflex.pruning.roadmap_network`). ``input_shape``: traced at it; default the
+    roadmap's, else the model's own (:func:`nestflex.graph.input_shape_of`).
     """
-    groups = {g.name: g.width for g in trace(model, input_shape).groups}
+    try:
+        net = roadmap_network(model, roadmap)
+    except PruningError as e:
+        raise CapacityError(str(e)) from e
+    groups = {g.name: g.width for g in trace(net, _shape(roadmap, input_shape)).groups}
     for name, width in roadmap.groups.items():
         if name not in groups:
             raise CapacityError(
@@ -60,6 +61,10 @@ def check_roadmap(model: nn.Module, roadmap: Roadmap, input_shape: Sequence[int]
                 "roadmap comes from another model (or width), or the model is already pruned: pass a freshly "
                 "built, unpruned model"
             )
+
+
+def _shape(roadmap: Roadmap, input_shape: Sequence[int] | None) -> Sequence[int] | None:
+    return input_shape if input_shape is not None else roadmap.input_shape
 
 
 def roadmap_sources(model: nn.Module, roadmap: Roadmap, root: str | Path, plan: LevelPlan,
@@ -96,8 +101,10 @@ def nest_from_roadmap(
 ) -> LevelPlan:
     """Nest ``model`` (unpruned, in place) with levels from ``roadmap``'s footprints.
 
-    Returns the :class:`LevelPlan`. The roadmap's footprint checkpoints are read relative to
-    the roadmap file's directory.
+    ``model`` is the pruned LightningModule's unpruned twin or its plain network (the network
+    inside is nested: :func:`~nestflex.pruning.roadmap_network`). Returns the
+    :class:`LevelPlan`. The roadmap's footprint checkpoints are read relative to the roadmap
+    file's directory.
     """
     if is_nested(model):
         raise CapacityError(f"{type(model).__name__} is already nested")
@@ -105,11 +112,12 @@ def nest_from_roadmap(
     if not isinstance(roadmap, Roadmap):
         path = Path(roadmap)
         roadmap = Roadmap.load(path)
-    check_roadmap(model, roadmap, input_shape)
-    plan = plan_levels(roadmap, list(steps) if steps is not None else choose_levels(roadmap, levels))
     if path is None:
         raise CapacityError("pass the roadmap as a path so its footprint checkpoints can be found")
-    nest_(model, plan, roadmap_sources(model, roadmap, path.parent, plan, init), input_shape)
+    check_roadmap(model, roadmap, input_shape)
+    plan = plan_levels(roadmap, list(steps) if steps is not None else choose_levels(roadmap, levels))
+    net = roadmap_network(model, roadmap)
+    nest_(net, plan, roadmap_sources(net, roadmap, path.parent, plan, init), _shape(roadmap, input_shape))
     return plan
 
 

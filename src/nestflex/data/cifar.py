@@ -4,9 +4,13 @@ The official archive (``cifar-10-python.tar.gz``) holds ``cifar-10-batches-py/``
 ``data_batch_1`` .. ``data_batch_5``, ``test_batch`` and ``batches.meta``. They are pickles, and
 unpickling runs whatever a file names, so this module never uses the unrestricted pickle
 loaders: it reads them with :class:`_NumpyOnlyUnpickler`, which resolves only the few numpy
-globals needed to rebuild arrays and refuses everything else (``os.system``,
+globals needed to rebuild arrays (plus ``_codecs.encode`` limited to latin-1, through which a
+protocol-2 pickle written by Python 3 stores bytes) and refuses everything else (``os.system``,
 ``builtins.eval``, ...). Every batch is then checked (``data`` ``(N, 3072)`` uint8, ``labels``
 ``N`` ints in 0..9) before it becomes a tensor.
+
+CIFAR-100 (:mod:`nestflex.data.cifar100`) uses the same row layout and is read through the same
+unpickler and checks (:func:`_read_rows`), with its own keys and label ranges.
 
 Downloading happens only when asked (``download=True``): the archive is fetched to a temporary
 file, its md5 checked, extracted with tarfile's ``"data"`` filter into a staging directory and
@@ -89,6 +93,16 @@ _HINT = (
 # ------------------------------------------------------------------------------------------------
 
 
+def _latin1_bytes(text: Any, encoding: Any = "latin1") -> bytes:
+    # Python 3 writes bytes into protocol-2 pickles as `_codecs.encode(text, "latin1")`; the
+    # unpickler gets this function instead, which builds bytes and nothing else.
+    if not isinstance(text, str) or encoding not in ("latin1", "latin-1"):
+        raise pickle.UnpicklingError(
+            f"global '_codecs.encode' is allowed only as encode(str, 'latin1'), got encoding {encoding!r}"
+        )
+    return text.encode("latin1")
+
+
 def _numpy_globals() -> dict[tuple[str, str], Any]:
     # numpy 2 moved numpy.core to numpy._core; the official files (pickled by Python 2 and
     # numpy 1) name numpy.core, files written today name numpy._core. Both spellings map to the
@@ -97,7 +111,11 @@ def _numpy_globals() -> dict[tuple[str, str], Any]:
         from numpy._core import multiarray, numeric
     except ImportError:  # numpy < 2
         from numpy.core import multiarray, numeric  # type: ignore[no-redef]
-    table: dict[tuple[str, str], Any] = {("numpy", "ndarray"): np.ndarray, ("numpy", "dtype"): np.dtype}
+    table: dict[tuple[str, str], Any] = {
+        ("numpy", "ndarray"): np.ndarray,
+        ("numpy", "dtype"): np.dtype,
+        ("_codecs", "encode"): _latin1_bytes,
+    }
     for core in ("numpy.core", "numpy._core"):
         table[(f"{core}.multiarray", "_reconstruct")] = multiarray._reconstruct
         table[(f"{core}.multiarray", "scalar")] = multiarray.scalar
@@ -106,7 +124,7 @@ def _numpy_globals() -> dict[tuple[str, str], Any]:
 
 
 class _NumpyOnlyUnpickler(pickle.Unpickler):
-    """Unpickler that can rebuild numpy arrays and plain Python containers, and nothing else."""
+    """Unpickler that can rebuild numpy arrays, bytes and plain Python containers, and nothing else."""
 
     _ALLOWED = _numpy_globals()
 
@@ -119,70 +137,92 @@ class _NumpyOnlyUnpickler(pickle.Unpickler):
             ) from None
 
 
-def _unpickle(path: Path) -> Any:
+def _unpickle(path: Path, what: str = "CIFAR-10") -> Any:
     try:
         raw = path.read_bytes()
     except OSError as exc:
-        raise DataError(f"cannot read CIFAR-10 file {path}: {exc}") from exc
+        raise DataError(f"cannot read {what} file {path}: {exc}") from exc
     try:
         # latin1 is how Python 3 must decode the Python 2 byte strings of the official files.
         return _NumpyOnlyUnpickler(io.BytesIO(raw), encoding="latin1").load()
     except Exception as exc:  # noqa: BLE001 - any failure to parse means "not a valid batch"
         raise DataError(
-            f"CIFAR-10 file {path} is corrupt or not a CIFAR-10 python batch "
+            f"{what} file {path} is corrupt or not a {what} python batch "
             f"({type(exc).__name__}: {exc}). HINT: delete {path.parent} and download or extract it again"
         ) from exc
 
 
-def _as_str_keys(obj: Any, path: Path) -> dict[str, Any]:
+def _as_str_keys(obj: Any, path: Path, what: str = "CIFAR-10") -> dict[str, Any]:
     if not isinstance(obj, dict):
-        raise DataError(f"CIFAR-10 file {path} holds a {type(obj).__name__}, expected a dict")
+        raise DataError(f"{what} file {path} holds a {type(obj).__name__}, expected a dict")
     return {k.decode("latin1") if isinstance(k, bytes) else k: v for k, v in obj.items()}
 
 
-def _read_batch(path: Path) -> tuple[np.ndarray, np.ndarray]:
-    """Read and validate one batch file; return ``(data (N, 3072) uint8, labels (N,) int64)``."""
-    batch = _as_str_keys(_unpickle(path), path)
-    missing = [k for k in ("data", "labels") if k not in batch]
+def _read_rows(
+    path: Path, what: str, label_key: str, num_classes: int, other: str
+) -> tuple[np.ndarray, np.ndarray]:
+    """Read and validate one python-batch file of CIFAR-10 or CIFAR-100.
+
+    Returns ``(data (N, 3072) uint8, labels (N,) int64)`` with the labels of ``label_key``, each
+    in ``0..num_classes-1``; ``other`` names the dataset a file lacking the keys probably is.
+    """
+    batch = _as_str_keys(_unpickle(path, what), path, what)
+    missing = [k for k in ("data", label_key) if k not in batch]
     if missing:
         raise DataError(
-            f"CIFAR-10 file {path} lacks key(s) {missing}; found {sorted(map(str, batch))}. "
-            "HINT: is it a CIFAR-100 or other dataset's file?"
+            f"{what} file {path} lacks key(s) {missing}; found {sorted(map(str, batch))}. "
+            f"HINT: is it a {other} or other dataset's file?"
         )
     data = batch["data"]
     if not isinstance(data, np.ndarray) or data.dtype != np.uint8 or data.ndim != 2 or data.shape[1] != 3072:
         desc = f"{data.dtype} {data.shape}" if isinstance(data, np.ndarray) else type(data).__name__
-        raise DataError(f"CIFAR-10 file {path}: `data` must be a uint8 array of shape (N, 3072), got {desc}")
+        raise DataError(f"{what} file {path}: `data` must be a uint8 array of shape (N, 3072), got {desc}")
     try:
-        labels = np.asarray(batch["labels"])
+        labels = np.asarray(batch[label_key])
     except Exception as exc:  # noqa: BLE001
-        raise DataError(f"CIFAR-10 file {path}: `labels` is not a list of integers ({exc})") from exc
+        raise DataError(f"{what} file {path}: `{label_key}` is not a list of integers ({exc})") from exc
     if labels.ndim != 1 or not np.issubdtype(labels.dtype, np.integer):
         raise DataError(
-            f"CIFAR-10 file {path}: `labels` must be a list of integers, "
+            f"{what} file {path}: `{label_key}` must be a list of integers, "
             f"got dtype {labels.dtype} shape {labels.shape}"
         )
     if len(labels) != len(data):
-        raise DataError(f"CIFAR-10 file {path}: {len(labels)} labels for {len(data)} images")
-    if len(labels) and (labels.min() < 0 or labels.max() >= len(CIFAR10_CLASSES)):
+        raise DataError(f"{what} file {path}: {len(labels)} {label_key} for {len(data)} images")
+    if len(labels) and (labels.min() < 0 or labels.max() >= num_classes):
         raise DataError(
-            f"CIFAR-10 file {path}: labels must lie in 0..9, got range {labels.min()}..{labels.max()}"
+            f"{what} file {path}: {label_key} must lie in 0..{num_classes - 1}, "
+            f"got range {labels.min()}..{labels.max()}"
         )
     return data, labels.astype(np.int64)
+
+
+def _read_batch(path: Path) -> tuple[np.ndarray, np.ndarray]:
+    """Read and validate one CIFAR-10 batch file; return ``(data (N, 3072) uint8, labels (N,) int64)``."""
+    return _read_rows(path, "CIFAR-10", "labels", len(CIFAR10_CLASSES), other="CIFAR-100")
+
+
+def _read_names(path: Path, key: str, count: int, what: str) -> tuple[str, ...]:
+    """The ``count`` class names under ``key`` of a meta pickle (``batches.meta``, ``meta``)."""
+    meta = _as_str_keys(_unpickle(path, what), path, what)
+    names = meta.get(key)
+    if isinstance(names, list):  # a file re-saved after loading with encoding="bytes" holds bytes names
+        names = [n.decode("latin1") if isinstance(n, bytes) else n for n in names]
+    valid = isinstance(names, list) and len(names) == count
+    if not valid or not all(isinstance(n, str) for n in names):
+        raise DataError(f"{what} file {path}: `{key}` must be a list of {count} strings, got {names!r:.200}")
+    return tuple(names)
+
+
+def _rows_to_images(data: np.ndarray) -> torch.Tensor:
+    # Rows are 1024 red, 1024 green, 1024 blue values, each a row-major 32x32 plane.
+    return torch.from_numpy(data).view(-1, 3, 32, 32).clone()
 
 
 def _read_classes(directory: Path) -> tuple[str, ...]:
     path = directory / CIFAR10_META_FILE
     if not path.exists():  # the meta file only names the classes; the standard names serve
         return CIFAR10_CLASSES
-    meta = _as_str_keys(_unpickle(path), path)
-    names = meta.get("label_names")
-    valid = isinstance(names, list) and len(names) == len(CIFAR10_CLASSES)
-    if not valid or not all(isinstance(n, str) for n in names):
-        raise DataError(
-            f"CIFAR-10 file {path}: `label_names` must be a list of 10 strings, got {names!r:.200}"
-        )
-    return tuple(names)
+    return _read_names(path, "label_names", len(CIFAR10_CLASSES), "CIFAR-10")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -252,9 +292,7 @@ def load_cifar10(
     parts = [_read_batch(directory / f) for f in files]
     data = np.concatenate([p[0] for p in parts])
     labels = np.concatenate([p[1] for p in parts])
-    # Rows are 1024 red, 1024 green, 1024 blue values, each a row-major 32x32 plane.
-    images = torch.from_numpy(data).view(-1, 3, 32, 32).clone()
-    return images, torch.from_numpy(labels), _read_classes(directory)
+    return _rows_to_images(data), torch.from_numpy(labels), _read_classes(directory)
 
 
 # ------------------------------------------------------------------------------------------------

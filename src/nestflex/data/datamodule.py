@@ -1,4 +1,4 @@
-"""LightningDataModules for CIFAR-10, MNIST and the synthetic dataset.
+"""LightningDataModules for CIFAR-10/100, MNIST, Fashion-MNIST, SVHN, image folders and the synthetic set.
 
 All split the same way: a seeded validation hold-out of the training split (5,000 samples by
 default; exit thresholds are calibrated on it, so it must never be trained on), an optional
@@ -6,8 +6,8 @@ seeded subset of the rest for quick runs (``max_train_samples``), and the offici
 Training batches get a random crop from a zero padding (+ horizontal flip where the classes
 allow it), every split gets per-channel normalisation with the dataset's :attr:`mean` /
 :attr:`std`. :attr:`input_shape` is the per-sample shape the loaders yield, known before
-:meth:`setup`: models are built and traced from it (MNIST: ``(1, 32, 32)``, its 28x28 digits
-padded by 2 pixels).
+:meth:`setup`: models are built and traced from it (MNIST and Fashion-MNIST: ``(1, 32, 32)``,
+their 28x28 images padded by 2 pixels; an image folder: its images' channels and size).
 
 Example:
     >>> from nestflex.data import SyntheticDataModule
@@ -22,16 +22,35 @@ from __future__ import annotations
 
 import copy
 import os
-from typing import Callable
+from functools import cached_property
+from typing import Callable, Sequence
 
 import pytorch_lightning as pl
 import torch
 from torch.utils.data import DataLoader, RandomSampler, Subset
 
 from nestflex.data._dataset import ImageTensorDataset
-from nestflex.data._transforms import eval_transform, train_transform
+from nestflex.data._transforms import compute_mean_std, eval_transform, train_transform
 from nestflex.data.cifar import CIFAR10, CIFAR10_CLASSES, CIFAR10_MEAN, CIFAR10_STD, download_cifar10
+from nestflex.data.cifar100 import CIFAR100, CIFAR100_MEAN, CIFAR100_STD, cifar100_classes
+from nestflex.data.fashion_mnist import (
+    FASHION_MNIST_CLASSES,
+    FASHION_MNIST_MEAN,
+    FASHION_MNIST_STD,
+    FashionMNIST,
+)
+from nestflex.data.imagefolder import (
+    ImageFolder,
+    ImageFolderIndex,
+    _check_channels,
+    _check_fraction,
+    _check_image_size,
+    _check_seed,
+    image_folder_shape,
+    index_image_folder,
+)
 from nestflex.data.mnist import MNIST, MNIST_CLASSES, MNIST_MEAN, MNIST_STD
+from nestflex.data.svhn import SVHN, SVHN_CLASSES, SVHN_MEAN, SVHN_STD
 from nestflex.data.synthetic import (
     SYNTHETIC_CLASSES,
     SYNTHETIC_MEAN,
@@ -46,7 +65,11 @@ __all__ = [
     "EpochShuffleSampler",
     "ImageDataModule",
     "CIFAR10DataModule",
+    "CIFAR100DataModule",
     "MNISTDataModule",
+    "FashionMNISTDataModule",
+    "SVHNDataModule",
+    "ImageFolderDataModule",
     "SyntheticDataModule",
     "DEFAULT_VAL_SIZE",
 ]
@@ -116,6 +139,9 @@ class ImageDataModule(pl.LightningDataModule):
             :meth:`setup`); ``mean``/``std`` have one value per channel.
         input_shape: per-sample ``(C, H, W)`` of what the loaders yield, after the transforms
             (available before :meth:`setup`, checked against the data in it).
+        input_scale: factor from the stored 8-bit pixels to the [0, 1] range ``mean``/``std``
+            apply to: ``1/255`` for every dataset here (a bundle records it, so a caller knows to
+            compute ``(raw / 255 - mean) / std``).
         border, crop_padding, flip: the transforms: a zero border added to every image of every
             split, the zero padding of the training crop, and whether training images are flipped.
         train_dataset, val_dataset, test_dataset: after :meth:`setup`.
@@ -129,6 +155,7 @@ class ImageDataModule(pl.LightningDataModule):
     mean: tuple[float, ...] = (0.5, 0.5, 0.5)
     std: tuple[float, ...] = (0.25, 0.25, 0.25)
     input_shape: tuple[int, int, int] = (3, 32, 32)
+    input_scale: float = 1 / 255
     border: int = 0
     crop_padding: int = 4
     flip: bool = True
@@ -253,7 +280,27 @@ class ImageDataModule(pl.LightningDataModule):
         return out
 
 
-class CIFAR10DataModule(ImageDataModule):
+class _DirDataModule(ImageDataModule):
+    """A dataset read from files under ``data_dir``: the argument, and ``data_dir`` in :meth:`describe`."""
+
+    def __init__(
+        self,
+        data_dir: str | os.PathLike[str] = "./data",
+        batch_size: int = 128,
+        num_workers: int = 0,
+        max_train_samples: int | None = None,
+        val_size: int | float = DEFAULT_VAL_SIZE,
+        seed: int = 0,
+        pin_memory: bool = False,
+    ) -> None:
+        super().__init__(batch_size, num_workers, max_train_samples, val_size, seed, pin_memory)
+        self.data_dir = os.fspath(data_dir)
+
+    def describe(self) -> dict[str, object]:
+        return {**super().describe(), "data_dir": self.data_dir}
+
+
+class CIFAR10DataModule(_DirDataModule):
     """CIFAR-10 from the python-batch files in ``data_dir``.
 
     Args:
@@ -288,8 +335,7 @@ class CIFAR10DataModule(ImageDataModule):
         seed: int = 0,
         pin_memory: bool = False,
     ) -> None:
-        super().__init__(batch_size, num_workers, max_train_samples, val_size, seed, pin_memory)
-        self.data_dir = os.fspath(data_dir)
+        super().__init__(data_dir, batch_size, num_workers, max_train_samples, val_size, seed, pin_memory)
         self.download = download
 
     def prepare_data(self) -> None:
@@ -302,11 +348,60 @@ class CIFAR10DataModule(ImageDataModule):
         self.classes = train.classes
         return train, test
 
+
+class CIFAR100DataModule(_DirDataModule):
+    """CIFAR-100 from the python files in ``data_dir`` (``cifar-100-python/train``, ``test``, ``meta``).
+
+    The same transforms as CIFAR-10 (pad-4 crop + flip, ``(3, 32, 32)`` samples), with the
+    CIFAR-100 mean/std; ``label_type`` chooses the 100 fine classes or the 20 superclasses.
+
+    Args:
+        data_dir: directory holding ``cifar-100-python/`` (or its files); nothing is downloaded.
+        label_type: ``"fine"`` (100 classes) or ``"coarse"`` (20 superclasses).
+        **kwargs: see :class:`ImageDataModule` (batch_size, num_workers, max_train_samples,
+            val_size, seed, pin_memory).
+
+    Raises:
+        DataError: bad arguments here; missing or corrupt files in :meth:`setup`.
+
+    Example:
+        >>> dm = CIFAR100DataModule("./data", label_type="coarse")
+        >>> dm.num_classes, dm.input_shape, dm.classes[0]
+        (20, (3, 32, 32), 'aquatic_mammals')
+    """
+
+    name = "cifar100"
+    synthetic = False
+    mean = CIFAR100_MEAN
+    std = CIFAR100_STD
+
+    def __init__(
+        self,
+        data_dir: str | os.PathLike[str] = "./data",
+        batch_size: int = 128,
+        num_workers: int = 0,
+        max_train_samples: int | None = None,
+        val_size: int | float = DEFAULT_VAL_SIZE,
+        seed: int = 0,
+        pin_memory: bool = False,
+        label_type: str = "fine",
+    ) -> None:
+        super().__init__(data_dir, batch_size, num_workers, max_train_samples, val_size, seed, pin_memory)
+        self.classes = cifar100_classes(label_type)  # validates label_type
+        self.num_classes = len(self.classes)
+        self.label_type = label_type
+
+    def _load_splits(self) -> tuple[ImageTensorDataset, ImageTensorDataset]:
+        train = CIFAR100(self.data_dir, "train", self.label_type)
+        test = CIFAR100(self.data_dir, "test", self.label_type)
+        self.classes = train.classes  # the meta file's names, when there is one
+        return train, test
+
     def describe(self) -> dict[str, object]:
-        return {**super().describe(), "data_dir": self.data_dir}
+        return {**super().describe(), "label_type": self.label_type}
 
 
-class MNISTDataModule(ImageDataModule):
+class MNISTDataModule(_DirDataModule):
     """MNIST from the four standard IDX files in ``data_dir``, padded to 1x32x32.
 
     The 28x28 digits get a 2-pixel zero border in every split (LeNet-5's 32x32 input), because
@@ -341,24 +436,222 @@ class MNISTDataModule(ImageDataModule):
     crop_padding = 2
     flip = False
 
+    def _load_splits(self) -> tuple[ImageTensorDataset, ImageTensorDataset]:
+        return MNIST(self.data_dir, "train"), MNIST(self.data_dir, "test")
+
+
+class FashionMNISTDataModule(_DirDataModule):
+    """Fashion-MNIST from its four IDX files in ``data_dir``, padded to 1x32x32 as MNIST is.
+
+    The same shape and shifts as :class:`MNISTDataModule` (a 2-pixel zero border in every split,
+    random shifts of up to 2 pixels in training), for the same reason (one ``(1, 32, 32)`` input
+    for every network). Unlike digits, clothes keep their class when mirrored, so training also
+    flips left-right. Normalisation uses the Fashion-MNIST mean/std
+    (:data:`~nestflex.data.fashion_mnist.FASHION_MNIST_MEAN`).
+
+    Args:
+        data_dir: directory holding the IDX files (or their ``raw/`` or ``FashionMNIST/raw/``);
+            nothing is ever downloaded.
+        **kwargs: see :class:`ImageDataModule` (batch_size, num_workers, max_train_samples,
+            val_size, seed, pin_memory).
+
+    Raises:
+        DataError: bad arguments here; missing or corrupt files in :meth:`setup`.
+
+    Example:
+        >>> dm = FashionMNISTDataModule("./data/fashion")
+        >>> dm.input_shape, dm.num_classes, dm.classes[0]
+        ((1, 32, 32), 10, 'T-shirt/top')
+    """
+
+    name = "fashion_mnist"
+    synthetic = False
+    classes = FASHION_MNIST_CLASSES
+    mean = FASHION_MNIST_MEAN
+    std = FASHION_MNIST_STD
+    input_shape = (1, 32, 32)
+    border = 2
+    crop_padding = 2
+    flip = True
+
+    def _load_splits(self) -> tuple[ImageTensorDataset, ImageTensorDataset]:
+        return FashionMNIST(self.data_dir, "train"), FashionMNIST(self.data_dir, "test")
+
+
+class SVHNDataModule(_DirDataModule):
+    """SVHN cropped digits from ``train_32x32.mat`` and ``test_32x32.mat`` in ``data_dir``.
+
+    Samples are ``(3, 32, 32)``. Training shifts by up to 2 pixels (a crop from a 2-pixel zero
+    padding: the digit to classify is the centred one, and a larger shift would bring a
+    neighbouring digit to the centre) and never flips (a mirrored digit is another glyph).
+    Normalisation uses the SVHN mean/std (:data:`~nestflex.data.svhn.SVHN_MEAN`). The ``extra``
+    file is not used.
+
+    Args:
+        data_dir: directory holding the ``.mat`` files (or its ``svhn/`` or ``SVHN/``); nothing
+            is downloaded.
+        **kwargs: see :class:`ImageDataModule` (batch_size, num_workers, max_train_samples,
+            val_size, seed, pin_memory).
+
+    Raises:
+        DataError: bad arguments here; missing or invalid files in :meth:`setup`.
+
+    Example:
+        >>> dm = SVHNDataModule("./data/svhn")
+        >>> dm.input_shape, dm.num_classes, dm.flip
+        ((3, 32, 32), 10, False)
+    """
+
+    name = "svhn"
+    synthetic = False
+    classes = SVHN_CLASSES
+    mean = SVHN_MEAN
+    std = SVHN_STD
+    crop_padding = 2
+    flip = False
+
+    def _load_splits(self) -> tuple[ImageTensorDataset, ImageTensorDataset]:
+        return SVHN(self.data_dir, "train"), SVHN(self.data_dir, "test")
+
+
+class ImageFolderDataModule(_DirDataModule):
+    """Your own images, ``data_dir/<class>/<image>`` (or with ``train/`` and ``test/``), any size.
+
+    The folder is read by :mod:`nestflex.data.imagefolder` (its docstring gives the layout, the
+    seeded split and the decoding rules). :attr:`input_shape` is ``(C, H, W)`` of the images
+    as read: ``channels`` (or the first image's), ``image_size`` (or the first image's size), with
+    no padding or forced 32x32; it, :attr:`classes` and :attr:`num_classes` are known before
+    :meth:`setup` from the folder listing and the first image's header (read on first access).
+    :meth:`setup` decodes every image into memory.
+
+    ``mean``/``std``: given, or ``None`` to compute them per channel over the training split's
+    images (:func:`~nestflex.data.compute_mean_std`, hold-out included: it is part of the files
+    the model is trained from, and no label is involved) in :meth:`setup`; they are ``None``
+    before it.
+
+    Args:
+        data_dir: the image folder.
+        val_size: hold-out of the training split, a count or a fraction; 10% by default, since a
+            folder of your own may hold far fewer than 5,000 images.
+        channels: 1 (greyscale), 3 (RGB) or ``None`` (from the first image).
+        image_size: ``(H, W)`` (or an int for a square) to resize every image to, or ``None``.
+        test_fraction, split_seed: the seeded test split of a folder without ``train/``/``test/``
+            (its own seed, so changing ``seed`` keeps the test split).
+        mean, std: per-channel normalisation, or ``None`` (computed, see above).
+        flip: flip training images left-right (turn it off for text, digits, or anything whose
+            mirror image is another class).
+        crop_padding: zero padding of the training crop (random shifts of up to this many pixels).
+        **kwargs: see :class:`ImageDataModule` (batch_size, num_workers, max_train_samples, seed,
+            pin_memory).
+
+    Raises:
+        DataError: bad arguments here; a missing or malformed folder or image when the folder is
+            first looked at (``input_shape``, ``classes``, :meth:`setup`).
+
+    Example:
+        >>> dm = ImageFolderDataModule("photos", image_size=(64, 48), flip=False)  # doctest: +SKIP
+        >>> dm.input_shape, dm.classes  # doctest: +SKIP
+        ((3, 64, 48), ('cats', 'dogs'))
+    """
+
+    name = "imagefolder"
+    synthetic = False
+
     def __init__(
         self,
         data_dir: str | os.PathLike[str] = "./data",
         batch_size: int = 128,
         num_workers: int = 0,
         max_train_samples: int | None = None,
-        val_size: int | float = DEFAULT_VAL_SIZE,
+        val_size: int | float = 0.1,
         seed: int = 0,
         pin_memory: bool = False,
+        *,
+        channels: int | None = None,
+        image_size: int | Sequence[int] | None = None,
+        test_fraction: float = 0.2,
+        split_seed: int = 0,
+        mean: Sequence[float] | None = None,
+        std: Sequence[float] | None = None,
+        flip: bool = True,
+        crop_padding: int = 4,
     ) -> None:
-        super().__init__(batch_size, num_workers, max_train_samples, val_size, seed, pin_memory)
-        self.data_dir = os.fspath(data_dir)
+        super().__init__(data_dir, batch_size, num_workers, max_train_samples, val_size, seed, pin_memory)
+        _check_channels(channels)
+        self.image_size = _check_image_size(image_size)
+        _check_fraction(test_fraction)
+        _check_seed(split_seed)
+        _check_int("crop_padding", crop_padding, 0)
+        if not isinstance(flip, bool):
+            raise DataError(f"`flip` must be True or False, got {flip!r}")
+        if (mean is None) != (std is None):
+            raise DataError(
+                f"`mean` and `std` must be given together or both left None (computed), got mean={mean!r}, "
+                f"std={std!r}"
+            )
+        if mean is not None:
+            if channels is not None and (len(mean) != channels or len(std) != channels):
+                raise DataError(
+                    f"`mean` and `std` need one value per channel ({channels}), got mean={tuple(mean)!r}, "
+                    f"std={tuple(std)!r}"
+                )
+            if any(s <= 0 for s in std):
+                raise DataError(f"`std` must be > 0 for every channel, got {tuple(std)!r}")
+        self.channels = channels
+        self.test_fraction = float(test_fraction)
+        self.split_seed = split_seed
+        self.mean = None if mean is None else tuple(float(m) for m in mean)
+        self.std = None if std is None else tuple(float(s) for s in std)
+        self.flip = flip
+        self.crop_padding = crop_padding
+
+    @cached_property
+    def index(self) -> ImageFolderIndex:
+        """Classes and files of the folder, split (listed on first access, nothing decoded)."""
+        return index_image_folder(self.data_dir, self.test_fraction, self.split_seed)
+
+    @cached_property
+    def input_shape(self) -> tuple[int, int, int]:  # type: ignore[override]
+        """``(C, H, W)`` of every sample (the first image's header decides what is not given)."""
+        return image_folder_shape(self.index, self.channels, self.image_size)
+
+    @property
+    def classes(self) -> tuple[str, ...]:  # type: ignore[override]
+        return self.index.classes
+
+    @property
+    def num_classes(self) -> int:  # type: ignore[override]
+        return len(self.index.classes)
 
     def _load_splits(self) -> tuple[ImageTensorDataset, ImageTensorDataset]:
-        return MNIST(self.data_dir, "train"), MNIST(self.data_dir, "test")
+        c, h, w = self.input_shape
+        # the resolved shape, so both splits are read alike whatever the first image of each is
+        train = ImageFolder(self.index, "train", c, (h, w) if self.image_size else None)
+        test = ImageFolder(self.index, "test", c, (h, w) if self.image_size else None)
+        if self.mean is None:
+            self.mean, self.std = compute_mean_std(train.images)
+            # a channel of one value everywhere (a blank dataset) would divide by zero
+            self.std = tuple(s if s > 0 else 1.0 for s in self.std)
+        elif len(self.mean) != c:
+            raise DataError(
+                f"`mean` and `std` have {len(self.mean)} value(s), but the images of {self.data_dir} are "
+                f"read with {c} channel(s). HINT: give one value per channel, or pass `channels`"
+            )
+        return train, test
 
     def describe(self) -> dict[str, object]:
-        return {**super().describe(), "data_dir": self.data_dir}
+        out = {
+            **super().describe(),
+            "channels": self.channels,
+            "image_size": list(self.image_size) if self.image_size else None,
+            "split_folders": self.index.split_folders,
+            "classes": list(self.classes),
+        }
+        if not self.index.split_folders:
+            out.update(test_fraction=self.test_fraction, split_seed=self.split_seed)
+        if self.mean is not None:
+            out.update(mean=list(self.mean), std=list(self.std))
+        return out
 
 
 class SyntheticDataModule(ImageDataModule):

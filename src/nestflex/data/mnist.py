@@ -13,6 +13,10 @@ The files are looked for in ``data_dir``, ``data_dir/raw`` and ``data_dir/MNIST/
 torchvision layout), each name with or without ``.gz``. Nothing is ever downloaded: put the files
 there yourself.
 
+Fashion-MNIST (:mod:`nestflex.data.fashion_mnist`) uses the same format and file names; it is
+read by the same code (:func:`read_idx` and the private ``_IdxDataset`` description), with its
+own folders, class names and messages.
+
 Images keep their native 1x28x28 here; :class:`~nestflex.data.MNISTDataModule` pads them to
 1x32x32 in its transforms (docs/data.md says why).
 
@@ -28,6 +32,7 @@ import gzip
 import math
 import os
 import zlib
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -82,28 +87,29 @@ _GZIP_MAGIC = b"\x1f\x8b"
 # ------------------------------------------------------------------------------------------------
 
 
-def _read_bytes(path: Path) -> bytes:
+def _read_bytes(path: Path, what: str) -> bytes:
     try:
         raw = path.read_bytes()
     except OSError as exc:
-        raise DataError(f"cannot read MNIST file {path}: {exc}") from exc
+        raise DataError(f"cannot read {what} file {path}: {exc}") from exc
     if not raw.startswith(_GZIP_MAGIC):  # decided by content, not by name: a renamed file still reads
         return raw
     try:
         return gzip.decompress(raw)
     except (OSError, EOFError, zlib.error) as exc:
         raise DataError(
-            f"MNIST file {path} is a corrupt or truncated gzip file ({type(exc).__name__}: {exc}). "
+            f"{what} file {path} is a corrupt or truncated gzip file ({type(exc).__name__}: {exc}). "
             f"HINT: copy it again, or gunzip a good copy next to it"
         ) from exc
 
 
-def read_idx(path: str | os.PathLike[str], ndim: int | None = None) -> np.ndarray:
+def read_idx(path: str | os.PathLike[str], ndim: int | None = None, *, what: str = "MNIST") -> np.ndarray:
     """Read one IDX file of unsigned bytes (gzipped or not) into a uint8 array.
 
     Args:
         path: the file.
         ndim: the number of dimensions the file must have (``None``: any).
+        what: the dataset's name, for the messages (``"MNIST"``, ``"Fashion-MNIST"``).
 
     Returns:
         A uint8 array with the shape the header announces.
@@ -122,44 +128,45 @@ def read_idx(path: str | os.PathLike[str], ndim: int | None = None) -> np.ndarra
         [7, 8, 9]
     """
     path = Path(path)
-    raw = _read_bytes(path)
+    raw = _read_bytes(path, what)
     if len(raw) < 4:
         raise DataError(
-            f"MNIST file {path} is {len(raw)} bytes long, too short for an IDX magic number (4 bytes). "
+            f"{what} file {path} is {len(raw)} bytes long, too short for an IDX magic number (4 bytes). "
             "HINT: the file is empty or truncated; copy it again"
         )
     zero, code, dims = raw[:2], raw[2], raw[3]
     magic = int.from_bytes(raw[:4], "big")
     if zero != b"\x00\x00":
         raise DataError(
-            f"MNIST file {path} has magic number 0x{magic:08x}, not an IDX file (its first two bytes must be 0). "
-            "HINT: is it an image or archive of another format? Use the standard MNIST IDX files"
+            f"{what} file {path} has magic number 0x{magic:08x}, not an IDX file (its first two bytes "
+            "must be 0). HINT: is it an image or archive of another format? "
+            f"Use the standard {what} IDX files"
         )
     if code != IDX_UBYTE:
         kind = _IDX_TYPES.get(code, "unknown")
         raise DataError(
-            f"MNIST file {path} has magic number 0x{magic:08x}: IDX type 0x{code:02x} ({kind}), expected "
-            f"0x{IDX_UBYTE:02x} (unsigned byte). HINT: MNIST images and labels are unsigned bytes; "
+            f"{what} file {path} has magic number 0x{magic:08x}: IDX type 0x{code:02x} ({kind}), expected "
+            f"0x{IDX_UBYTE:02x} (unsigned byte). HINT: {what} images and labels are unsigned bytes; "
             "is this another dataset's file?"
         )
     if ndim is not None and dims != ndim:
         raise DataError(
-            f"MNIST file {path} has magic number 0x{magic:08x}: {dims} dimension(s), expected {ndim} "
+            f"{what} file {path} has magic number 0x{magic:08x}: {dims} dimension(s), expected {ndim} "
             f"(magic 0x{0x800 | ndim:08x}). HINT: an images file has 3 (idx3), a labels file 1 (idx1); "
             "are the two swapped?"
         )
     header = 4 + 4 * dims
     if len(raw) < header:
         raise DataError(
-            f"MNIST file {path} is truncated inside its header: {len(raw)} bytes, the header of a "
+            f"{what} file {path} is truncated inside its header: {len(raw)} bytes, the header of a "
             f"{dims}-dimensional IDX file needs {header}. HINT: copy the file again"
         )
     shape = tuple(int.from_bytes(raw[4 + 4 * i: 8 + 4 * i], "big") for i in range(dims))
     expected = header + math.prod(shape)
     if len(raw) != expected:
-        what = "truncated" if len(raw) < expected else "longer than its header says"
+        problem = "truncated" if len(raw) < expected else "longer than its header says"
         raise DataError(
-            f"MNIST file {path} is {what}: its header announces shape {shape}, i.e. {expected:,} bytes "
+            f"{what} file {path} is {problem}: its header announces shape {shape}, i.e. {expected:,} bytes "
             f"with the header, but it holds {len(raw):,}. HINT: copy the file again (decompressed size "
             "if gzipped)"
         )
@@ -169,6 +176,30 @@ def read_idx(path: str | os.PathLike[str], ndim: int | None = None) -> np.ndarra
 # ------------------------------------------------------------------------------------------------
 # Locating and loading
 # ------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _IdxDataset:
+    """What tells MNIST and Fashion-MNIST apart: everything but the IDX files' names and format."""
+
+    what: str  # the name in messages
+    subdirs: tuple[str, ...]  # relative to data_dir, "" = data_dir itself
+    classes: tuple[str, ...]
+    hint: str  # how to get the files
+    size_hint: str  # what a file of other-sized images probably is
+
+    def candidates(self, data_dir: str | os.PathLike[str]) -> list[Path]:
+        root = Path(data_dir)
+        return [root / sub if sub else root for sub in self.subdirs]
+
+
+_MNIST = _IdxDataset(
+    what="MNIST",
+    subdirs=_SUBDIRS,
+    classes=MNIST_CLASSES,
+    hint=_HINT,
+    size_hint="is it EMNIST or another IDX dataset? Only standard MNIST is supported",
+)
 
 
 def _find_file(directory: Path, name: str) -> Path | None:
@@ -191,13 +222,49 @@ def _files_in(directory: Path) -> dict[str, Path]:
 _REQUIRED = tuple(n for pair in MNIST_FILES.values() for n in pair)
 
 
-def _candidates(data_dir: str | os.PathLike[str]) -> list[Path]:
-    root = Path(data_dir)
-    return [root / sub if sub else root for sub in _SUBDIRS]
-
-
 def _present(directory: Path) -> set[str]:
     return set(_files_in(directory))
+
+
+def _find_idx_dir(spec: _IdxDataset, data_dir: str | os.PathLike[str]) -> Path | None:
+    return find_dir(spec.candidates(data_dir), _present, _REQUIRED)
+
+
+def _require_idx_dir(spec: _IdxDataset, data_dir: str | os.PathLike[str]) -> Path:
+    return require_dir(Path(data_dir), spec.candidates(data_dir), _present, _REQUIRED, what=spec.what,
+                       expected=_EXPECTED, hint=spec.hint)
+
+
+def _load_idx_split(
+    spec: _IdxDataset, data_dir: str | os.PathLike[str], split: str
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The one loader behind :func:`load_mnist` and :func:`~nestflex.data.load_fashion_mnist`."""
+    if split not in MNIST_FILES:
+        raise DataError(f"`split` must be 'train' or 'test', got {split!r}")
+    directory = _require_idx_dir(spec, data_dir)
+    image_path, label_path = (_find_file(directory, n) for n in MNIST_FILES[split])
+    images = read_idx(image_path, ndim=3, what=spec.what)
+    labels = read_idx(label_path, ndim=1, what=spec.what)
+    if images.shape[1:] != (_SIZE, _SIZE):
+        raise DataError(
+            f"{spec.what} file {image_path} holds images of {images.shape[1]}x{images.shape[2]} pixels, "
+            f"expected {_SIZE}x{_SIZE}. HINT: {spec.size_hint}"
+        )
+    if len(labels) != len(images):
+        raise DataError(
+            f"{spec.what} files {image_path} and {label_path} disagree: {len(images):,} images but "
+            f"{len(labels):,} labels. HINT: the two files come from different copies or splits; copy both "
+            "again"
+        )
+    if len(labels) and labels.max() >= len(spec.classes):
+        raise DataError(
+            f"{spec.what} file {label_path}: labels must lie in 0..{len(spec.classes) - 1}, got values up to "
+            f"{int(labels.max())}. HINT: is it an EMNIST letters file?"
+        )
+    return (
+        torch.from_numpy(images.copy()).unsqueeze(1),
+        torch.from_numpy(labels.astype(np.int64)),
+    )
 
 
 def find_mnist_dir(data_dir: str | os.PathLike[str]) -> Path | None:
@@ -206,7 +273,7 @@ def find_mnist_dir(data_dir: str | os.PathLike[str]) -> Path | None:
     Returns ``None`` when none of them holds all four (each may be gzipped). Only presence is
     checked; contents are validated when loaded.
     """
-    return find_dir(_candidates(data_dir), _present, _REQUIRED)
+    return _find_idx_dir(_MNIST, data_dir)
 
 
 def mnist_available(data_dir: str | os.PathLike[str]) -> bool:
@@ -225,8 +292,7 @@ def require_mnist_dir(data_dir: str | os.PathLike[str]) -> Path:
     Raises:
         DataError: naming ``data_dir``, the missing files and where they may go.
     """
-    return require_dir(Path(data_dir), _candidates(data_dir), _present, _REQUIRED, what="MNIST",
-                       expected=_EXPECTED, hint=_HINT)
+    return _require_idx_dir(_MNIST, data_dir)
 
 
 def load_mnist(data_dir: str | os.PathLike[str], split: str = "train") -> tuple[torch.Tensor, torch.Tensor]:
@@ -244,31 +310,7 @@ def load_mnist(data_dir: str | os.PathLike[str], split: str = "train") -> tuple[
             :func:`read_idx`); images that are not 28x28; a label count that differs from the
             image count; labels outside 0..9.
     """
-    if split not in MNIST_FILES:
-        raise DataError(f"`split` must be 'train' or 'test', got {split!r}")
-    directory = require_mnist_dir(data_dir)
-    image_path, label_path = (_find_file(directory, n) for n in MNIST_FILES[split])
-    images = read_idx(image_path, ndim=3)
-    labels = read_idx(label_path, ndim=1)
-    if images.shape[1:] != (_SIZE, _SIZE):
-        raise DataError(
-            f"MNIST file {image_path} holds images of {images.shape[1]}x{images.shape[2]} pixels, expected "
-            f"{_SIZE}x{_SIZE}. HINT: is it EMNIST or another IDX dataset? Only standard MNIST is supported"
-        )
-    if len(labels) != len(images):
-        raise DataError(
-            f"MNIST files {image_path} and {label_path} disagree: {len(images):,} images but {len(labels):,} "
-            f"labels. HINT: the two files come from different copies or splits; copy both again"
-        )
-    if len(labels) and labels.max() >= len(MNIST_CLASSES):
-        raise DataError(
-            f"MNIST file {label_path}: labels must lie in 0..9, got values up to {int(labels.max())}. "
-            "HINT: is it an EMNIST letters file?"
-        )
-    return (
-        torch.from_numpy(images.copy()).unsqueeze(1),
-        torch.from_numpy(labels.astype(np.int64)),
-    )
+    return _load_idx_split(_MNIST, data_dir, split)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -276,7 +318,23 @@ def load_mnist(data_dir: str | os.PathLike[str], split: str = "train") -> tuple[
 # ------------------------------------------------------------------------------------------------
 
 
-class MNIST(ImageTensorDataset):
+class _IdxImages(ImageTensorDataset):
+    """An IDX dataset (MNIST, Fashion-MNIST) in memory; subclasses name their :class:`_IdxDataset`."""
+
+    _spec: _IdxDataset
+
+    def __init__(
+        self,
+        data_dir: str | os.PathLike[str],
+        split: str = "train",
+        transform: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    ) -> None:
+        images, targets = _load_idx_split(self._spec, data_dir, split)
+        super().__init__(images, targets, classes=self._spec.classes, transform=transform)
+        self.split = split
+
+
+class MNIST(_IdxImages):
     """MNIST as a torch ``Dataset`` of ``(image, label)``, held in memory as uint8 ``(1, 28, 28)``.
 
     Args:
@@ -294,12 +352,4 @@ class MNIST(ImageTensorDataset):
         torch.Size([10000, 1, 28, 28])
     """
 
-    def __init__(
-        self,
-        data_dir: str | os.PathLike[str],
-        split: str = "train",
-        transform: Callable[[torch.Tensor], torch.Tensor] | None = None,
-    ) -> None:
-        images, targets = load_mnist(data_dir, split)
-        super().__init__(images, targets, classes=MNIST_CLASSES, transform=transform)
-        self.split = split
+    _spec = _MNIST

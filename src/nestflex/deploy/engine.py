@@ -576,7 +576,7 @@ class Engine:
                               f"{type(frame).__name__}")
         if frame.dtype != torch.float32:
             raise EngineError(f"app {app.name!r}: a frame must be float32 (normalised), got {frame.dtype}. "
-                              f"HINT: x = (pixels / 255 - mean) / std with the bundle's input mean and std")
+                              f"HINT: prepare inputs as the bundle's input.note says (its scale, mean and std)")
         if list(frame.shape) == shape:
             return frame.unsqueeze(0)
         if frame.dim() == len(shape) + 1 and frame.shape[0] == 1 and list(frame.shape[1:]) == shape:

@@ -482,7 +482,7 @@ class Producer(_Record):
 
 @dataclass(frozen=True)
 class InputSpec(_Record):
-    """What one sample looks like; the caller normalises ``(pixel / 255 - mean) / std``.
+    """What one sample looks like; the caller normalises ``(raw * scale - mean) / std``.
 
     Attributes:
         shape: per-sample shape, e.g. ``(3, 32, 32)``.
@@ -490,6 +490,8 @@ class InputSpec(_Record):
         layout: ``NCHW``.
         mean, std: per-channel normalisation (one per ``shape[0]``), or ``None``.
         note: how to normalise, for people.
+        scale: factor from the raw input to the range ``mean``/``std`` apply to (``1/255`` for
+            8-bit images); ``None`` when the data's own transforms define the range (the note says so).
     """
 
     shape: tuple[int, ...]
@@ -498,6 +500,7 @@ class InputSpec(_Record):
     mean: tuple[float, ...] | None = None
     std: tuple[float, ...] | None = None
     note: str | None = None
+    scale: float | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     _PATH: ClassVar[str] = "input"
@@ -514,6 +517,7 @@ class InputSpec(_Record):
         mean = r.nums(r.get(v, "mean", path, required=False), _join(path, "mean"), null=True)
         std = r.nums(r.get(v, "std", path, required=False), _join(path, "std"), null=True)
         note = r.str_(r.get(v, "note", path, required=False), _join(path, "note"), null=True)
+        scale = r.num(r.get(v, "scale", path, required=False), _join(path, "scale"), lo=0, lo_open=True, null=True)
         if isinstance(shape, tuple):
             for key, val in (("mean", mean), ("std", std)):
                 r.length(val, _join(path, key), shape[0], f"one per input channel, shape {list(shape)}")
@@ -523,11 +527,13 @@ class InputSpec(_Record):
             r.fail(_join(path, "std" if std is None else "mean"), "must be given with `mean`/`std` (both or neither)")
         if _failed(r, before):
             return None
-        return cls(shape, dtype, layout, mean, std, note, _extra(v, ("shape", "dtype", "layout", "mean", "std", "note")))
+        return cls(shape, dtype, layout, mean, std, note, scale,
+                   _extra(v, ("shape", "dtype", "layout", "mean", "std", "note", "scale")))
 
     def to_json(self) -> dict[str, Any]:
         return {"shape": list(self.shape), "dtype": self.dtype, "layout": self.layout, "mean": _list(self.mean),
-                "std": _list(self.std), "note": self.note, **self.extra}
+                "std": _list(self.std), "note": self.note,
+                **({} if self.scale is None else {"scale": self.scale}), **self.extra}
 
 
 @dataclass(frozen=True)

@@ -38,6 +38,9 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Sequence
 
+import math
+import warnings
+
 import torch
 
 from nestflex.deploy.exits import ConfidenceFn, ExitError, check_thresholds, decide, get_confidence
@@ -49,6 +52,8 @@ __all__ = [
     "evaluate_thresholds",
     "fit_lossless_thresholds",
     "lossless_thresholds",
+    "loss_bound",
+    "samples_needed",
     "exit_profile",
     "calibrate",
 ]
@@ -192,6 +197,46 @@ def fit_lossless_thresholds(
     return thresholds
 
 
+def _binom_cdf(k: int, n: int, p: float) -> float:
+    """P(X <= k) for X ~ Binomial(n, p), summed in log space (n may be large)."""
+    if p <= 0.0:
+        return 1.0
+    if p >= 1.0:
+        return 0.0 if k < n else 1.0
+    lp, lq, lgn = math.log(p), math.log1p(-p), math.lgamma(n + 1)
+    return min(1.0, sum(math.exp(lgn - math.lgamma(i + 1) - math.lgamma(n - i + 1) + i * lp + (n - i) * lq)
+                        for i in range(k + 1)))
+
+
+def loss_bound(harm: int, n: int, confidence: float = 0.95) -> float:
+    """One-sided (Clopper-Pearson) upper bound of a rate seen as ``harm`` events in ``n`` samples.
+
+    Used on the samples whose right answer the early exits turned wrong (on held-out folds): the
+    bound caps the accuracy a "lossless" policy may lose on new data.
+
+    Example:
+        >>> round(loss_bound(0, 300), 4), round(loss_bound(0, 180), 4)  # 0 harms in 180: up to 1.7%
+        (0.0099, 0.0165)
+    """
+    if n <= 0 or harm >= n:
+        return 1.0
+    alpha, lo, hi = 1.0 - confidence, harm / n, 1.0
+    for _ in range(60):  # bisection: the CDF falls as p grows
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if _binom_cdf(harm, n, mid) > alpha else (lo, mid)
+    return hi
+
+
+def samples_needed(tolerance: float = 0.01, confidence: float = 0.95) -> int:
+    """Fewest samples whose bound stays within ``tolerance`` when no harm is seen (rule of three).
+
+    Example:
+        >>> samples_needed(0.01), samples_needed(0.02)
+        (299, 149)
+    """
+    return math.ceil(math.log(1.0 - confidence) / math.log1p(-tolerance))
+
+
 def lossless_thresholds(
     logits: torch.Tensor,
     labels: torch.Tensor,
@@ -201,16 +246,24 @@ def lossless_thresholds(
     folds: int = 5,
     seed: int = 0,
     grid: Sequence[float] = LOSSLESS_GRID,
+    tolerance: float = 0.01,
 ) -> dict[str, Any]:
     """Per-exit lossless thresholds by ``folds``-fold cross-validation (see the module docstring).
 
     Everything here runs the policy with ``fallback="final"``: samples that pass no threshold are
     answered by the final exit.
 
+    A lossless claim is only as good as the number of samples behind it: ``guard`` counts the
+    held-out samples whose right answer the early exits turned wrong and bounds that rate
+    (:func:`loss_bound`, 95%); when the bound exceeds ``tolerance`` (default one point) a
+    ``UserWarning`` says how many samples the claim needs (:func:`samples_needed`).
+
     Returns:
         ``{"thresholds", "fallback", "folds", "seed", "grid_size", "cv": [per fold],
         "cv_accuracy_delta_mean", "accuracy", "final_accuracy", "mean_macs_fraction",
-        "exit_rate"}``; the last four measure the chosen thresholds on all the samples given.
+        "exit_rate", "guard"}``; ``accuracy`` to ``exit_rate`` measure the chosen thresholds on all
+        the samples given; ``guard`` is ``{"samples", "harm", "loss_bound", "confidence",
+        "tolerance", "supported", "samples_needed"}``.
 
     Raises:
         ExitError: ``folds`` < 2 or more folds than samples.
@@ -223,12 +276,14 @@ def lossless_thresholds(
     correct = logits.argmax(-1) == labels[None]
     perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
     parts = torch.tensor_split(perm, folds)
-    cv, fits = [], []
+    cv, fits, harm = [], [], 0
     for f, held in enumerate(parts):
         fit_idx = torch.cat([p for i, p in enumerate(parts) if i != f])
         thr = fit_lossless_thresholds(conf[:, fit_idx], correct[:, fit_idx], grid)
         fits.append(thr)
         row = _evaluate(conf[:, held], correct[:, held], thr, exit_macs, backbone_macs, "final")
+        _, answer = decide(conf[:, held], thr, "final")
+        harm += int((correct[-1, held] & ~correct[answer, torch.arange(held.numel())]).sum())
         final = correct[-1, held].double().mean().item()
         cv.append(
             {
@@ -242,6 +297,15 @@ def lossless_thresholds(
         )
     chosen = [max(col) for col in zip(*fits)] if fits and fits[0] else []
     overall = _evaluate(conf, correct, chosen, exit_macs, backbone_macs, "final")
+    bound, needed = loss_bound(harm, n), samples_needed(tolerance)
+    guard = {"samples": n, "harm": harm, "loss_bound": round(bound, 6), "confidence": 0.95, "tolerance": tolerance,
+             "supported": bound <= tolerance, "samples_needed": needed}
+    if not guard["supported"]:
+        warnings.warn(
+            f"lossless thresholds fitted on {n} samples: on held-out folds the early exits turned {harm} right answers "
+            f"wrong, so on new data they may lose up to {bound:.1%} accuracy (95% bound), more than {tolerance:.0%}. "
+            f"HINT: calibrate on at least {needed} samples (with no such errors) for a lossless claim within "
+            f"{tolerance:.0%}", UserWarning, stacklevel=2)
     return {
         "thresholds": chosen,
         "fallback": "final",
@@ -254,6 +318,7 @@ def lossless_thresholds(
         "final_accuracy": correct[-1].double().mean().item(),
         "mean_macs_fraction": overall["mean_macs_fraction"],
         "exit_rate": overall["exit_rate"],
+        "guard": guard,
     }
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 from typing import Any, Mapping, Sequence
 
 import pytorch_lightning as pl
+from pytorch_lightning.utilities import rank_zero_warn
 import torch
 from torch import nn
 from torchmetrics.classification import MulticlassAccuracy
@@ -39,7 +40,9 @@ class MultiExitClassifier(pl.LightningModule):
 
     Args:
         model_name: backbone from :func:`nestflex.models.list_models` (or ``timm:<name>``); used
-            to rebuild the network from a checkpoint.
+            to rebuild the network from a checkpoint. Default ``vgg16``; with a ``backbone`` of
+            your own leave it out: the checkpoint then records the backbone's class, and loading
+            it asks for ``backbone=`` instead of rebuilding a wrong network.
         num_classes: classifier outputs.
         width: channel multiplier of the backbone.
         positions: exit positions (MACs fractions in (0, 1) and/or split point names).
@@ -50,10 +53,16 @@ class MultiExitClassifier(pl.LightningModule):
         lr, momentum, weight_decay, max_epochs: as :class:`~nestflex.training.ImageClassifier`.
         backbone: start from this module (e.g. a trained baseline) instead of a fresh
             ``model_name``; it is used as is, not copied. Not saved in hyperparameters: loading a
-            checkpoint rebuilds ``model_name`` and then loads the weights.
+            checkpoint rebuilds ``model_name`` (or takes ``backbone=`` again) and then loads the
+            weights. In ``joint`` mode it is put in training mode (a backbone left in eval mode
+            would train on frozen BatchNorm statistics), with a warning.
+        backbone_class: recorded automatically (the class of a ``backbone`` given without
+            ``model_name``); do not pass it.
         input_shape: per-sample ``(C, H, W)`` of the data (a DataModule's ``input_shape``); the
             network is traced at it and a fresh ``model_name`` gets ``C`` input channels. Default:
-            the backbone's own (:func:`nestflex.graph.input_shape_of`), else ``(3, 32, 32)``. Saved
+            the backbone's own (:func:`nestflex.graph.input_shape_of`; a grown network records
+            it), else, for a fresh ``model_name``, ``(3, 32, 32)``; a backbone of your own without
+            one needs it (an error says so). Saved
             (resolved) in the hyperparameters, so a checkpoint rebuilds the same input. Batches of
             another shape raise.
 
@@ -70,7 +79,7 @@ class MultiExitClassifier(pl.LightningModule):
 
     def __init__(
         self,
-        model_name: str = "vgg16",
+        model_name: str | None = None,
         num_classes: int = 10,
         width: float = 1.0,
         positions: Sequence[Position] = DEFAULT_POSITIONS,
@@ -83,8 +92,19 @@ class MultiExitClassifier(pl.LightningModule):
         max_epochs: int = 10,
         backbone: nn.Module | None = None,
         input_shape: Sequence[int] | None = None,
+        backbone_class: str | None = None,
     ) -> None:
         super().__init__()
+        if backbone is None and model_name is None and backbone_class is not None:
+            raise ExitError(
+                f"this MultiExitClassifier was trained on a backbone of your own ({backbone_class}), which a checkpoint "
+                f"cannot rebuild. HINT: pass it again: MultiExitClassifier.load_from_checkpoint(path, "
+                f"backbone={backbone_class}(...))"
+            )
+        if backbone is not None and model_name is None:
+            backbone_class = type(backbone).__name__
+        elif backbone is None:
+            model_name = model_name or "vgg16"
         if mode not in MODES:
             raise ExitError(
                 f"`mode` must be one of {', '.join(MODES)}, got {mode!r}. HINT: `exits_only` trains heads on a "
@@ -104,6 +124,13 @@ class MultiExitClassifier(pl.LightningModule):
             if not ok:
                 raise ExitError(f"`{arg}` is out of range, got {value!r}")
         self.save_hyperparameters(ignore=["backbone"])
+        self.hparams.model_name, self.hparams.backbone_class = model_name, backbone_class
+        if backbone is not None and input_shape is None and getattr(backbone, "input_shape", None) is None:
+            raise ExitError(
+                f"MultiExitClassifier cannot tell the per-sample input shape of the backbone {type(backbone).__name__} "
+                f"(it has no `input_shape` attribute), and exit positions are measured at it. HINT: pass "
+                f"`input_shape=(C, H, W)` (a DataModule's `input_shape`, or `tuple(batch[0].shape[1:])`)"
+            )
         shape = input_shape_of(backbone, input_shape) if backbone is not None else tuple(input_shape or DEFAULT_INPUT_SHAPE)
         self.hparams.input_shape = shape  # resolved: the checkpoint must rebuild this input, not the default
         if backbone is None:
@@ -118,6 +145,8 @@ class MultiExitClassifier(pl.LightningModule):
         if mode == "exits_only":
             self.model.backbone.requires_grad_(False)
             self.model.backbone.eval()
+        else:
+            self._train_backbone()
         self.loss_weights: list[float] = [1.0] * self.model.num_exits
         self.val_acc = nn.ModuleList(
             MulticlassAccuracy(num_classes, average="micro") for _ in range(self.model.num_exits)
@@ -139,6 +168,21 @@ class MultiExitClassifier(pl.LightningModule):
     @property
     def exit_names(self) -> list[str]:
         return list(self.model.exit_names)
+
+    def _train_backbone(self) -> None:
+        """Joint mode trains the backbone: modules left in eval mode (BatchNorm on running statistics,
+        dropout off) would train wrongly and silently, so they are switched back, with a warning."""
+        frozen = [n or type(m).__name__ for n, m in self.model.backbone.named_modules() if not m.training]
+        if frozen:
+            rank_zero_warn(f"MultiExitClassifier(mode='joint'): the backbone had {len(frozen)} module(s) in eval mode "
+                           f"({', '.join(frozen[:3])}{', ...' if len(frozen) > 3 else ''}); switched to training mode so "
+                           f"BatchNorm learns from the batches. HINT: mode='exits_only' trains the heads on a frozen "
+                           f"backbone")
+            self.model.backbone.train()
+
+    def on_train_start(self) -> None:
+        if self.hparams.mode == "joint":
+            self._train_backbone()  # the backbone may have been put in eval mode after construction
 
     def train(self, mode: bool = True) -> "MultiExitClassifier":
         super().train(mode)

@@ -38,36 +38,12 @@ from torch.utils.data import DataLoader, IterableDataset, Subset
 from typing_extensions import override
 
 from nestflex._io import atomic_write_bytes, write_json
+from nestflex._trainer import fit_loader, network_attr
+from nestflex.capacity.nested import extract_level, is_nested, num_levels
 from nestflex.deploy.exits import ExitError
 from nestflex.exits.flexdnn import FlexDNNConfig, FlexDNNResult, flexdnn
 
 __all__ = ["FlexDNNExits"]
-
-
-def _single(loader: Any, which: str) -> Any:
-    """One DataLoader out of what Lightning holds: a loader, a one-element list/dict, or a
-    CombinedLoader of one."""
-    loader = getattr(loader, "iterables", loader)  # CombinedLoader
-    if isinstance(loader, dict):
-        loader = list(loader.values())
-    if isinstance(loader, (list, tuple)):
-        if len(loader) > 1:
-            raise ExitError(f"`FlexDNNExits` needs one {which} loader, got {len(loader)}. HINT: fit with a single "
-                            f"{which} DataLoader (FlexDNN plans on one validation split)")
-        loader = loader[0] if loader else None
-    return loader
-
-
-def _loader(trainer: pl.Trainer, which: str) -> Any:
-    """The fit's ``train``/``val`` loader (the DataModule's or the one passed to ``fit``)."""
-    loader = trainer.train_dataloader if which == "train" else trainer.val_dataloaders
-    if loader is None:  # e.g. validation switched off during fit: ask the DataModule itself
-        dm = getattr(trainer, "datamodule", None)
-        try:
-            loader = getattr(dm, f"{which}_dataloader")() if dm is not None else None
-        except Exception:  # a DataModule without that split raises Lightning's own error
-            loader = None
-    return _single(loader, which)
 
 
 def _indices(loader: DataLoader) -> list[int] | None:
@@ -95,8 +71,8 @@ class FlexDNNExits(Callback):
 
     Args:
         dirpath: output directory (default: ``<trainer.default_root_dir>/flexdnn``).
-        attr: attribute of the LightningModule that holds the trained classifier (ImageClassifier:
-            ``model``).
+        attr: attribute of the LightningModule that holds the trained classifier; default
+            ``model`` (ImageClassifier's), else the module's one child with parameters.
         config: :class:`~nestflex.exits.FlexDNNConfig` fields (``None``: its defaults); a
             ``locations`` list (or one value) is accepted, since LightningCLI YAML has no tuples.
         calibration_fraction: share of the validation images held out of the search and plan to
@@ -115,7 +91,7 @@ class FlexDNNExits(Callback):
     def __init__(
         self,
         dirpath: str | os.PathLike | None = None,
-        attr: str = "model",
+        attr: str | None = None,
         config: dict[str, Any] | None = None,
         calibration_fraction: float = 0.5,
         train_samples: int | None = None,
@@ -145,10 +121,8 @@ class FlexDNNExits(Callback):
         return Path(self.dirpath if self.dirpath is not None else Path(trainer.default_root_dir) / "flexdnn")
 
     def _network(self, pl_module: pl.LightningModule) -> nn.Module:
-        net = getattr(pl_module, self.attr, None)
-        if not isinstance(net, nn.Module):
-            raise ExitError(f"`attr`={self.attr!r}: {type(pl_module).__name__} has no nn.Module attribute "
-                            f"{self.attr!r}. HINT: pass the attribute that holds the trained classifier")
+        attr = network_attr(pl_module, self.attr, ExitError, "FlexDNNExits")
+        net = getattr(pl_module, attr)
         if hasattr(net, "exits") and hasattr(net, "backbone"):
             raise ExitError(f"`attr`={self.attr!r} holds a multi-exit network; FlexDNN adds exits to a plain "
                             f"classifier. HINT: point `attr` at the backbone, or train an ImageClassifier")
@@ -196,13 +170,16 @@ class FlexDNNExits(Callback):
 
     def _run(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         net = self._network(pl_module)
-        train, val = _loader(trainer, "train"), _loader(trainer, "val")
+        train, val = (fit_loader(trainer, w, ExitError, "FlexDNNExits") for w in ("train", "val"))
         if val is None or train is None:
             missing = "validation" if val is None else "training"
             raise ExitError(f"`FlexDNNExits` found no {missing} loader after fit (the exits are trained on the "
                             "training split and every search and plan decision is made on the validation split). "
                             "HINT: give trainer.fit val_dataloaders, or a DataModule with both splits")
-        backbone = copy.deepcopy(net).cpu().eval()  # flexdnn freezes its backbone; the module keeps training state
+        if is_nested(net):  # a grown network: plan on a plain copy of its largest level, which the bundle shares
+            backbone = extract_level(net, num_levels(net) - 1).cpu().eval()
+        else:  # flexdnn freezes its backbone; the module keeps training state
+            backbone = copy.deepcopy(net).cpu().eval()
         x = next(iter(val))[0]
         input_shape = tuple(x.shape[1:])
         with torch.no_grad():

@@ -124,6 +124,7 @@ def export_bundle(
     input_shape: Sequence[int] = (3, 32, 32),
     mean: Sequence[float] | None = None,
     std: Sequence[float] | None = None,
+    input_scale: float | None = None,
     classes: Sequence[str] | None = None,
     thresholds: float | Sequence[float] | None = None,
     confidence: str = "max_prob",
@@ -154,6 +155,9 @@ def export_bundle(
             accuracy a fraction in [0, 1] or ``None``, finite numbers).
         input_shape: per-sample input shape.
         mean, std: per-channel normalisation the caller must apply (recorded, not applied).
+        input_scale: factor from the raw input to the range ``mean``/``std`` apply to (``1/255`` for
+            8-bit images, as nestflex's DataModules read them); ``None`` when the data's own
+            transforms define it. Recorded in ``input.scale`` and described in ``input.note``.
         classes: class names.
         thresholds: one per early exit (default: the lossless thresholds of ``calibration``, else 1.0).
         confidence, fallback: the exit policy (:mod:`nestflex.deploy.exits`).
@@ -206,11 +210,22 @@ def export_bundle(
     if (mean is None) != (std is None) or (mean is not None and (len(mean) != input_shape[0] or len(std) != input_shape[0])):
         raise ExportError(f"`mean` and `std` must both be given with one value per input channel ({input_shape[0]}), "
                           f"got {mean!r} and {std!r}")
+    if input_scale is not None and (isinstance(input_scale, bool) or not isinstance(input_scale, (int, float))
+                                    or not 0 < input_scale < float("inf")):
+        raise ExportError(f"`input_scale` must be a finite number > 0 or None, got {input_scale!r}. HINT: 1/255 for "
+                          f"8-bit images scaled to [0, 1] before mean/std")
     if confidence not in list_confidences():
         raise ExportError(f"`confidence` must be a registered name ({', '.join(list_confidences())}), got {confidence!r}")
     if fallback not in FALLBACKS:
         raise ExportError(f"`fallback` must be one of {', '.join(FALLBACKS)}, got {fallback!r}")
 
+    for arg, net in (("exits", exits), ("flex_exits", flex_exits)):
+        if net is not None and is_nested(getattr(net, "backbone", net)):
+            raise ExportError(
+                f"`{arg}` sits on a nested (multi-capacity) backbone; the bundle stores exits on plain networks. HINT: "
+                f"build the exits on `extract_level(model, num_levels(model) - 1)` (FlexDNNExits does so for a grown "
+                f"network): sharing the largest level, the bundle stores its weights once"
+            )
     model_info, switching = _json_value("model_info", model_info), _json_value("switching", switching)
     flex_policy = _flex_policy(flex_exits, flex_spec, flex_report)
 
@@ -221,10 +236,22 @@ def export_bundle(
     try:
         return _write(target, model, exits, levels, input_shape, mean, std, classes, thresholds, confidence, fallback,
                       calibration, split_profile, precision_profile, onnx, flex_exits, flex_policy,
-                      provenance={"model": model_info, "switching": switching})
+                      provenance={"model": model_info, "switching": switching}, input_scale=input_scale)
     finally:
         for m, was in zip(nets, was_training):
             m.train(was)
+
+
+def _input_note(scale: float | None, normalised: bool) -> str:
+    """How a caller prepares one sample, in words (the manifest's ``input.note``)."""
+    steps = " - mean) / std" if normalised else ""
+    if scale is not None:
+        raw = f"raw * {scale:.6g}"
+        return f"the caller normalises: x = ({raw}{steps}" if normalised else f"the caller scales: x = {raw}"
+    if normalised:
+        return ("the caller normalises: x = (v - mean) / std, where v is the input as the training data's own "
+                "transforms produced it before normalisation")
+    return "the caller feeds the input as the training data's own transforms produced it"
 
 
 def _flex_policy(flex_exits, spec, report) -> dict[str, Any] | None:
@@ -261,7 +288,7 @@ def _flex_policy(flex_exits, spec, report) -> dict[str, Any] | None:
 
 def _write(target: Path, model, exits, levels, input_shape, mean, std, classes, thresholds, confidence, fallback,
            calibration, split_profile, precision_profile, onnx, flex_exits, flex_policy,
-           provenance: Mapping[str, Any]) -> dict[str, Any]:
+           provenance: Mapping[str, Any], input_scale: float | None = None) -> dict[str, Any]:
     nested = is_nested(model)
     K = num_levels(model) if nested else 1
     largest = extract_level(model, K - 1) if nested else model
@@ -330,7 +357,8 @@ def _write(target: Path, model, exits, levels, input_shape, mean, std, classes, 
         input=S.InputSpec(shape=input_shape, dtype="float32", layout="NCHW",
                           mean=tuple(map(float, mean)) if mean is not None else None,
                           std=tuple(map(float, std)) if std is not None else None,
-                          note="the caller normalises: x = (pixel / 255 - mean) / std"),
+                          note=_input_note(input_scale, mean is not None),
+                          scale=None if input_scale is None else float(input_scale)),
         num_classes=int(graph.gm(torch.zeros(1, *input_shape)).shape[-1]) if classes is None else len(classes),
         classes=tuple(str(c) for c in classes) if classes is not None else None,
         levels=level_rows,

@@ -21,7 +21,8 @@ from nestflex.errors import GraphError
 from nestflex.graph.groups import ChannelGroup
 from nestflex.graph.structure import StructureGraph
 
-__all__ = ["select_channels", "prune_channels", "permute_channels", "slice_channels", "prune_groups", "resize_like"]
+__all__ = ["select_channels", "prune_channels", "permute_channels", "slice_channels", "prune_groups", "resize_like",
+           "state_for"]
 
 Indices = Sequence[int] | torch.Tensor
 
@@ -111,6 +112,31 @@ def prune_groups(model: nn.Module, graph: StructureGraph, keep: Mapping[int | st
     """Prune several groups at once: ``keep`` maps a group id or name to the channels to keep."""
     for key, idx in keep.items():
         prune_channels(model, graph.group(key), idx)
+
+
+def state_for(model: nn.Module, state_dict: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor] | None:
+    """``state_dict`` renamed to ``model``'s names, or ``None`` if it does not hold ``model``.
+
+    A LightningModule's checkpoint names its network ``model.<...>`` (or whatever attribute holds
+    it); the one prefix that makes the checkpoint's names cover every tensor of ``model`` is
+    stripped, so the same checkpoint loads into the module or into the plain network.
+
+    Example:
+        >>> net = nn.Linear(2, 3)
+        >>> sorted(state_for(net, {"model.weight": net.weight, "model.bias": net.bias, "other": net.bias}))
+        ['bias', 'weight']
+    """
+    own = [n for n in model.state_dict() if not n.endswith("num_batches_tracked")]
+    if not own:
+        return dict(state_dict)
+    prefixes = {key[: len(key) - len(own[0])] for key in state_dict if key.endswith(own[0])}
+    for prefix in sorted(prefixes, key=len):  # the plain names first, then the shortest prefix
+        if prefix and not prefix.endswith("."):
+            continue
+        renamed = {k[len(prefix):]: v for k, v in state_dict.items() if k.startswith(prefix)}
+        if all(n in renamed for n in own):
+            return renamed
+    return None
 
 
 def resize_like(model: nn.Module, state_dict: Mapping[str, torch.Tensor]) -> list[str]:

@@ -20,7 +20,7 @@ from nestflex.pruning.importance import (
     list_importances,
     register_importance,
 )
-from nestflex.pruning.roadmap import Footprint, Roadmap, apply_footprint
+from nestflex.pruning.roadmap import Footprint, Roadmap, apply_footprint, roadmap_network
 from nestflex.pruning.sensitivity import (
     DEFAULT_FRACTIONS,
     allocation_weights,
@@ -29,7 +29,7 @@ from nestflex.pruning.sensitivity import (
     pruned_copy,
     sensitivity_profile,
 )
-from nestflex.pruning.step import plan_step
+from nestflex.pruning.step import StepDecision, decide_step, plan_step
 from nestflex.pruning.trr import TRR, dataset_targets, sample_triplets
 
 __all__ = [
@@ -56,6 +56,7 @@ __all__ = [
     "Footprint",
     "Roadmap",
     "apply_footprint",
+    "roadmap_network",
     "DEFAULT_FRACTIONS",
     "sensitivity_profile",
     "allocation_weights",
@@ -63,4 +64,6 @@ __all__ = [
     "pruned_copy",
     "plot_sensitivity",
     "plan_step",
+    "decide_step",
+    "StepDecision",
 ]

@@ -32,15 +32,16 @@ from torch.nn.parallel import DistributedDataParallel
 from typing_extensions import override
 
 from nestflex._io import write_json
+from nestflex._trainer import infer_input_shape
 from nestflex.errors import PruningError
 from nestflex.graph import StructureGraph, checked_batches, input_shape_of, trace
-from nestflex.graph.surgery import resize_like
+from nestflex.graph.surgery import resize_like, state_for
 from nestflex.pruning._optim import prune_with_optimizers
 from nestflex.pruning.evaluate import accuracy, trainer_eval_loader
 from nestflex.pruning.importance import Importance, get_importance
 from nestflex.pruning.roadmap import Footprint, Roadmap
 from nestflex.pruning.sensitivity import allocation_weights, sensitivity_profile
-from nestflex.pruning.step import plan_step
+from nestflex.pruning.step import decide_step, plan_step
 
 __all__ = ["FilterPruning", "load_pruned"]
 
@@ -52,14 +53,22 @@ ALLOCATION_FRACTIONS = (0.1, 0.25, 0.5, 0.75, 0.9)
 def load_pruned(module: torch.nn.Module, checkpoint: str | Path) -> torch.nn.Module:
     """Load a pruned checkpoint (a footprint, the seed) into an unpruned ``module``.
 
-    The module's tensors are first resized to the checkpoint's shapes, then the weights load.
-    Only tensors are read (``weights_only=True``).
+    ``module`` is the LightningModule that was pruned or its plain network: the checkpoint's
+    names are matched to the module's (:func:`~nestflex.graph.surgery.state_for`). The module's
+    tensors are first resized to the checkpoint's shapes, then the weights load. Only tensors are
+    read (``weights_only=True``).
+
+    Raises:
+        PruningError: a missing checkpoint, or one that does not hold ``module``'s tensors.
     """
     path = Path(checkpoint)
     if not path.exists():
         raise PruningError(f"checkpoint {path} does not exist")
     state = torch.load(path, map_location="cpu", weights_only=True)
-    state = state.get("state_dict", state)
+    state = state_for(module, state.get("state_dict", state))
+    if state is None:
+        raise PruningError(f"checkpoint {path} does not hold the tensors of {type(module).__name__}. HINT: pass the "
+                           f"module that was pruned, or the network it holds")
     resize_like(module, state)
     module.load_state_dict(state)
     return module
@@ -94,9 +103,15 @@ class FilterPruning(Callback):
         eval_dataloader: loader for evaluations (default: the validation dataloader).
         criterion_kwargs: passed to the criterion factory (e.g. ``{"triplets": 1000}``).
         input_shape: per-sample input shape the module is traced at (MACs, params, groups);
-            default: the module's own (:func:`nestflex.graph.input_shape_of`: its
-            ``input_shape`` attribute, as :class:`~nestflex.training.ImageClassifier` has, else
-            ``(3, 32, 32)``). Evaluation batches of another shape raise ``GraphError``.
+            default: inferred from the module and the Trainer's data
+            (:func:`nestflex._trainer.infer_input_shape`: the module's ``input_shape``, its
+            ``example_input_array``, the DataModule's ``input_shape``, else the first training
+            batch). Evaluation batches of another shape raise ``GraphError``.
+        network: attribute of the LightningModule that holds the network (``"model"`` for
+            :class:`~nestflex.training.ImageClassifier`); the roadmap names layers relative to
+            it and records it, so the roadmap and its checkpoints apply to the module or the
+            plain network alike. Default: the one child module that holds every traced layer,
+            else the module itself.
 
     Example::
 
@@ -124,6 +139,7 @@ class FilterPruning(Callback):
         eval_dataloader: Any = None,
         criterion_kwargs: dict[str, Any] | None = None,
         input_shape: Sequence[int] | None = None,
+        network: str | None = None,
     ) -> None:
         if (goal is None) == (max_drop is None):
             raise PruningError(f"pass exactly one of `goal` and `max_drop`, got goal={goal!r}, max_drop={max_drop!r}")
@@ -156,6 +172,9 @@ class FilterPruning(Callback):
         self.ranking_data, self.eval_dataloader = ranking_data, eval_dataloader
         # validated now (raises GraphError naming `input_shape`); None: each module's own, at use
         self.input_shape = input_shape_of(torch.nn.Module(), input_shape) if input_shape is not None else None
+        if network is not None and not isinstance(network, str):
+            raise PruningError(f"`network` must be an attribute name such as 'model', got {network!r}")
+        self.network = network
         self._reset()
 
     def _reset(self) -> None:
@@ -169,6 +188,8 @@ class FilterPruning(Callback):
         self._scale = 1.0  # halved by each retry after a broken step
         self._retries = 0
         self._scores: dict[int, torch.Tensor] | None = None  # valid for the current weights only
+        self._traced_shape: tuple[int, ...] | None = None
+        self._found_network = ""  # until the roadmap records it
 
     @property
     def state_key(self) -> str:
@@ -270,18 +291,20 @@ class FilterPruning(Callback):
                 f"`goal`={goal:.4f} is above the starting accuracy {start:.4f}; no footprint could meet it. "
                 "HINT: lower `goal`, or train the model first"
             )
-        graph = trace(pl_module, self._shape(pl_module))
+        graph = trace(pl_module, self._shape(trainer, pl_module))
         groups = graph.prunable_groups
         if not groups:
             raise PruningError(
                 f"{type(pl_module).__name__} has no prunable channel group (all are locked: "
                 f"{'; '.join(f'{g.name}: {g.reason}' for g in graph.groups) or 'no conv/linear'})"
             )
+        network = self._found_network = _network_attr(pl_module, graph, self.network)
         self.roadmap = Roadmap(
             model=type(pl_module).__name__, criterion=self.criterion.name, goal=round(goal, 6),
-            start_accuracy=round(start, 6), groups={g.name: g.width for g in groups},
+            start_accuracy=round(start, 6), groups={self._name(g): g.width for g in groups}, network=network,
+            input_shape=list(self._shape(trainer, pl_module)),
         )
-        self._kept = {g.name: list(range(g.width)) for g in groups}
+        self._kept = {self._name(g): list(range(g.width)) for g in groups}
         if self.allocation == "sensitivity":
             self._scores = self._rank(trainer, pl_module, graph)
             profile = sensitivity_profile(
@@ -290,19 +313,19 @@ class FilterPruning(Callback):
             )
             if trainer.is_global_zero:
                 write_json(self.dirpath / "sensitivity.json", profile)
-            ids = {g.id: g.name for g in groups}
+            ids = {g.id: self._name(g) for g in groups}
             self._weights = {ids[k]: w for k, w in allocation_weights(profile, self.sensitivity_drop).items()}
         else:
-            self._weights = {g.name: 1.0 for g in groups}
+            self._weights = {self._name(g): 1.0 for g in groups}
         self.roadmap.allocation = {k: round(v, 4) for k, v in self._weights.items()}
         self._record(trainer, pl_module, graph, start, trainer.current_epoch)
         rank_zero_info(f"pruning: start accuracy {start:.4f}, goal {goal:.4f}, {graph.macs():,} MACs")
 
     def _prune(self, trainer: pl.Trainer, pl_module: pl.LightningModule, completed: int) -> None:
-        graph = trace(pl_module, self._shape(pl_module))
+        graph = trace(pl_module, self._shape(trainer, pl_module))
         scores = self._scores if self._scores is not None else self._rank(trainer, pl_module, graph)
         self._scores = None
-        names = {g.id: g.name for g in graph.prunable_groups if g.name in self._kept}
+        names = {g.id: self._name(g) for g in graph.prunable_groups if self._name(g) in self._kept}
         plan = plan_step(graph, {i: scores[i] for i in names}, {i: self._weights[n] for i, n in names.items()},
                          self.step * self._scale, self.min_channels)
         if not plan:
@@ -316,27 +339,25 @@ class FilterPruning(Callback):
         self._step_index += 1
         self._step_start = completed
         self._pending = True
-        rank_zero_info(f"pruning: step {self._step_index} pruned to {trace(pl_module, self._shape(pl_module)).macs():,} MACs; retraining")
+        rank_zero_info(f"pruning: step {self._step_index} pruned to "
+                       f"{trace(pl_module, self._shape(trainer, pl_module)).macs():,} MACs; retraining")
 
     def _finish_step(self, trainer: pl.Trainer, pl_module: pl.LightningModule, completed: int) -> None:
         self._pending = False
         acc = self._evaluate(trainer, pl_module, self.eval_batches)
-        graph = trace(pl_module, self._shape(pl_module))
-        if acc >= self.roadmap.goal:
+        graph = trace(pl_module, self._shape(trainer, pl_module))
+        decision = decide_step(acc, self.roadmap.goal, self._scale, self._retries, self.backoff)
+        if decision.action == "keep":
             self._record(trainer, pl_module, graph, acc, completed)
-            self._retries = 0
-            # a kept step earns back the size a broken one lost: otherwise one early failure (often
-            # noise) would leave every later step at a fraction of `step` for the rest of the roadmap
-            self._scale = min(1.0, self._scale * 2)
+            self._retries, self._scale = decision.retries, decision.scale
             rank_zero_info(f"pruning: step {self._step_index} kept, accuracy {acc:.4f} >= goal {self.roadmap.goal:.4f}")
             return
         self.roadmap.rejected.append(self._footprint(graph, acc, completed, checkpoint=None))
         rank_zero_info(f"pruning: step {self._step_index} broke the goal ({acc:.4f} < {self.roadmap.goal:.4f}); not kept")
-        if self._retries >= self.backoff:
-            self._stop(trainer, pl_module, "goal_broken")
+        if decision.action == "stop":
+            self._stop(trainer, pl_module, decision.status)
             return
-        self._retries += 1
-        self._scale /= 2
+        self._retries, self._scale = decision.retries, decision.scale
         self._step_index = self.roadmap.seed.step
         self._rollback(trainer, pl_module)
         self._save_roadmap(trainer)
@@ -419,23 +440,49 @@ class FilterPruning(Callback):
         data = None
         if self.criterion.needs_data:
             data = self.ranking_data if self.ranking_data is not None else _train_dataset(trainer)
-        groups = [g for g in graph.prunable_groups if g.name in self._kept]
+        groups = [g for g in graph.prunable_groups if self._name(g) in self._kept]
         return self.criterion(pl_module, graph, groups, data, **self._dist(trainer))
 
-    def _shape(self, module: torch.nn.Module) -> tuple[int, ...]:
-        return input_shape_of(module, self.input_shape)
+    def _shape(self, trainer: pl.Trainer, module: torch.nn.Module) -> tuple[int, ...]:
+        if self._traced_shape is None:  # the same sources give the same shape after a resume
+            self._traced_shape = infer_input_shape(trainer, module, self.input_shape, "FilterPruning")
+        return self._traced_shape
+
+    def _name(self, group) -> str:
+        """A group's name relative to the network (the roadmap's naming)."""
+        network = self.roadmap.network if self.roadmap is not None else self._found_network
+        prefix = f"{network}." if network else ""
+        return group.name[len(prefix):] if prefix and group.name.startswith(prefix) else group.name
 
     def _evaluate(self, trainer: pl.Trainer, model: torch.nn.Module, max_batches: int | None) -> float:
         if trainer.fast_dev_run:
             max_batches = 1
         # the first evaluation precedes the first trace: data of another shape fails before any pruning
         # (`model` may be a traced copy without `input_shape`: the shape is the LightningModule's)
-        loader = checked_batches(self._eval_loader(trainer), self._shape(trainer.lightning_module), "FilterPruning")
+        loader = checked_batches(self._eval_loader(trainer), self._shape(trainer, trainer.lightning_module),
+                                 "FilterPruning")
         with torch.random.fork_rng(devices=[]):
             return accuracy(model, loader, max_batches=max_batches, **self._dist(trainer))
 
     def _eval_loader(self, trainer: pl.Trainer):
         return trainer_eval_loader(trainer, self.eval_dataloader, "FilterPruning", PruningError)
+
+
+def _network_attr(module: torch.nn.Module, graph: StructureGraph, given: str | None) -> str:
+    """The attribute holding the network: ``given``, else the one child holding every traced layer."""
+    if given is not None:
+        try:
+            module.get_submodule(given)
+        except AttributeError:
+            raise PruningError(f"`network`={given!r}: {type(module).__name__} has no submodule {given!r}. HINT: "
+                               f"pass the attribute that holds the network, e.g. 'model'") from None
+        return given
+    heads = {layer.name.split(".", 1)[0] for layer in graph.layers}
+    if len(heads) == 1:
+        (child,) = heads
+        if isinstance(getattr(module, child, None), torch.nn.Module) and child in dict(module.named_children()):
+            return child
+    return ""
 
 
 def _resize_before_load(module, state_dict, prefix, *_: Any) -> None:

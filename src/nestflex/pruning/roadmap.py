@@ -2,7 +2,10 @@
 
 ``roadmap.json`` is plain data a person can read and the freeze-&-grow stage replays backwards.
 Channel indices are always in the *original* (unpruned) indexing, so any footprint can be
-rebuilt from a fresh model with :func:`apply_footprint`.
+rebuilt from a fresh model with :func:`apply_footprint`. Group names are relative to the network
+(``features.0.0``, not ``model.features.0.0``); ``network`` records the attribute of the pruned
+LightningModule that holds it, so every consumer takes the LightningModule or the plain network
+alike (:func:`roadmap_network`).
 """
 
 from __future__ import annotations
@@ -10,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import torch
 from torch import nn
@@ -20,9 +23,11 @@ from nestflex.errors import PruningError
 from nestflex.graph import trace
 from nestflex.graph.surgery import prune_channels
 
-__all__ = ["SCHEMA_VERSION", "Footprint", "Roadmap", "apply_footprint"]
+__all__ = ["SCHEMA_VERSION", "Footprint", "Roadmap", "apply_footprint", "roadmap_network"]
 
-SCHEMA_VERSION = 1
+#: 2: group names relative to ``network``; version 1 files (names from the traced module) still load
+SCHEMA_VERSION = 2
+_READABLE = (1, 2)
 
 
 @dataclass(frozen=True)
@@ -65,6 +70,10 @@ class Roadmap:
             may retry from the seed with a smaller step (``backoff``).
         status: ``running``, ``goal_broken``, ``nothing_left``, ``max_steps`` or ``max_epochs``.
         allocation: per group name, the share of each step it takes.
+        network: attribute path of the pruned module that holds the network the group names
+            describe (``"model"`` for :class:`~nestflex.training.ImageClassifier`; ``""``: the
+            module itself).
+        input_shape: per-sample input shape MACs were traced at (``None`` in version 1 files).
     """
 
     model: str
@@ -76,6 +85,8 @@ class Roadmap:
     rejected: list[Footprint] = field(default_factory=list)
     status: str = "running"
     allocation: dict[str, float] = field(default_factory=dict)
+    network: str = ""
+    input_shape: list[int] | None = None
     schema_version: int = SCHEMA_VERSION
 
     @property
@@ -104,7 +115,7 @@ class Roadmap:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "Roadmap":
         version = d.get("schema_version")
-        if version != SCHEMA_VERSION:
+        if version not in _READABLE:
             raise PruningError(
                 f"roadmap schema_version {version!r} is not supported (this nestflex reads {SCHEMA_VERSION}). "
                 "HINT: re-run the prune stage with this version"
@@ -113,6 +124,7 @@ class Roadmap:
         d.pop("seed", None)
         d["footprints"] = [Footprint(**f) for f in d["footprints"]]
         d["rejected"] = [Footprint(**f) for f in d.get("rejected", [])]
+        d["schema_version"] = SCHEMA_VERSION  # read as this version from now on
         return cls(**d)
 
     def save(self, path: str | Path) -> None:
@@ -135,13 +147,54 @@ class Roadmap:
             raise PruningError(f"roadmap {path} is malformed: {e}") from e
 
 
-def apply_footprint(model: nn.Module, roadmap: Roadmap, step: int | None = None) -> nn.Module:
+def roadmap_network(module: nn.Module, roadmap: Roadmap) -> nn.Module:
+    """The network inside ``module`` that ``roadmap``'s group names describe.
+
+    ``module`` may be the pruned LightningModule (the network is its ``roadmap.network``
+    attribute) or the plain network itself (what exits, growth and export hold).
+
+    Raises:
+        PruningError: neither ``module`` nor its ``roadmap.network`` has the roadmap's layers.
+
+    Example:
+        >>> from nestflex.models import create_model
+        >>> net = create_model("vgg11", width=0.125)
+        >>> road = Roadmap("VGG", "l1", 0.5, 0.6, {"features.conv1": 8}, network="model")
+        >>> roadmap_network(torch.nn.ModuleDict({"model": net}), road) is net, roadmap_network(net, road) is net
+        (True, True)
+    """
+    names = set(roadmap.groups)
+    candidates = []
+    if roadmap.network:
+        try:
+            candidates.append(module.get_submodule(roadmap.network))
+        except AttributeError:
+            pass
+    candidates.append(module)
+    for net in candidates:
+        if names <= {n for n, _ in net.named_modules()}:
+            return net
+    missing = sorted(names - {n for n, _ in candidates[0].named_modules()})
+    where = f"{type(module).__name__}" + (f" (or its `{roadmap.network}`)" if roadmap.network else "")
+    raise PruningError(
+        f"the roadmap (model {roadmap.model}) prunes groups {missing[:3]}, which {where} does not have. HINT: the "
+        f"roadmap comes from another model; pass the pruned LightningModule or its network"
+    )
+
+
+def apply_footprint(model: nn.Module, roadmap: Roadmap, step: int | None = None,
+                    input_shape: Sequence[int] | None = None) -> nn.Module:
     """Prune an unpruned ``model`` (in place) to footprint ``step`` (default: the seed).
+
+    ``model``: the LightningModule the roadmap was made on or its network
+    (:func:`roadmap_network`). ``input_shape``: traced at it; default the roadmap's, else the
+    model's own (:func:`nestflex.graph.input_shape_of`).
 
     Raises:
         PruningError: the model's groups do not match the roadmap's (another architecture).
     """
-    graph = trace(model)
+    net = roadmap_network(model, roadmap)
+    graph = trace(net, input_shape if input_shape is not None else roadmap.input_shape)
     kept = roadmap.kept(roadmap.seed.step if step is None else step)
     for name, idx in kept.items():
         try:
@@ -154,5 +207,5 @@ def apply_footprint(model: nn.Module, roadmap: Roadmap, step: int | None = None)
                 "(unpruned). HINT: pass a freshly built model of the roadmap's architecture"
             )
         if len(idx) < g.width:
-            prune_channels(model, g, torch.as_tensor(idx))
+            prune_channels(net, g, torch.as_tensor(idx))
     return model

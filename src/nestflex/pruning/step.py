@@ -1,7 +1,8 @@
-"""One pruning step: how many channels each group loses, and which."""
+"""One pruning step: how many channels each group loses, and which; and what its result means."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Mapping
 
 import torch
@@ -9,7 +10,7 @@ import torch
 from nestflex.graph import StructureGraph
 from nestflex.pruning.sensitivity import keep_top
 
-__all__ = ["plan_step"]
+__all__ = ["StepDecision", "decide_step", "plan_step"]
 
 
 def plan_step(
@@ -41,3 +42,44 @@ def plan_step(
         if n > 0:
             plan[gid] = keep_top(s, width - n)
     return plan
+
+
+@dataclass(frozen=True)
+class StepDecision:
+    """What a retrained pruning step leads to (:func:`decide_step`).
+
+    Attributes:
+        action: ``keep`` (record the footprint, go on), ``retry`` (roll back to the seed, prune
+            again with a smaller step) or ``stop`` (roll back to the seed; the roadmap ends).
+        scale: the step-size multiplier for the next step.
+        retries: consecutive broken steps so far.
+        status: the roadmap's stopping reason when ``action == "stop"`` (``goal_broken``), else ``None``.
+    """
+
+    action: str
+    scale: float
+    retries: int
+    status: str | None = None
+
+
+def decide_step(accuracy: float, goal: float, scale: float, retries: int, backoff: int) -> StepDecision:
+    """NestDNN's rule, as a pure function of the callback's state and the measured accuracy.
+
+    A step whose retrained accuracy meets ``goal`` is kept, and earns back the step size a broken
+    one halved (otherwise one early failure, often noise, would shrink every later step). A step
+    that breaks it is retried from the seed with half the step, at most ``backoff`` times in a row;
+    then the roadmap ends with the seed.
+
+    Example:
+        >>> decide_step(0.90, 0.89, scale=0.5, retries=1, backoff=2)
+        StepDecision(action='keep', scale=1.0, retries=0, status=None)
+        >>> decide_step(0.85, 0.89, scale=1.0, retries=0, backoff=2)
+        StepDecision(action='retry', scale=0.5, retries=1, status=None)
+        >>> decide_step(0.85, 0.89, scale=0.25, retries=2, backoff=2)
+        StepDecision(action='stop', scale=0.25, retries=2, status='goal_broken')
+    """
+    if accuracy >= goal:
+        return StepDecision("keep", min(1.0, scale * 2), 0)
+    if retries >= backoff:
+        return StepDecision("stop", scale, retries, "goal_broken")
+    return StepDecision("retry", scale / 2, retries + 1)

@@ -1,0 +1,32 @@
+"""FilterPruning's accept/reject/back-off rule, tested as the pure function it is."""
+
+import pytest
+
+from nestflex.pruning import StepDecision, decide_step
+
+
+def test_a_step_that_meets_the_goal_is_kept_and_earns_back_the_step_size():
+    assert decide_step(0.9, 0.9, scale=1.0, retries=0, backoff=2) == StepDecision("keep", 1.0, 0)
+    assert decide_step(0.95, 0.9, scale=0.25, retries=2, backoff=2) == StepDecision("keep", 0.5, 0)
+
+
+@pytest.mark.parametrize("backoff", [0, 1, 3])
+def test_broken_steps_are_retried_with_half_the_step_then_stop(backoff):
+    scale, retries, actions = 1.0, 0, []
+    while True:
+        d = decide_step(0.5, 0.9, scale, retries, backoff)
+        actions.append(d.action)
+        if d.action == "stop":
+            assert d.status == "goal_broken" and d.scale == scale and d.retries == retries
+            break
+        assert d.action == "retry" and d.scale == scale / 2 and d.retries == retries + 1 and d.status is None
+        scale, retries = d.scale, d.retries
+    assert actions == ["retry"] * backoff + ["stop"]
+
+
+def test_a_kept_step_after_retries_resets_the_retry_count():
+    d = decide_step(0.5, 0.9, 1.0, 0, backoff=2)
+    d = decide_step(0.91, 0.9, d.scale, d.retries, backoff=2)
+    assert d == StepDecision("keep", 1.0, 0)
+    # the next broken step is allowed its full back-off again
+    assert decide_step(0.5, 0.9, d.scale, d.retries, backoff=2).action == "retry"
