@@ -142,6 +142,9 @@ def test_callback_bad_input(grow_roadmap, tmp_path):
         FreezeAndGrow(grow_roadmap, levels=9).build(_module(1))
     with pytest.raises(CapacityError, match=r"HINT: the roadmap comes from another model"):
         FreezeAndGrow(grow_roadmap, levels=3).build(ImageClassifier("resnet20", width=0.25))
+    with pytest.raises(CapacityError, match=r"traces at per-sample input_shape \(3, 40, 40\), but the roadmap was "
+                                            r"made at \(3, 32, 32\)"):
+        FreezeAndGrow(grow_roadmap, levels=3, input_shape=(3, 40, 40)).build(_module(1))
     with pytest.raises(CapacityError, match=r"`epochs_per_level` must be an int >= 1, got 0"):
         FreezeAndGrow(grow_roadmap, epochs_per_level=0)
     with pytest.raises(CapacityError, match=r"`init` must be one of \('footprint', 'vanilla', 'random'\), got 'zeros'"):

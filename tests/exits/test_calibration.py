@@ -126,20 +126,25 @@ def test_calibration_input_errors():
 
 
 def test_a_lossless_claim_on_too_few_samples_warns_with_the_number_needed():
-    from nestflex.exits.calibration import decide, loss_bound, samples_needed
+    from nestflex.exits.calibration import _binom_cdf, _upper, loss_bound, samples_needed
 
     logits, labels = _synthetic_exits(n=120)
-    with pytest.warns(UserWarning, match=r"lossless thresholds fitted on 120 samples: .* HINT: calibrate on at least "
-                                         r"299 samples"):
+    with pytest.warns(UserWarning, match=r"lossless thresholds fitted on 120 samples: .* turned 16 right answers wrong "
+                                         r"and 13 wrong answers right, .* may lose up to 15.5% .* HINT: the exits lose "
+                                         r"accuracy outright at these thresholds"):
         small = lossless_thresholds(logits, labels, [1, 2, 3, 4], 4, folds=4)
     g = small["guard"]
-    assert g["samples"] == 120 and not g["supported"] and g["samples_needed"] == 299
-    assert g["loss_bound"] == round(loss_bound(g["harm"], 120), 6) > 0.01
-    # the bound is exact Clopper-Pearson: at it, seeing <= harm events has probability 5%
-    from nestflex.exits.calibration import _binom_cdf
-
-    assert abs(_binom_cdf(g["harm"], 120, loss_bound(g["harm"], 120)) - 0.05) < 1e-6
-    assert samples_needed(0.02) < samples_needed(0.01) < samples_needed(0.005)
+    assert g["samples"] == 120 and not g["supported"] and g["samples_needed"] is None  # 16 - 13 of 120: -2.5 points
+    assert g["loss_bound"] == round(loss_bound(g["harm"], g["rescued"], 120), 6) > 0.01
+    # harm and rescue are counted on the held-out folds: they explain the folds' accuracy deltas exactly
+    delta = sum((r["final_accuracy"] - r["accuracy"]) * r["samples"] for r in small["cv"])
+    assert round(delta) == g["harm"] - g["rescued"]
+    # each factor is an exact Clopper-Pearson bound: at it, seeing <= k events has probability alpha
+    assert abs(_binom_cdf(3, 120, _upper(3, 120, 0.025)) - 0.025) < 1e-6
+    assert samples_needed(tolerance=0.02) < samples_needed() == 368  # rule of three at 97.5%
+    assert samples_needed(771 / 5000, 780 / 5000) > 5000  # frequent two-way disagreement needs many samples
+    assert samples_needed(0.05, 0.01) is None  # a policy that loses 4 points: no sample size helps
+    assert loss_bound(10, 30, 1000) < loss_bound(20, 20, 1000) < loss_bound(30, 10, 1000)
     # a clean, large calibration set supports the claim: exits that are always right harm nothing
     n = 2000
     labels = torch.arange(n) % 4
@@ -150,5 +155,5 @@ def test_a_lossless_claim_on_too_few_samples_warns_with_the_number_needed():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         big = lossless_thresholds(logits, labels, [1, 2, 3], 3, folds=4)
-    assert big["guard"]["harm"] == 0 and big["guard"]["supported"] and big["guard"]["loss_bound"] < 0.002
-    assert decide is not None
+    assert big["guard"]["harm"] == big["guard"]["rescued"] == 0 and big["guard"]["supported"]
+    assert big["guard"]["loss_bound"] < 0.002

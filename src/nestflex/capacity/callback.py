@@ -141,7 +141,13 @@ class FreezeAndGrow(Callback):
     def _resolve_shape(self, module: torch.nn.Module, road: Roadmap, trainer: pl.Trainer | None) -> tuple[int, ...]:
         """The argument, the module's own, the shape the roadmap was traced at, else the data's."""
         if self.input_shape is not None or getattr(module, "input_shape", None) is not None:
-            return input_shape_of(module, self.input_shape)
+            shape = input_shape_of(module, self.input_shape)
+            if road.input_shape is not None and tuple(road.input_shape) != shape:
+                raise CapacityError(
+                    f"FreezeAndGrow traces at per-sample input_shape {shape}, but the roadmap was made at "
+                    f"{tuple(road.input_shape)}: its MACs and levels would not describe this model. HINT: grow with "
+                    f"the data the roadmap was pruned on (or pass `input_shape={tuple(road.input_shape)}`)")
+            return shape
         if road.input_shape is not None:
             return tuple(road.input_shape)
         if trainer is None:

@@ -208,33 +208,65 @@ def _binom_cdf(k: int, n: int, p: float) -> float:
                         for i in range(k + 1)))
 
 
-def loss_bound(harm: int, n: int, confidence: float = 0.95) -> float:
-    """One-sided (Clopper-Pearson) upper bound of a rate seen as ``harm`` events in ``n`` samples.
-
-    Used on the samples whose right answer the early exits turned wrong (on held-out folds): the
-    bound caps the accuracy a "lossless" policy may lose on new data.
-
-    Example:
-        >>> round(loss_bound(0, 300), 4), round(loss_bound(0, 180), 4)  # 0 harms in 180: up to 1.7%
-        (0.0099, 0.0165)
-    """
-    if n <= 0 or harm >= n:
+def _upper(k: int, n: int, alpha: float) -> float:
+    """One-sided Clopper-Pearson upper bound (level ``1 - alpha``) of a rate seen as ``k`` in ``n``."""
+    if n <= 0 or k >= n:
         return 1.0
-    alpha, lo, hi = 1.0 - confidence, harm / n, 1.0
+    lo, hi = k / n, 1.0
     for _ in range(60):  # bisection: the CDF falls as p grows
         mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if _binom_cdf(harm, n, mid) > alpha else (lo, mid)
+        lo, hi = (mid, hi) if _binom_cdf(k, n, mid) > alpha else (lo, mid)
     return hi
 
 
-def samples_needed(tolerance: float = 0.01, confidence: float = 0.95) -> int:
-    """Fewest samples whose bound stays within ``tolerance`` when no harm is seen (rule of three).
+def loss_bound(harm: int, rescued: int, n: int, confidence: float = 0.95) -> float:
+    """Upper bound of the accuracy an exit policy loses against the final exit, from ``n`` samples.
+
+    ``harm``: samples the final exit gets right and the policy wrong; ``rescued``: the reverse.
+    The loss is ``P(discordant) * (2q - 1)`` with ``q`` the share of harm among discordant
+    samples; each factor gets an exact (Clopper-Pearson) bound at half the error rate, so the
+    product holds with ``confidence``. With no discordant sample it is the rule of three: the
+    fewer the samples, the less a "lossless" calibration says.
 
     Example:
-        >>> samples_needed(0.01), samples_needed(0.02)
-        (299, 149)
+        >>> round(loss_bound(0, 0, 180), 4), round(loss_bound(0, 0, 400), 4)  # 180 clean samples: up to 2%
+        (0.0203, 0.0092)
+        >>> round(loss_bound(771, 780, 5000), 4)  # exits that disagree both ways often: the net is uncertain
+        0.0144
     """
-    return math.ceil(math.log(1.0 - confidence) / math.log1p(-tolerance))
+    if n <= 0:
+        return 1.0
+    alpha = (1.0 - confidence) / 2
+    discordant = harm + rescued
+    q = _upper(harm, discordant, alpha) if discordant else 1.0
+    return max(0.0, 2 * q - 1) * _upper(discordant, n, alpha)
+
+
+def samples_needed(harm_rate: float = 0.0, rescue_rate: float = 0.0, tolerance: float = 0.01,
+                   confidence: float = 0.95) -> int | None:
+    """Fewest samples whose :func:`loss_bound` stays within ``tolerance`` at these rates of harm
+    and rescue; ``None`` when no number does (the policy loses ``tolerance`` or more outright).
+
+    Example:
+        >>> samples_needed(), samples_needed(tolerance=0.02)  # exits that never disagree with the final one
+        (368, 183)
+    """
+    if harm_rate - rescue_rate >= tolerance:
+        return None
+
+    def ok(n: int) -> bool:
+        return loss_bound(round(harm_rate * n), round(rescue_rate * n), n, confidence) <= tolerance
+
+    hi = 16
+    while not ok(hi):
+        hi *= 2
+        if hi > 1 << 26:
+            return None
+    lo = hi // 2
+    while hi - lo > 1:  # ok() is monotone in n up to rounding: the smallest n that passes
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if ok(mid) else (mid, hi)
+    return hi
 
 
 def lossless_thresholds(
@@ -253,17 +285,18 @@ def lossless_thresholds(
     Everything here runs the policy with ``fallback="final"``: samples that pass no threshold are
     answered by the final exit.
 
-    A lossless claim is only as good as the number of samples behind it: ``guard`` counts the
-    held-out samples whose right answer the early exits turned wrong and bounds that rate
-    (:func:`loss_bound`, 95%); when the bound exceeds ``tolerance`` (default one point) a
-    ``UserWarning`` says how many samples the claim needs (:func:`samples_needed`).
+    A lossless claim is only as good as the number of samples behind it: ``guard`` counts, on the
+    held-out folds, the samples whose right answer the early exits turned wrong (``harm``) and the
+    reverse (``rescued``), and bounds the accuracy lost on new data (:func:`loss_bound`, 95%); when
+    the bound exceeds ``tolerance`` (default one point) a ``UserWarning`` says how many samples the
+    claim would need at the same rates (:func:`samples_needed`).
 
     Returns:
         ``{"thresholds", "fallback", "folds", "seed", "grid_size", "cv": [per fold],
         "cv_accuracy_delta_mean", "accuracy", "final_accuracy", "mean_macs_fraction",
         "exit_rate", "guard"}``; ``accuracy`` to ``exit_rate`` measure the chosen thresholds on all
-        the samples given; ``guard`` is ``{"samples", "harm", "loss_bound", "confidence",
-        "tolerance", "supported", "samples_needed"}``.
+        the samples given; ``guard`` is ``{"samples", "harm", "rescued", "loss_bound",
+        "confidence", "tolerance", "supported", "samples_needed"}``.
 
     Raises:
         ExitError: ``folds`` < 2 or more folds than samples.
@@ -276,14 +309,16 @@ def lossless_thresholds(
     correct = logits.argmax(-1) == labels[None]
     perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
     parts = torch.tensor_split(perm, folds)
-    cv, fits, harm = [], [], 0
+    cv, fits, harm, rescued = [], [], 0, 0
     for f, held in enumerate(parts):
         fit_idx = torch.cat([p for i, p in enumerate(parts) if i != f])
         thr = fit_lossless_thresholds(conf[:, fit_idx], correct[:, fit_idx], grid)
         fits.append(thr)
         row = _evaluate(conf[:, held], correct[:, held], thr, exit_macs, backbone_macs, "final")
         _, answer = decide(conf[:, held], thr, "final")
-        harm += int((correct[-1, held] & ~correct[answer, torch.arange(held.numel())]).sum())
+        policy = correct[answer, held]
+        harm += int((correct[-1, held] & ~policy).sum())
+        rescued += int((policy & ~correct[-1, held]).sum())
         final = correct[-1, held].double().mean().item()
         cv.append(
             {
@@ -297,15 +332,17 @@ def lossless_thresholds(
         )
     chosen = [max(col) for col in zip(*fits)] if fits and fits[0] else []
     overall = _evaluate(conf, correct, chosen, exit_macs, backbone_macs, "final")
-    bound, needed = loss_bound(harm, n), samples_needed(tolerance)
-    guard = {"samples": n, "harm": harm, "loss_bound": round(bound, 6), "confidence": 0.95, "tolerance": tolerance,
-             "supported": bound <= tolerance, "samples_needed": needed}
+    bound = loss_bound(harm, rescued, n)
+    needed = samples_needed(harm / n, rescued / n, tolerance)
+    guard = {"samples": n, "harm": harm, "rescued": rescued, "loss_bound": round(bound, 6), "confidence": 0.95,
+             "tolerance": tolerance, "supported": bound <= tolerance, "samples_needed": needed}
     if not guard["supported"]:
+        fix = (f"calibrate on at least {needed:,} samples for a lossless claim within {tolerance:.0%} at these rates"
+               if needed else "the exits lose accuracy outright at these thresholds: raise them")
         warnings.warn(
             f"lossless thresholds fitted on {n} samples: on held-out folds the early exits turned {harm} right answers "
-            f"wrong, so on new data they may lose up to {bound:.1%} accuracy (95% bound), more than {tolerance:.0%}. "
-            f"HINT: calibrate on at least {needed} samples (with no such errors) for a lossless claim within "
-            f"{tolerance:.0%}", UserWarning, stacklevel=2)
+            f"wrong and {rescued} wrong answers right, so on new data they may lose up to {bound:.1%} accuracy (95% "
+            f"bound), more than {tolerance:.0%}. HINT: {fix}", UserWarning, stacklevel=2)
     return {
         "thresholds": chosen,
         "fallback": "final",
