@@ -390,7 +390,7 @@ def _flexdnn(backbone, train_batches, val_batches, config, num_classes, input_sh
                                      "accuracy", "mean_macs", "mean_macs_fraction", "exit_rate")},
                                  "final_accuracy": prof["final_accuracy"]}
         if calibration is not None:
-            report["calibration"].update({k: calibration[k] for k in ("seed", "cv", "cv_accuracy_delta_mean")})
+            report["calibration"].update({k: calibration[k] for k in ("seed", "cv", "cv_accuracy_delta_mean", "guard")})
         report["profile"] = {"split": split_name, "exit_macs": network.exit_macs,
                              "operating_points": operating_points(prof["sweep"], [lossless])}
     return FlexDNNResult(network=network, spec=spec, report=report)
