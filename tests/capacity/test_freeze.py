@@ -12,6 +12,7 @@ from nestflex.capacity import CapacityError, FreezeAndGrow, LevelFreezer, MultiC
 from nestflex.capacity.nested import level_regions
 from nestflex.data import SyntheticDataModule
 from nestflex.errors import PruningError
+from nestflex.pruning import Roadmap
 from nestflex.training import ImageClassifier
 from tests.capacity.conftest import make_roadmap
 
@@ -142,9 +143,12 @@ def test_callback_bad_input(grow_roadmap, tmp_path):
         FreezeAndGrow(grow_roadmap, levels=9).build(_module(1))
     with pytest.raises(CapacityError, match=r"HINT: the roadmap comes from another model"):
         FreezeAndGrow(grow_roadmap, levels=3).build(ImageClassifier("resnet20", width=0.25))
+    road = Roadmap.load(grow_roadmap)  # FilterPruning records the shape it traced at; this helper's roadmap does not
+    road.input_shape = [3, 32, 32]
+    road.save(tmp_path / "shaped" / "roadmap.json")
     with pytest.raises(CapacityError, match=r"traces at per-sample input_shape \(3, 40, 40\), but the roadmap was "
                                             r"made at \(3, 32, 32\)"):
-        FreezeAndGrow(grow_roadmap, levels=3, input_shape=(3, 40, 40)).build(_module(1))
+        FreezeAndGrow(tmp_path / "shaped" / "roadmap.json", levels=3, input_shape=(3, 40, 40)).build(_module(1))
     with pytest.raises(CapacityError, match=r"`epochs_per_level` must be an int >= 1, got 0"):
         FreezeAndGrow(grow_roadmap, epochs_per_level=0)
     with pytest.raises(CapacityError, match=r"`init` must be one of \('footprint', 'vanilla', 'random'\), got 'zeros'"):
