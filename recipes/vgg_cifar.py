@@ -355,8 +355,7 @@ def run_exits(run: Run) -> dict[str, Any]:
     else:
         resume = st.begin()
         pl.seed_everything(a.seed, workers=True)
-        net = holder.model.cpu()
-        backbone = extract_level(net, num_levels(net) - 1) if source != "baseline" else copy.deepcopy(net)
+        backbone = _largest(holder)
         module = MultiExitClassifier(a.model, num_classes=dm.num_classes, width=a.width, positions=st.config["positions"],
                                      head=a.exit_head, mode=a.exit_mode, lr=a.exit_lr, max_epochs=a.exit_epochs,
                                      backbone=backbone, input_shape=dm.input_shape)
@@ -428,23 +427,24 @@ def run_flex(run: Run) -> dict[str, Any]:
         "seconds": report["seconds"], "spec": "flex/spec.json", "report": "flex/report.json",
     }
     if spec["exits"]:
-        net = build_flex_network(_largest(holder), spec)
+        net = build_flex_network(_largest(holder).eval(), spec)
         net.load_state_dict(load_file(st.dir / "model.safetensors"))
         test = evaluate_flex(net, spec, dm.test_dataloader())
         summary.update(accuracy=test["accuracy"], mean_macs=test["mean_macs"], mean_macs_fraction=test["mean_macs_fraction"],
                        backbone_accuracy=test["final_accuracy"], exit_rate=test["exit_rate"],
                        checkpoint="flex/model.safetensors")
     else:  # no exit pays for itself: the plan is the backbone alone, and the summary says what that gives
-        acc = accuracy(_largest(holder), dm.test_dataloader())
+        acc = accuracy(_largest(holder).eval(), dm.test_dataloader())
         summary.update(accuracy=acc, mean_macs=report["backbone_macs"], mean_macs_fraction=1.0, backbone_accuracy=acc,
                        exit_rate=[])
     return {"summary": summary}
 
 
 def _largest(module: ImageClassifier) -> torch.nn.Module:
-    """A plain copy of the module's network (its largest level when grown)."""
+    """A plain copy of the module's network (its largest level when grown): exits train on it and
+    later stages still need the module as it was."""
     net = module.model.cpu()
-    return (extract_level(net, num_levels(net) - 1) if num_levels(net) else copy.deepcopy(net)).eval()
+    return extract_level(net, num_levels(net) - 1) if num_levels(net) else copy.deepcopy(net)
 
 
 @stage("profile")
