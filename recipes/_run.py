@@ -25,13 +25,25 @@ class StageDir:
         self.dir = self.root / name
         path = self.dir / "config.json"
         self.same = path.exists() and read_json(path) == config
+        self.reused = False
 
     def done(self, *files: str) -> bool:
         """The stage ran to the end with this config: reuse it."""
         if self.same and all((self.dir / f).exists() for f in files):
             print(f"{self.name}: reusing {self.dir / files[0]} (same configuration)")
+            self.reused = True
             return True
         return False
+
+    def record_seconds(self, seconds: float) -> float:
+        """The stage's wall time: this call's, saved beside its outputs, or, for a reused stage, the
+        time it took when it ran (so a resumed or extended run still reports every stage's cost)."""
+        path = self.dir / "seconds.json"
+        if self.reused and path.exists():
+            return read_json(path)["seconds"]
+        if not self.reused:
+            write_json(path, {"seconds": round(seconds, 1)})
+        return round(seconds, 1)
 
     def begin(self) -> Path | None:
         """Start (or resume) the stage; returns the checkpoint to resume from, if any."""
@@ -154,6 +166,8 @@ def print_summary(summary: dict[str, Any], out: Path) -> None:
         s = summary["pruning"]
         print(f"  prune     seed ({s['criterion']}, {s['steps']} steps, {s['status']}) accuracy {s['accuracy']:.4f}  "
               f"params {s['params']:,}  MACs {s['macs']:,} ({s['macs_fraction']:.0%} of the baseline){tag}")
+        if (s.get("noise") or {}).get("warning"):
+            print(f"  prune     WARNING {s['noise']['warning']}")
     if "grow" in summary:
         g = summary["grow"]
         for lv in g["levels"]:

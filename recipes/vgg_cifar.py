@@ -111,6 +111,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="prune stage: share of channels the most tolerant layer loses per step")
     p.add_argument("--prune-epochs-per-step", type=int, default=1, help="prune stage: retraining epochs per step")
     p.add_argument("--prune-max-steps", type=int, default=8, help="prune stage: at most this many steps")
+    p.add_argument("--prune-recover-epochs", type=int, default=1,
+                   help="prune stage: extra retraining epochs a step that misses the goal gets before it counts as broken")
+    p.add_argument("--prune-finetune-epochs", type=int, default=2,
+                   help="prune stage: epochs of fine-tuning for the seed once the roadmap ends (0: none)")
     p.add_argument("--prune-lr", type=float, default=0.02, help="prune stage: peak learning rate of each retraining")
     p.add_argument("--prune-triplets", type=int, default=1000, help="prune stage: TRR triplets per ranking")
     p.add_argument("--grow-levels", type=int, default=5,
@@ -150,8 +154,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error(f"--epochs must be >= 1, got {args.epochs}")
     if not 0 <= args.prune_max_drop < 100:
         p.error(f"--prune-max-drop is in accuracy points, in [0, 100), got {args.prune_max_drop}")
-    if args.prune_epochs_per_step < 1 or args.prune_max_steps < 1:
-        p.error("--prune-epochs-per-step and --prune-max-steps must be >= 1")
+    if args.prune_epochs_per_step < 1 or args.prune_max_steps < 1 or min(args.prune_recover_epochs,
+                                                                         args.prune_finetune_epochs) < 0:
+        p.error("--prune-epochs-per-step and --prune-max-steps must be >= 1, --prune-recover-epochs and "
+                "--prune-finetune-epochs >= 0")
     if args.grow_levels < 2 or args.grow_epochs_per_level < 1 or args.grow_latency_repeats < 1:
         p.error("--grow-levels must be >= 2, --grow-epochs-per-level and --grow-latency-repeats >= 1")
     if args.flex_epochs < 1 or args.flex_exits_per_location < 1 or args.flex_base_width < 1:
@@ -181,9 +187,11 @@ class Run:
     def __init__(self, args: argparse.Namespace, dm, data: dict[str, Any]) -> None:
         self.args, self.dm, self.data, self.out = args, dm, data, Path(args.out)
         self.modules: dict[str, Any] = {}
+        self.opened: StageDir | None = None  # the stage directory the running stage opened
 
     def stage(self, name: str, config: dict[str, Any]) -> StageDir:
-        return StageDir(self.out, name, config)
+        self.opened = StageDir(self.out, name, config)
+        return self.opened
 
     def config(self, name: str) -> Any:
         return read_json(self.out / name / "config.json")
@@ -255,9 +263,11 @@ def run_prune(run: Run) -> dict[str, Any]:
     st = run.stage("prune", {"baseline": run.config("baseline"), "criterion": a.prune_criterion,
                              "max_drop": a.prune_max_drop, "step": a.prune_step,
                              "epochs_per_step": a.prune_epochs_per_step, "max_steps": a.prune_max_steps,
+                             "recover_epochs": a.prune_recover_epochs, "finetune_epochs": a.prune_finetune_epochs,
                              "lr": a.prune_lr, "triplets": a.prune_triplets})
-    # room for every step to be retried twice (the back-off); the callback stops the Trainer when done
-    epochs = a.prune_epochs_per_step * a.prune_max_steps * 3
+    # room for every step to be recovered and retried twice (the back-off), then the seed's fine-tuning;
+    # the callback stops the Trainer when done
+    epochs = (a.prune_epochs_per_step + a.prune_recover_epochs) * a.prune_max_steps * 3 + a.prune_finetune_epochs
     module = ImageClassifier(**dict(base.hparams) | {"lr": a.prune_lr, "max_epochs": epochs,
                                                      "restart_epochs": a.prune_epochs_per_step})
     road_path = st.dir / "roadmap.json"
@@ -269,8 +279,9 @@ def run_prune(run: Run) -> dict[str, Any]:
     kwargs = {"triplets": a.prune_triplets, "seed": a.seed} if a.prune_criterion == "trr" else {}
     kwargs = {"seed": a.seed} if a.prune_criterion == "random" else kwargs
     pruner = FilterPruning(a.prune_criterion, max_drop=a.prune_max_drop / 100, step=a.prune_step,
-                           epochs_per_step=a.prune_epochs_per_step, max_steps=a.prune_max_steps, dirpath=st.dir,
-                           criterion_kwargs=kwargs)
+                           epochs_per_step=a.prune_epochs_per_step, max_steps=a.prune_max_steps,
+                           recover_epochs=a.prune_recover_epochs, finetune_epochs=a.prune_finetune_epochs,
+                           dirpath=st.dir, criterion_kwargs=kwargs)
     trainer = st.trainer(a, [pruner], epochs, resume, num_sanity_val_steps=0)
     start = time.perf_counter()
     trainer.fit(module, datamodule=run.dm, ckpt_path=resume)
@@ -285,6 +296,9 @@ def run_prune(run: Run) -> dict[str, Any]:
         "val_accuracy": seed.accuracy, "goal": road.goal, "params": seed.params, "macs": seed.macs,
         "macs_fraction": round(seed.macs / vanilla.macs, 4), "params_fraction": round(seed.params / vanilla.params, 4),
         "seed_checkpoint": "prune/seed.ckpt", "seconds": round(seconds, 1),
+        "start_val_accuracy": road.start_accuracy, "rejected_steps": len(road.rejected),
+        # the stopping reason is `status`; the noise entry sizes the goal's margin against the split
+        "val_size": road.eval_samples, "noise": road.noise(), "finetune": road.finetune,
     }
     st.write("result.json", result)
     plot_roadmap(road, run.out / "prune_roadmap.png", run.data["synthetic"])
@@ -542,20 +556,24 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     run = Run(args, dm, data)
     summary.update(data=data, model={"name": args.model, "width": args.width, "num_classes": dm.num_classes,
                                      "input_shape": list(dm.input_shape)}, machine=machine())
-    # wall seconds of this invocation per stage (a reused stage shows its reuse time, not its training time)
-    timing: dict[str, Any] = {"stages": {}, "seconds": 0.0}
+    # wall seconds per stage: what it took when it ran (a reused stage keeps its earlier time and is
+    # listed in `reused`); `seconds` is this invocation's wall time
+    timing: dict[str, Any] = {"stages": {}, "seconds": 0.0, "reused": []}
     start = time.perf_counter()
     for i, name in enumerate(args.stage_list, 1):
         print(f"== stage {i}/{len(args.stage_list)}: {name}")
-        t0 = time.perf_counter()
+        t0, run.opened = time.perf_counter(), None
         result = STAGES[name](run)
         summary[SUMMARY_KEYS.get(name, name)] = result["summary"]
         summary.update(result.get("top", {}))  # keys a stage also puts at the top level (grow: levels, memory)
-        timing["stages"][name] = round(time.perf_counter() - t0, 1)
+        seconds = time.perf_counter() - t0
+        timing["stages"][name] = run.opened.record_seconds(seconds) if run.opened else round(seconds, 1)
+        if run.opened is not None and run.opened.reused:
+            timing["reused"].append(name)
         timing["seconds"] = round(time.perf_counter() - start, 1)
         summary["timing"] = timing
         write_json(summary_path, summary)  # after every stage: a crash later keeps what is done
-        print(f"== stage {name} done in {timing['stages'][name]:.0f} s ({timing['seconds']:.0f} s so far)")
+        print(f"== stage {name} done in {seconds:.0f} s ({timing['seconds']:.0f} s so far)")
     print(f"summary: {summary_path}")
     print_summary(summary, out)
     return summary

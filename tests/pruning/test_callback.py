@@ -66,6 +66,8 @@ def _prune(**kw):
         ({"max_drop": 0.01, "epochs_per_step": 0}, "`epochs_per_step` must be an int >= 1"),
         ({"max_drop": 0.01, "allocation": "greedy"}, "`allocation` must be one of"),
         ({"max_drop": 0.01, "backoff": -1}, "`backoff` must be an int >= 0"),
+        ({"max_drop": 0.01, "recover_epochs": -1}, "`recover_epochs` must be an int >= 0"),
+        ({"max_drop": 0.01, "finetune_epochs": 1.5}, "`finetune_epochs` must be an int >= 0"),
         ({"max_drop": 0.01, "criterion": "taylor"}, "`criterion` 'taylor' is not registered"),
     ],
 )
@@ -107,7 +109,7 @@ def test_a_step_that_breaks_the_goal_is_rolled_back(tmp_path, pretrained):
     pl.seed_everything(0)
     module = _module(pretrained)
     start = trace(module).macs()
-    cb = _prune(criterion="random", max_drop=0.0, step=0.9, min_channels=1, backoff=1)
+    cb = _prune(criterion="random", max_drop=0.0, step=0.9, min_channels=1, backoff=1, recover_epochs=0)
     trainer = _trainer(tmp_path, [cb], epochs=4)
     trainer.fit(module, datamodule=_dm())
     road = Roadmap.load(tmp_path / "pruning" / "roadmap.json")
@@ -127,7 +129,7 @@ def test_a_kept_step_restores_the_step_size_a_retry_halved(tmp_path, pretrained,
     pl.seed_everything(0)
     module = _module(pretrained)
     start = trace(module).macs()
-    cb = _prune(criterion="l1", max_drop=0.05, step=0.3, max_steps=2, backoff=2)
+    cb = _prune(criterion="l1", max_drop=0.05, step=0.3, max_steps=2, backoff=2, recover_epochs=0)
     script = itertools.chain([0.9, 0.1, 0.9], itertools.repeat(0.9))
     monkeypatch.setattr(cb, "_evaluate", lambda trainer, model, batches: next(script))
     _trainer(tmp_path, [cb], epochs=5).fit(module, datamodule=_dm())
@@ -136,6 +138,82 @@ def test_a_kept_step_restores_the_step_size_a_retry_halved(tmp_path, pretrained,
     first, second = road.footprints[1].macs / start, road.footprints[2].macs / road.footprints[1].macs
     # uniform allocation: the retry keeps ~(1 - 0.15)^2 of the MACs, the restored full step ~(1 - 0.3)^2
     assert first > 0.65 and second < 0.6 and cb._scale == 1.0
+
+
+def _script(cb, monkeypatch, values, then):
+    """Make ``cb``'s evaluations return ``values``, then ``then``; returns the epochs they ran at."""
+    import itertools
+
+    script, calls = itertools.chain(values, itertools.repeat(then)), []
+    monkeypatch.setattr(cb, "_evaluate", lambda trainer, model, batches: calls.append(trainer.current_epoch)
+                        or next(script))
+    return calls
+
+
+@pytest.mark.parametrize(("after_recovery", "kept"), [(0.9, True), (0.1, False)])
+def test_a_step_that_misses_the_goal_is_retrained_once_more_before_it_is_judged(
+        tmp_path, pretrained, monkeypatch, after_recovery, kept):
+    """Scripted accuracies (start, the step after its retraining epoch, the same step after one
+    more): the step is judged on the second figure; only then is it kept, or rejected and retried."""
+    pl.seed_everything(0)
+    module = _module(pretrained)
+    cb = _prune(criterion="l1", max_drop=0.05, step=0.3, max_steps=1, backoff=0, recover_epochs=1)
+    calls = _script(cb, monkeypatch, [0.9, 0.1, after_recovery], then=0.9)
+    _trainer(tmp_path, [cb], epochs=5).fit(module, datamodule=_dm())
+    road = Roadmap.load(tmp_path / "pruning" / "roadmap.json")
+    assert calls == [0, 1, 2]  # start, after the step's epoch, after the recovery epoch
+    if kept:
+        assert [f.step for f in road.footprints] == [0, 1] and road.footprints[1].epoch == 2 and not road.rejected
+        assert road.status == "max_steps"
+    else:  # no back-off: the step broke the goal after recovery too, so the seed is the start
+        assert [f.step for f in road.footprints] == [0] and len(road.rejected) == 1 and road.status == "goal_broken"
+        assert road.rejected[0].accuracy == 0.1
+
+
+@pytest.mark.parametrize(("after", "kept"), [(0.95, True), (0.85, False)])
+def test_the_seed_is_fine_tuned_once_the_roadmap_ends(tmp_path, pretrained, monkeypatch, after, kept):
+    """Scripted accuracies (start, step 1 kept at 0.9, the fine-tuned seed): better weights replace
+    the seed's footprint and seed.ckpt; worse ones are dropped and the seed's weights come back."""
+    pl.seed_everything(0)
+    module = _module(pretrained)
+    cb = _prune(criterion="l1", max_drop=0.5, step=0.3, max_steps=1, recover_epochs=0, finetune_epochs=2)
+    calls = _script(cb, monkeypatch, [0.95, 0.9, after], then=0.0)
+    trainer = _trainer(tmp_path, [cb], epochs=6)
+    before = {}
+    orig = cb._stop
+
+    def stop(trainer, pl_module, status, finetune=True):
+        orig(trainer, pl_module, status, finetune)
+        before.update({k: v.clone() for k, v in pl_module.state_dict().items()})
+
+    monkeypatch.setattr(cb, "_stop", stop)
+    trainer.fit(module, datamodule=_dm())
+    road = Roadmap.load(tmp_path / "pruning" / "roadmap.json")
+    assert calls == [0, 1, 3] and trainer.current_epoch < 6  # start, step 1, after 2 epochs of fine-tuning
+    assert road.status == "max_steps" and [f.step for f in road.footprints] == [0, 1]
+    assert road.finetune == {"epochs": 2, "before": 0.9, "after": after, "kept": kept}
+    seed_state = torch.load(tmp_path / "pruning" / "seed.ckpt", weights_only=True)["state_dict"]
+    step_state = torch.load(tmp_path / "pruning" / road.seed.checkpoint, weights_only=True)["state_dict"]
+    trained = not torch.equal(seed_state["model.features.conv1.weight"], before["model.features.conv1.weight"])
+    assert trained == kept and torch.equal(seed_state["model.features.conv1.weight"], step_state["model.features.conv1.weight"])
+    assert road.seed.accuracy == (after if kept else 0.9) and road.seed.epoch == (3 if kept else 1)
+    # the module ends as the seed the roadmap names
+    torch.testing.assert_close(module.state_dict()["model.features.conv1.weight"], seed_state["model.features.conv1.weight"])
+
+
+def test_the_roadmap_records_its_sample_count_and_warns_when_the_goal_is_within_the_noise(tmp_path, pretrained):
+    pl.seed_everything(0)
+    module = _module(pretrained)
+    # 96 validation images: one accuracy's standard error is ~5 points, so a 2-point goal is noise
+    with pytest.warns(UserWarning, match=r"2.00 points, 0.\d standard errors of an accuracy measured on 96"):
+        _trainer(tmp_path, [_prune(criterion="l1", max_drop=0.02, max_steps=1)], epochs=2).fit(module, datamodule=_dm())
+    road = Roadmap.load(tmp_path / "pruning" / "roadmap.json")
+    noise = road.noise()
+    assert road.eval_samples == 96 and noise["eval_samples"] == 96 and noise["margin_se"] < 2
+    assert noise["warning"].endswith("samples, or a larger `max_drop`")
+    # a wide margin on the same split: no warning
+    road.goal = road.start_accuracy - 0.5
+    assert road.noise()["warning"] is None and road.noise()["margin_se"] > 2
 
 
 def test_goal_above_start_accuracy_is_an_error(tmp_path, pretrained):

@@ -30,3 +30,14 @@ def test_a_kept_step_after_retries_resets_the_retry_count():
     assert d == StepDecision("keep", 1.0, 0)
     # the next broken step is allowed its full back-off again
     assert decide_step(0.5, 0.9, d.scale, d.retries, backoff=2).action == "retry"
+
+
+def test_a_missed_goal_is_recovered_before_it_counts_as_broken():
+    # two recovery epochs allowed: recover, recover, then the back-off as before
+    d = decide_step(0.85, 0.9, 1.0, 0, backoff=1, recovered=0, recover=2)
+    assert d == StepDecision("recover", 1.0, 0)
+    assert decide_step(0.85, 0.9, 1.0, 0, backoff=1, recovered=1, recover=2).action == "recover"
+    assert decide_step(0.85, 0.9, 1.0, 0, backoff=1, recovered=2, recover=2) == StepDecision("retry", 0.5, 1)
+    assert decide_step(0.85, 0.9, 0.5, 1, backoff=1, recovered=2, recover=2).action == "stop"
+    # a recovered step that meets the goal is kept like any other
+    assert decide_step(0.91, 0.9, 0.5, 1, backoff=1, recovered=1, recover=2) == StepDecision("keep", 1.0, 0)

@@ -38,6 +38,10 @@ def test_baseline_stage_writes_summary_and_reuses_it(tmp_path, capsys):
     printed = capsys.readouterr().out
     assert "baseline: reusing" in printed and "reusing " + str(out / "profile" / "layer_precision.json") in printed
     assert again["baseline"] == base and again["quantization"]["precision"] == prec
+    # a reused stage reports the time it took when it ran, not its reuse time (export always re-runs)
+    reused = again["timing"]["reused"]
+    assert reused == [s for s in timing["stages"] if s != "export"]
+    assert all(again["timing"]["stages"][s] == timing["stages"][s] for s in reused)
 
 
 def test_interrupted_training_resumes_from_last_checkpoint(tmp_path, capsys, monkeypatch):
@@ -99,6 +103,13 @@ def test_prune_stage_writes_roadmap_and_seed_and_reuses_them(tmp_path, capsys):
     assert pr["macs"] == road["footprints"][-1]["macs"] < summary["baseline"]["macs"]
     assert pr["params"] < summary["baseline"]["params"] and 0 <= pr["accuracy"] <= 1
     assert (out / "prune" / "seed.ckpt").exists() and (out / "prune_roadmap.png").exists()
+    # what the stop means: its reason, the split it was judged on, the noise of that split
+    assert pr["val_size"] == road["eval_samples"] == 100 and pr["noise"]["eval_samples"] == 100
+    assert pr["noise"]["warning"] is None and pr["noise"]["margin_se"] >= 2  # a 50-point goal is no noise
+    assert pr["start_val_accuracy"] == road["start_accuracy"] and pr["rejected_steps"] == len(road["rejected"])
+    ft = pr["finetune"]  # the default 2 epochs of fine-tuning for the seed, judged on validation
+    assert ft == road["finetune"] and ft["epochs"] == 2 and ft["before"] <= road["footprints"][-1]["accuracy"]
+    assert ft["kept"] == (road["footprints"][-1]["accuracy"] == ft["after"])
     capsys.readouterr()
     again = recipe.main(args)
     assert "prune: reusing" in capsys.readouterr().out and again["pruning"] == pr

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any, Callable, Iterable
 
 import torch
@@ -9,7 +10,7 @@ from torch import nn
 
 from nestflex.errors import PruningError
 
-__all__ = ["accuracy", "trainer_eval_loader"]
+__all__ = ["accuracy", "accuracy_se", "trainer_eval_loader"]
 
 
 def accuracy(
@@ -20,8 +21,12 @@ def accuracy(
     rank: int = 0,
     world_size: int = 1,
     reduce: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    counts: list[int] | None = None,
 ) -> float:
     """Fraction of samples whose argmax logit is the label, in eval mode without gradients.
+
+    ``counts``, when given, receives ``[correct, total]`` (the sample count sizes the noise of
+    the figure: :func:`accuracy_se`).
 
     With ``world_size`` > 1 each rank takes every ``world_size``-th batch and ``reduce`` sums
     the (correct, total) counts, so every rank returns the same number. Train/eval flags are
@@ -37,7 +42,7 @@ def accuracy(
     """
     param = next(model.parameters())
     flags = {m: m.training for m in model.modules()}
-    counts = torch.zeros(2, dtype=torch.float64, device=param.device)
+    tally = torch.zeros(2, dtype=torch.float64, device=param.device)
     model.eval()
     try:
         with torch.no_grad():
@@ -47,16 +52,31 @@ def accuracy(
                 if i % world_size != rank:
                     continue
                 x, y = batch[0].to(param.device), batch[1].to(param.device)
-                counts[0] += (model(x).argmax(1) == y).sum()
-                counts[1] += y.numel()
+                tally[0] += (model(x).argmax(1) == y).sum()
+                tally[1] += y.numel()
     finally:
         for m, flag in flags.items():
             m.train(flag)
     if reduce is not None:
-        counts = reduce(counts)
-    if counts[1] == 0:
+        tally = reduce(tally)
+    if tally[1] == 0:
         raise PruningError("the evaluation dataloader yielded no samples. HINT: check the validation split")
-    return float(counts[0] / counts[1])
+    if counts is not None:
+        counts[:] = [int(tally[0]), int(tally[1])]
+    return float(tally[0] / tally[1])
+
+
+def accuracy_se(acc: float, samples: int) -> float:
+    """Binomial standard error of an accuracy measured on ``samples`` samples.
+
+    The evaluation noise of one figure: two models compared on the same split differ by less
+    noise than this times sqrt(2) (their errors are correlated), by more than zero.
+
+    Example:
+        >>> round(accuracy_se(0.87, 5000), 4)
+        0.0048
+    """
+    return math.sqrt(max(acc * (1.0 - acc), 0.0) / samples) if samples > 0 else float("inf")
 
 
 def trainer_eval_loader(trainer: Any, explicit: Any, owner: str, error: type[Exception] = PruningError):

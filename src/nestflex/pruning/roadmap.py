@@ -11,6 +11,7 @@ alike (:func:`roadmap_network`).
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
@@ -22,6 +23,7 @@ from nestflex._io import read_json, write_json
 from nestflex.errors import PruningError
 from nestflex.graph import trace
 from nestflex.graph.surgery import prune_channels
+from nestflex.pruning.evaluate import accuracy_se
 
 __all__ = ["SCHEMA_VERSION", "Footprint", "Roadmap", "apply_footprint", "roadmap_network"]
 
@@ -74,6 +76,11 @@ class Roadmap:
             describe (``"model"`` for :class:`~nestflex.training.ImageClassifier`; ``""``: the
             module itself).
         input_shape: per-sample input shape MACs were traced at (``None`` in version 1 files).
+        eval_samples: samples each accuracy was measured on (``None`` in older files); with
+            ``start_accuracy`` it sizes the evaluation noise (:meth:`noise`).
+        finetune: the seed's final fine-tuning, when there was one: ``epochs``, validation
+            accuracy ``before`` and ``after``, ``kept`` (the fine-tuned weights replaced the
+            seed's: they met the goal and did not fall below the seed).
     """
 
     model: str
@@ -87,6 +94,8 @@ class Roadmap:
     allocation: dict[str, float] = field(default_factory=dict)
     network: str = ""
     input_shape: list[int] | None = None
+    eval_samples: int | None = None
+    finetune: dict[str, Any] | None = None
     schema_version: int = SCHEMA_VERSION
 
     @property
@@ -95,6 +104,29 @@ class Roadmap:
         if not self.footprints:
             raise PruningError("the roadmap has no footprint yet")
         return self.footprints[-1]
+
+    def noise(self) -> dict[str, Any] | None:
+        """How the goal's margin compares with the evaluation noise (``None`` without ``eval_samples``).
+
+        ``se``: binomial standard error of the start accuracy on ``eval_samples`` samples;
+        ``margin_se``: the allowed drop (start - goal) in those units; ``warning``: a sentence when
+        the margin is under 2 standard errors (a kept or broken step is then as much the split's
+        noise as the pruning's effect), else ``None``.
+        """
+        if not self.eval_samples:
+            return None
+        se = accuracy_se(self.start_accuracy, self.eval_samples)
+        margin = self.start_accuracy - self.goal
+        ratio = margin / se if se > 0 else float("inf")
+        warning = None
+        if ratio < 2.0:
+            # samples at which the margin is 2 standard errors (none helps a zero margin)
+            need = math.ceil(4 * self.start_accuracy * (1 - self.start_accuracy) / margin**2) if margin > 0 else None
+            fix = f"a validation split of about {need} samples, or a larger `max_drop`" if need else "a `max_drop` > 0"
+            warning = (f"the goal allows a drop of {100 * margin:.2f} points, {ratio:.1f} standard errors of an accuracy "
+                       f"measured on {self.eval_samples} validation samples ({100 * se:.2f} points): steps are kept "
+                       f"or broken by the split's noise as much as by pruning. HINT: {fix}")
+        return {"eval_samples": self.eval_samples, "se": round(se, 6), "margin_se": round(ratio, 2), "warning": warning}
 
     def kept(self, step: int) -> dict[str, list[int]]:
         """Kept channels per group at footprint ``step``, original indexing."""
