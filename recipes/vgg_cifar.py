@@ -113,6 +113,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--prune-max-steps", type=int, default=8, help="prune stage: at most this many steps")
     p.add_argument("--prune-recover-epochs", type=int, default=1,
                    help="prune stage: extra retraining epochs a step that misses the goal gets before it counts as broken")
+    p.add_argument("--prune-round-to", type=int, default=1,
+                   help="prune stage: keep channel counts at multiples of this (8, 16: SIMD-friendly widths; 1: any)")
     p.add_argument("--prune-finetune-epochs", type=int, default=2,
                    help="prune stage: epochs of fine-tuning for the seed once the roadmap ends (0: none)")
     p.add_argument("--prune-lr", type=float, default=0.02, help="prune stage: peak learning rate of each retraining")
@@ -154,6 +156,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error(f"--epochs must be >= 1, got {args.epochs}")
     if not 0 <= args.prune_max_drop < 100:
         p.error(f"--prune-max-drop is in accuracy points, in [0, 100), got {args.prune_max_drop}")
+    if args.prune_round_to < 1:
+        p.error(f"--prune-round-to must be >= 1, got {args.prune_round_to}")
     if args.prune_epochs_per_step < 1 or args.prune_max_steps < 1 or min(args.prune_recover_epochs,
                                                                          args.prune_finetune_epochs) < 0:
         p.error("--prune-epochs-per-step and --prune-max-steps must be >= 1, --prune-recover-epochs and "
@@ -264,6 +268,7 @@ def run_prune(run: Run) -> dict[str, Any]:
                              "max_drop": a.prune_max_drop, "step": a.prune_step,
                              "epochs_per_step": a.prune_epochs_per_step, "max_steps": a.prune_max_steps,
                              "recover_epochs": a.prune_recover_epochs, "finetune_epochs": a.prune_finetune_epochs,
+                             **({"round_to": a.prune_round_to} if a.prune_round_to != 1 else {}),
                              "lr": a.prune_lr, "triplets": a.prune_triplets})
     # room for every step to be recovered and retried twice (the back-off), then the seed's fine-tuning;
     # the callback stops the Trainer when done
@@ -281,7 +286,7 @@ def run_prune(run: Run) -> dict[str, Any]:
     pruner = FilterPruning(a.prune_criterion, max_drop=a.prune_max_drop / 100, step=a.prune_step,
                            epochs_per_step=a.prune_epochs_per_step, max_steps=a.prune_max_steps,
                            recover_epochs=a.prune_recover_epochs, finetune_epochs=a.prune_finetune_epochs,
-                           dirpath=st.dir, criterion_kwargs=kwargs)
+                           round_to=a.prune_round_to, dirpath=st.dir, criterion_kwargs=kwargs)
     trainer = st.trainer(a, [pruner], epochs, resume, num_sanity_val_steps=0)
     start = time.perf_counter()
     trainer.fit(module, datamodule=run.dm, ckpt_path=resume)

@@ -68,6 +68,7 @@ def _prune(**kw):
         ({"max_drop": 0.01, "backoff": -1}, "`backoff` must be an int >= 0"),
         ({"max_drop": 0.01, "recover_epochs": -1}, "`recover_epochs` must be an int >= 0"),
         ({"max_drop": 0.01, "finetune_epochs": 1.5}, "`finetune_epochs` must be an int >= 0"),
+        ({"max_drop": 0.01, "round_to": 0}, "`round_to` must be an int >= 1"),
         ({"max_drop": 0.01, "criterion": "taylor"}, "`criterion` 'taylor' is not registered"),
     ],
 )
@@ -138,6 +139,19 @@ def test_a_kept_step_restores_the_step_size_a_retry_halved(tmp_path, pretrained,
     first, second = road.footprints[1].macs / start, road.footprints[2].macs / road.footprints[1].macs
     # uniform allocation: the retry keeps ~(1 - 0.15)^2 of the MACs, the restored full step ~(1 - 0.3)^2
     assert first > 0.65 and second < 0.6 and cb._scale == 1.0
+
+
+def test_round_to_keeps_every_footprint_at_multiples(tmp_path, pretrained):
+    pl.seed_everything(0)
+    module = _module(pretrained)
+    cb = _prune(criterion="l1", max_drop=0.9, step=0.3, max_steps=2, round_to=4, recover_epochs=0)
+    _trainer(tmp_path, [cb], epochs=3).fit(module, datamodule=_dm())
+    road = Roadmap.load(tmp_path / "pruning" / "roadmap.json")
+    assert [f.step for f in road.footprints] == [0, 1, 2]
+    for fp in road.footprints[1:]:
+        pruned = {g: w for g, w in fp.widths.items() if w != road.groups[g]}
+        assert pruned and all(w % 4 == 0 for w in pruned.values()), fp.widths
+    assert trace(module.model).macs() == road.seed.macs
 
 
 def _script(cb, monkeypatch, values, then):

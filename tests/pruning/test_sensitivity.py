@@ -86,3 +86,21 @@ def test_plan_step_removes_lowest_scores_in_proportion_and_keeps_a_floor():
     assert ids[2] not in plan  # weight 0: never pruned
     tiny = plan_step(graph, scores, {ids[0]: 1.0}, step=0.99, min_channels=7)
     assert tiny[ids[0]].numel() == 7
+
+
+@pytest.mark.parametrize(("step", "round_to", "kept"), [
+    (0.25, 4, [4, 12, 24, 24]),       # asks 6, 12, 24, 24: 6 is a tie, rounded to fewer channels
+    (0.2, 8, [None, None, 24, 24]),   # asks 6 of 8 and 13 of 16 (nearest multiple: the width: left alone), 26 -> 24
+    (0.95, 8, [None, 8, 8, 8]),       # never below the smallest multiple >= min_channels (8: the first group's width)
+])
+def test_plan_step_rounds_kept_counts_to_a_multiple(step, round_to, kept):
+    graph = trace(create_model("vgg11", width=0.125))  # widths 8, 16, 32, 32, 64, ...
+    groups = graph.prunable_groups[:4]
+    scores = {g.id: torch.arange(g.width, dtype=torch.float64) for g in groups}
+    plan = plan_step(graph, scores, {g.id: 1.0 for g in groups}, step=step, round_to=round_to)
+    assert [plan[g.id].numel() if g.id in plan else None for g in groups] == kept
+    for g in groups:
+        if g.id in plan:  # the lowest scores go, as without rounding
+            assert plan[g.id].tolist() == list(range(g.width - plan[g.id].numel(), g.width))
+    with pytest.raises(PruningError, match="`round_to` must be an int >= 1, got 0"):
+        plan_step(graph, scores, {}, step=0.5, round_to=0)

@@ -106,6 +106,9 @@ class FilterPruning(Callback):
             step, at most this many times in a row (0: the first broken step ends the roadmap).
             Momentum restarts for the parameters of a retried step.
         min_channels: channels every group keeps.
+        round_to: keep channel counts at multiples of this (8 or 16 suit CPU SIMD lanes and
+            GPU tiles; the levels grown from the roadmap inherit them), rounding each step's
+            kept count to the nearest multiple (:func:`~nestflex.pruning.plan_step`). 1: no rounding.
         eval_batches: validation batches per evaluation (``None``: all).
         dirpath: where ``roadmap.json``, ``sensitivity.json``, ``seed.ckpt`` and the footprint
             checkpoints go (default ``<default_root_dir>/pruning``).
@@ -144,6 +147,7 @@ class FilterPruning(Callback):
         finetune_epochs: int = 0,
         backoff: int = 2,
         min_channels: int = 1,
+        round_to: int = 1,
         eval_batches: int | None = None,
         sensitivity_batches: int | None = 4,
         dirpath: str | os.PathLike | None = None,
@@ -168,6 +172,7 @@ class FilterPruning(Callback):
             ("finetune_epochs", finetune_epochs, isinstance(finetune_epochs, int) and finetune_epochs >= 0, "an int >= 0"),
             ("backoff", backoff, isinstance(backoff, int) and backoff >= 0, "an int >= 0"),
             ("min_channels", min_channels, isinstance(min_channels, int) and min_channels >= 1, "an int >= 1"),
+            ("round_to", round_to, isinstance(round_to, int) and round_to >= 1, "an int >= 1"),
             ("eval_batches", eval_batches, eval_batches is None or (isinstance(eval_batches, int) and eval_batches >= 1), "None or an int >= 1"),
             ("sensitivity_batches", sensitivity_batches, sensitivity_batches is None or (isinstance(sensitivity_batches, int) and sensitivity_batches >= 1), "None or an int >= 1"),
         )
@@ -181,7 +186,7 @@ class FilterPruning(Callback):
         self.epochs_per_step, self.step, self.allocation = epochs_per_step, float(step), allocation
         self.sensitivity_drop, self.fractions = sensitivity_drop, tuple(fractions)
         self.max_steps, self.min_channels, self.backoff = max_steps, min_channels, backoff
-        self.recover_epochs, self.finetune_epochs = recover_epochs, finetune_epochs
+        self.recover_epochs, self.finetune_epochs, self.round_to = recover_epochs, finetune_epochs, round_to
         self.eval_batches, self.sensitivity_batches = eval_batches, sensitivity_batches
         self.dirpath = Path(dirpath) if dirpath is not None else None
         self.ranking_data, self.eval_dataloader = ranking_data, eval_dataloader
@@ -356,7 +361,7 @@ class FilterPruning(Callback):
         self._scores = None
         names = {g.id: self._name(g) for g in graph.prunable_groups if self._name(g) in self._kept}
         plan = plan_step(graph, {i: scores[i] for i in names}, {i: self._weights[n] for i, n in names.items()},
-                         self.step * self._scale, self.min_channels)
+                         self.step * self._scale, self.min_channels, self.round_to)
         if not plan:
             self._stop(trainer, pl_module, "nothing_left")
             return

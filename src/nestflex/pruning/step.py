@@ -7,6 +7,7 @@ from typing import Mapping
 
 import torch
 
+from nestflex.errors import PruningError
 from nestflex.graph import StructureGraph
 from nestflex.pruning.sensitivity import keep_top
 
@@ -19,12 +20,17 @@ def plan_step(
     weights: Mapping[int, float],
     step: float,
     min_channels: int = 1,
+    round_to: int = 1,
 ) -> dict[int, torch.Tensor]:
     """Channels to keep per group (current indexing) after one step.
 
     Group ``g`` of current width ``w`` loses ``round(step * weights[g] * w)`` channels, its
-    lowest-scoring ones, never going below ``min_channels``. Groups whose count comes out 0 are
-    left out of the result; an empty result means nothing more can be pruned at this step size.
+    lowest-scoring ones, never going below ``min_channels``. With ``round_to`` > 1 the kept count
+    is the multiple of ``round_to`` nearest to that (ties: the smaller; never below the smallest
+    multiple >= ``min_channels``), so pruned layers keep SIMD-friendly widths (as Torch-Pruning's
+    ``round_to``); a group whose nearest multiple is its current width is left alone this step.
+    Groups whose count comes out 0 are left out of the result; an empty result means nothing more
+    can be pruned at this step size.
 
     Example:
         >>> from nestflex.models import create_model
@@ -34,11 +40,22 @@ def plan_step(
         >>> plan = plan_step(g, scores, {x.id: 1.0 for x in g.prunable_groups}, 0.25)
         >>> plan[0].tolist()  # 8 channels, 2 removed: the two lowest scores
         [2, 3, 4, 5, 6, 7]
+        >>> plan = plan_step(g, scores, {x.id: 1.0 for x in g.prunable_groups}, 0.25, round_to=4)
+        >>> plan[0].tolist()  # 6 kept rounds to 4 (the tie goes to fewer channels)
+        [4, 5, 6, 7]
     """
+    if not isinstance(round_to, int) or round_to < 1:
+        raise PruningError(f"`round_to` must be an int >= 1, got {round_to!r}. HINT: 8 or 16 for SIMD-friendly widths")
+    floor = -(-min_channels // round_to) * round_to  # the smallest multiple >= min_channels
     plan = {}
     for gid, s in scores.items():
         width = graph.group(gid).width
         n = min(round(step * weights.get(gid, 0.0) * width), width - min_channels)
+        if round_to > 1 and n > 0:
+            keep = width - n
+            lower = (keep // round_to) * round_to
+            keep = lower if keep - lower <= round_to - (keep - lower) else lower + round_to
+            n = width - max(keep, floor)
         if n > 0:
             plan[gid] = keep_top(s, width - n)
     return plan
