@@ -1,3 +1,5 @@
+import copy
+
 import pytest
 import torch
 from torch import nn
@@ -259,3 +261,62 @@ def test_check_input_shape_and_checked_batches():
     with pytest.raises(GraphError, match=match):
         next(checked_batches(batches, (1, 32, 32), "profile_levels"))
     assert len(list(checked_batches(batches, (3, 32, 32), "ok"))) == 3
+
+
+class _CachesInEval(nn.Module):
+    """Caches a derived tensor in eval mode, as timm's LeViT and EfficientFormer do with
+    `attention_bias_cache`: a symbolic trace stores a proxy there unless the tracer cleans up."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        self.scale = nn.Parameter(torch.ones(8))
+        self.cache = {}
+
+    def forward(self, x):
+        if self.training:
+            s = self.scale.view(1, -1, 1, 1)
+        else:
+            if "s" not in self.cache:
+                self.cache["s"] = self.scale.view(1, -1, 1, 1)
+            s = self.cache["s"]
+        self.seen = True  # an attribute the forward adds
+        return self.conv(x) * s
+
+
+def test_tracing_twice_works_and_leaves_no_proxy_in_the_model():
+    model = _CachesInEval().eval()
+    cache = model.cache
+    macs = [trace(model, (3, 8, 8)).macs() for _ in range(3)]  # the callbacks trace again and again
+    assert macs == [3 * 8 * 9 * 64] * 3
+    assert model.cache is cache  # the same dict, holding only what a real forward put there
+    assert all(type(v) is torch.Tensor or isinstance(v, nn.Parameter) for v in model.cache.values())
+    assert not any(isinstance(v, torch.fx.Proxy) for v in vars(model).values())
+    torch.testing.assert_close(model(torch.ones(1, 3, 8, 8)), model.conv(torch.ones(1, 3, 8, 8)))
+
+
+def test_weight_standardised_conv_prunes_its_outputs_with_its_gain_and_locks_its_inputs():
+    from timm.layers import ScaledStdConv2d
+
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), ScaledStdConv2d(8, 16, 3, padding=1), nn.ReLU(),
+                        nn.Conv2d(16, 4, 1)).eval()
+    with torch.no_grad():
+        net[2].gain.uniform_(0.5, 1.5)
+        net[2].bias.uniform_(-0.1, 0.1)
+    graph = trace(net, (3, 8, 8))
+    before = {g.name: g for g in graph.groups}
+    assert "standardises its weight over its inputs" in before["0"].reason  # its inputs: locked
+    (group,) = graph.prunable_groups
+    assert {f"{m.module}.{m.attr}" for m in group.members} >= {"2.weight", "2.bias", "2.gain", "4.weight"}
+    x = torch.randn(2, 3, 8, 8)
+    keep = torch.tensor([0, 3, 5, 6, 9, 12, 13, 15])
+    masked = torch.ones(16, dtype=torch.bool)
+    masked[keep] = False
+    reference = copy.deepcopy(net)
+    with torch.no_grad():  # a removed channel of a standardised conv is zero when its gain and bias are
+        reference[2].gain[masked] = 0
+        reference[2].bias[masked] = 0
+    prune_channels(net, group, keep)
+    assert net[2].gain.shape[0] == 8
+    torch.testing.assert_close(net(x), reference(x))

@@ -8,7 +8,10 @@ analysed, and the channels that touch an opaque module are locked (never pruned)
 
 from __future__ import annotations
 
+import copy
 import warnings
+from contextlib import contextmanager
+from typing import Iterator
 
 import torch
 from torch import fx, nn
@@ -60,10 +63,50 @@ class _Tracer(fx.Tracer):
 
 
 def _try_trace(root: nn.Module, opaque: frozenset[str]) -> fx.Graph | Exception:
+    with _untouched(root):
+        try:
+            return _Tracer(opaque).trace(root)
+        except Exception as e:  # fx raises many types (TraceError, TypeError, NotImplementedError...)
+            return e
+
+
+#: attributes every nn.Module has (parameters, buffers, children, hooks, the training flag):
+#: tracing does not change them, and they are not the module's own state
+_MODULE_INTERNALS = frozenset(nn.Module().__dict__)
+
+
+@contextmanager
+def _untouched(root: nn.Module) -> Iterator[None]:
+    """Leave no trace of a trace in the model: every submodule's own attributes come back as
+    they were, and attributes the forward added are removed.
+
+    fx runs the forward on proxies, and a forward that caches (timm's LeViT and EfficientFormer
+    keep ``attention_bias_cache`` in eval mode) stores proxies in the model: the next trace,
+    and the callbacks trace often, then fails on a value from a finished graph. Containers
+    (dict, list, set) keep their identity and get their contents back.
+    """
+    saved = []
+    for module in root.modules():
+        own = {k: (v, copy.copy(v) if isinstance(v, (dict, list, set)) else None)
+               for k, v in module.__dict__.items() if k not in _MODULE_INTERNALS}
+        saved.append((module, own))
     try:
-        return _Tracer(opaque).trace(root)
-    except Exception as e:  # fx raises many types (TraceError, TypeError, NotImplementedError...)
-        return e
+        yield
+    finally:
+        for module, own in saved:
+            attrs = module.__dict__
+            for k in [k for k in attrs if k not in own and k not in _MODULE_INTERNALS]:
+                del attrs[k]
+            for k, (value, contents) in own.items():
+                if isinstance(value, dict):
+                    value.clear()
+                    value.update(contents)
+                elif isinstance(value, list):
+                    value[:] = contents
+                elif isinstance(value, set):
+                    value.clear()
+                    value.update(contents)
+                attrs[k] = value
 
 
 def trace_module(model: nn.Module, strict: bool = False) -> tuple[fx.GraphModule, dict[str, str]]:

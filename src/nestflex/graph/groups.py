@@ -102,6 +102,12 @@ class _UnionFind:
         return min(ra, rb)
 
 
+#: conv classes whose forward standardises the weight over its input channels (timm's weight
+#: standardisation): removing an input channel changes every kept weight, so their inputs are
+#: locked; their outputs prune (per-output statistics, and the per-output ``gain`` joins the group)
+WEIGHT_STANDARDISING_CONVS = frozenset({"StdConv2d", "StdConv2dSame", "ScaledStdConv2d", "ScaledStdConv2dSame"})
+
+
 _ACT_MODULES = (
     nn.ReLU, nn.ReLU6, nn.LeakyReLU, nn.GELU, nn.SiLU, nn.Hardswish, nn.Hardsigmoid, nn.Sigmoid,
     nn.Tanh, nn.Identity, nn.Dropout, nn.Dropout2d, nn.MaxPool2d, nn.AvgPool2d,
@@ -161,11 +167,16 @@ def find_groups(gm: fx.GraphModule) -> tuple[list[ChannelGroup], list[str]]:
         return fresh(f"output of {what}") if node.meta.get("shape") is not None else None
 
     def produce(name: str, mod: nn.Module) -> _Info:
-        """A conv/linear output: a new channel space owned by its weight rows (and bias)."""
+        """A conv/linear output: a new channel space owned by its weight rows, its bias, and any
+        other per-output tensor a subclass holds (timm's ScaledStdConv2d ``gain``). Another
+        tensor of the module with more than one element locks the space: its layout is unknown."""
         out = fresh()
-        for attr in ("weight", "bias"):
-            if getattr(mod, attr, None) is not None:
+        width = mod.weight.shape[0]
+        for attr, t in [*mod.named_parameters(recurse=False), *mod.named_buffers(recurse=False)]:
+            if attr in ("weight", "bias") or (t.dim() >= 1 and t.shape[0] == width):
                 members.append((out.space, Member(name, attr, 0, role="out")))
+            elif t.numel() > 1:
+                lock(out.space, f"`{name}.{attr}` of shape {tuple(t.shape)} is not per output channel")
         return out
 
     for node in gm.graph.nodes:
@@ -196,7 +207,10 @@ def find_groups(gm: fx.GraphModule) -> tuple[list[ChannelGroup], list[str]]:
             name = node.target
             if isinstance(mod, nn.Conv2d) and src_info is not None and src_info.factor == 1:
                 if mod.groups == 1:
-                    members.append((src_info.space, Member(name, "weight", 1, role="in")))
+                    if type(mod).__name__ in WEIGHT_STANDARDISING_CONVS:
+                        lock(src_info.space, f"`{name}` ({type(mod).__name__}) standardises its weight over its inputs")
+                    else:
+                        members.append((src_info.space, Member(name, "weight", 1, role="in")))
                     info[node] = produce(name, mod)
                 elif mod.groups == mod.in_channels == mod.out_channels:
                     members.append((src_info.space, Member(name, "weight", 0, role="depthwise")))
