@@ -87,13 +87,16 @@ FIGURES = ("baseline_accuracy", "seed_macs_fraction", "seed_accuracy", "seed_dro
            "exits_macs_fraction", "exits_accuracy")
 
 
-def aggregate(rows: list[dict[str, Any]]) -> dict[str, Any]:
+def aggregate(rows: list[dict[str, Any]], timing_exclude: frozenset[int] = frozenset()) -> dict[str, Any]:
+    """Median and range per figure over every run; stage times over the runs not in ``timing_exclude``."""
     figures = {k: stats([r[k] for r in rows if r.get(k) is not None]) for k in FIGURES
                if any(r.get(k) is not None for r in rows)}
-    stages = sorted({st for r in rows for st in r["stage_seconds"]})
-    seconds = {st: stats([r["stage_seconds"][st] for r in rows if st in r["stage_seconds"]]) for st in stages}
-    totals = [sum(r["stage_seconds"].values()) for r in rows]
-    return {"figures": figures, "stage_seconds": seconds, "total_seconds": stats(totals) if totals else None}
+    timed = [r for r in rows if r["seed"] not in timing_exclude]
+    stages = sorted({st for r in timed for st in r["stage_seconds"]})
+    seconds = {st: stats([r["stage_seconds"][st] for r in timed if st in r["stage_seconds"]]) for st in stages}
+    totals = [sum(r["stage_seconds"].values()) for r in timed]
+    return {"figures": figures, "stage_seconds": seconds, "total_seconds": stats(totals) if totals else None,
+            "timing_excluded": sorted(timing_exclude)}
 
 
 def goals(rows: list[dict[str, Any]], stages: list[str]) -> dict[str, Any]:
@@ -153,6 +156,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--runs", type=Path, default=ROOT / "runs" / "seeds",
                    help="where each seed's recipe output goes (RUNS/seed_<n>); existing stages are reused")
     p.add_argument("--out", type=Path, required=True, help="where summary.json and seeds.png go")
+    p.add_argument("--timing-exclude", default="",
+                   help="comma list of seeds whose stage times are left out of the timing statistics (runs that "
+                        "shared the machine with other work); their accuracy figures still count")
     a = p.parse_args(argv)
     try:
         seeds = [int(x) for x in a.seeds.split(",") if x.strip()]
@@ -160,6 +166,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         p.error(f"--seeds is a comma list of ints, got {a.seeds!r}")
     if not seeds:
         p.error("--seeds is empty")
+    try:
+        exclude = frozenset(int(x) for x in a.timing_exclude.split(",") if x.strip())
+    except ValueError:
+        p.error(f"--timing-exclude is a comma list of ints, got {a.timing_exclude!r}")
     stages = "baseline,prune,grow,exits,flex,profile,export" if a.stages == "all" else a.stages
     rows, calls = [], {}
     for seed in seeds:
@@ -172,7 +182,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "recipe": "recipes/vgg_cifar.py", "stages": stages.split(","), "extra_flags": extra, "seeds": seeds,
         "synthetic": synthetic, "machine": machine(),
         "runs": rows, "broke_goal_early": [r["seed"] for r in rows if r.get("prune_status") == "goal_broken"],
-        "this_call_seconds": calls, **aggregate(rows), "goals": goals(rows, stages.split(",")),
+        "this_call_seconds": calls, **aggregate(rows, exclude), "goals": goals(rows, stages.split(",")),
         "note": "stage_seconds come from each run's summary.json (a reused stage keeps the time it took when it "
                 "ran); medians and ranges are over the seeds listed",
     }

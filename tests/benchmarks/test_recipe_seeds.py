@@ -1,0 +1,63 @@
+"""The seed sweep and the pruning-noise benchmark at toy settings, and the sweep's statistics."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.scripts import TINY, load_script
+
+FLAGS = [*TINY, "--prune-max-steps", "2", "--prune-triplets", "40", "--prune-max-drop", "50",
+         "--prune-finetune-epochs", "1"]
+
+
+def _row(seed, macs, drop, status="max_steps", stages=None):
+    return {"seed": seed, "synthetic": True, "baseline_accuracy": 0.87, "seed_macs_fraction": macs,
+            "seed_accuracy": round(0.87 - drop / 100, 4), "seed_drop_points": drop, "prune_status": status,
+            "stage_seconds": stages or {"baseline": 300.0, "prune": 600.0}}
+
+
+def test_goal_counts_runs_small_and_accurate_and_needs_five():
+    bench = load_script("benchmarks/recipe_seeds.py")
+    rows = [_row(0, 0.32, 0.8), _row(1, 0.30, 1.2), _row(2, 0.40, 0.5), _row(3, 0.35, 1.0), _row(4, 0.33, 0.1)]
+    goal = bench.goals(rows, ["baseline", "prune"])["seed_model_small_and_accurate"]
+    assert goal["measured"] == "3 of 5 runs (seeds [0, 3, 4])" and goal["met"] is False  # 1.2 points, 40% MACs
+    rows[1]["seed_drop_points"] = 0.9
+    assert bench.goals(rows, ["baseline", "prune"])["seed_model_small_and_accurate"]["met"] is True
+    assert bench.goals(rows[:4], ["prune"])["seed_model_small_and_accurate"]["met"] is False  # 4 of 4 is not 5 runs
+    stats = bench.aggregate(rows)
+    assert stats["figures"]["seed_macs_fraction"] == {"median": 0.33, "min": 0.30, "max": 0.40, "n": 5}
+    assert stats["stage_seconds"]["prune"]["median"] == 600.0 and stats["total_seconds"]["median"] == 900.0
+    # the 30-minute goal is only judged on runs of every stage
+    assert "recipe_within_30_minutes" not in bench.goals(rows, ["baseline", "prune"])
+
+
+@pytest.mark.slow
+def test_sweep_runs_each_seed_in_its_own_directory_then_noise_reads_one(tmp_path):
+    bench = load_script("benchmarks/recipe_seeds.py")
+    out, runs = tmp_path / "out", tmp_path / "runs"
+    summary = bench.main(["--seeds", "0,1", "--stages", "baseline,prune", "--runs", str(runs), "--out", str(out),
+                          "--", *FLAGS])
+    on_disk = json.loads((out / "summary.json").read_text())
+    assert on_disk == json.loads(json.dumps(summary)) and (out / "seeds.png").exists()
+    assert [r["seed"] for r in on_disk["runs"]] == [0, 1] and on_disk["synthetic"] is True
+    for r in on_disk["runs"]:
+        run = json.loads((runs / f"seed_{r['seed']}" / "summary.json").read_text())
+        assert run["data"]["seed"] == r["seed"] and r["seed_macs_fraction"] == run["pruning"]["macs_fraction"]
+        assert r["val_size"] == 100 and set(r["stage_seconds"]) == {"baseline", "prune"}
+    assert on_disk["figures"]["seed_macs_fraction"]["n"] == 2
+    assert not on_disk["goals"]["seed_model_small_and_accurate"]["met"]  # two runs cannot meet a 5-run goal
+    # a second call reuses every stage and reports the same times (the ones the stages took)
+    again = bench.main(["--seeds", "0,1", "--stages", "baseline,prune", "--runs", str(runs), "--out", str(out),
+                        "--", *FLAGS])
+    assert [r["stage_seconds"] for r in again["runs"]] == [r["stage_seconds"] for r in on_disk["runs"]]
+
+    noise = load_script("benchmarks/prune_noise.py").main([
+        "--run", str(runs / "seed_0"), "--recipe-args", " ".join([*TINY, "--seed", "0"]), "--repeats", "2",
+        "--epochs", "1", "--out", str(tmp_path / "noise")])
+    val = noise["evaluation"]["val"]
+    assert val["n"] == 100 and val["se_drop_paired"] <= val["se_drop_unpaired"]
+    assert abs(val["accuracy_a"] - noise["start_accuracy"]) < 1e-9  # the baseline, re-evaluated on the same split
+    (epoch,) = noise["retraining"]["per_epoch"]
+    assert epoch["extra_epochs"] == 1 and len(noise["retraining"]["runs"]) == 2 and epoch["val_sd"] is not None
