@@ -22,10 +22,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -38,15 +40,20 @@ RECIPE = ROOT / "recipes" / "vgg_cifar.py"
 DEFAULT_STAGES = "baseline,prune,grow,exits"
 
 
-def run_seed(seed: int, out: Path, stages: str, extra: list[str]) -> dict[str, Any]:
-    """Run (or reuse) the recipe for one seed; its summary.json plus this call's wall seconds."""
+def run_seed(seed: int, out: Path, stages: str, extra: list[str], threads: int | None = None) -> dict[str, Any]:
+    """Run (or reuse) the recipe for one seed; its summary.json plus this call's wall seconds.
+
+    ``threads`` caps the run's torch threads (OMP_NUM_THREADS, read by torch at start-up), so that
+    concurrent runs do not oversubscribe the cores.
+    """
     out.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, str(RECIPE), "--seed", str(seed), "--out", str(out), "--stages", stages, *extra]
+    env = dict(os.environ, **({"OMP_NUM_THREADS": str(threads)} if threads else {}))
     start = time.perf_counter()
     with open(out / "recipe.log", "a") as log:
         log.write(f"\n$ {' '.join(cmd)}\n")
         log.flush()
-        proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+        proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env=env)
     seconds = time.perf_counter() - start
     if proc.returncode != 0:
         raise SystemExit(f"seed {seed}: the recipe exited with {proc.returncode}; see {out / 'recipe.log'}")
@@ -159,7 +166,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--timing-exclude", default="",
                    help="comma list of seeds whose stage times are left out of the timing statistics (runs that "
                         "shared the machine with other work); their accuracy figures still count")
+    p.add_argument("--jobs", type=int, default=1,
+                   help="seeds run at once (a machine with many cores or an accelerator); their stage times then "
+                        "share the machine, so quote them only from --jobs 1")
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch threads per run (default: torch's own, all cores; set cores / jobs with --jobs)")
     a = p.parse_args(argv)
+    if a.jobs < 1 or (a.threads is not None and a.threads < 1):
+        p.error(f"--jobs and --threads must be >= 1, got --jobs {a.jobs} --threads {a.threads}")
     try:
         seeds = [int(x) for x in a.seeds.split(",") if x.strip()]
     except ValueError:
@@ -172,15 +186,18 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         p.error(f"--timing-exclude is a comma list of ints, got {a.timing_exclude!r}")
     stages = "baseline,prune,grow,exits,flex,profile,export" if a.stages == "all" else a.stages
     rows, calls = [], {}
-    for seed in seeds:
-        res = run_seed(seed, a.runs / f"seed_{seed}", stages, extra)
-        calls[seed] = res["seconds"]
-        rows.append(row(seed, res["summary"]))
-        print(f"seed {seed}: {json.dumps({k: v for k, v in rows[-1].items() if k != 'stage_seconds'})}", flush=True)
+    with ThreadPoolExecutor(max_workers=a.jobs) as pool:  # threads only wait on the recipe processes
+        futures = {seed: pool.submit(run_seed, seed, a.runs / f"seed_{seed}", stages, extra, a.threads)
+                   for seed in seeds}
+        for seed, fut in futures.items():
+            res = fut.result()
+            calls[seed] = res["seconds"]
+            rows.append(row(seed, res["summary"]))
+            print(f"seed {seed}: {json.dumps({k: v for k, v in rows[-1].items() if k != 'stage_seconds'})}", flush=True)
     synthetic = all(r["synthetic"] for r in rows)
     summary = {
         "recipe": "recipes/vgg_cifar.py", "stages": stages.split(","), "extra_flags": extra, "seeds": seeds,
-        "synthetic": synthetic, "machine": machine(),
+        "synthetic": synthetic, "machine": machine(), "jobs": a.jobs, "threads_per_run": a.threads,
         "runs": rows, "broke_goal_early": [r["seed"] for r in rows if r.get("prune_status") == "goal_broken"],
         "this_call_seconds": calls, **aggregate(rows, exclude), "goals": goals(rows, stages.split(",")),
         "note": "stage_seconds come from each run's summary.json (a reused stage keeps the time it took when it "

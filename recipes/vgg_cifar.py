@@ -110,7 +110,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--prune-step", type=float, default=0.25,
                    help="prune stage: share of channels the most tolerant layer loses per step")
     p.add_argument("--prune-epochs-per-step", type=int, default=1, help="prune stage: retraining epochs per step")
-    p.add_argument("--prune-max-steps", type=int, default=8, help="prune stage: at most this many steps")
+    p.add_argument("--prune-max-steps", type=int, default=10,
+                   help="prune stage: at most this many kept steps (docs/pruning.md#noise says why 10)")
     p.add_argument("--prune-recover-epochs", type=int, default=1,
                    help="prune stage: extra retraining epochs a step that misses the goal gets before it counts as broken")
     p.add_argument("--prune-round-to", type=int, default=1,

@@ -37,11 +37,13 @@ def test_goal_counts_runs_small_and_accurate_and_needs_five():
 def test_sweep_runs_each_seed_in_its_own_directory_then_noise_reads_one(tmp_path):
     bench = load_script("benchmarks/recipe_seeds.py")
     out, runs = tmp_path / "out", tmp_path / "runs"
+    # two seeds at once, one thread each: each run still lands in its own directory with its own seed
     summary = bench.main(["--seeds", "0,1", "--stages", "baseline,prune", "--runs", str(runs), "--out", str(out),
-                          "--", *FLAGS])
+                          "--jobs", "2", "--threads", "1", "--", *FLAGS])
     on_disk = json.loads((out / "summary.json").read_text())
     assert on_disk == json.loads(json.dumps(summary)) and (out / "seeds.png").exists()
     assert [r["seed"] for r in on_disk["runs"]] == [0, 1] and on_disk["synthetic"] is True
+    assert on_disk["jobs"] == 2 and on_disk["threads_per_run"] == 1
     for r in on_disk["runs"]:
         run = json.loads((runs / f"seed_{r['seed']}" / "summary.json").read_text())
         assert run["data"]["seed"] == r["seed"] and r["seed_macs_fraction"] == run["pruning"]["macs_fraction"]
@@ -52,6 +54,14 @@ def test_sweep_runs_each_seed_in_its_own_directory_then_noise_reads_one(tmp_path
     again = bench.main(["--seeds", "0,1", "--stages", "baseline,prune", "--runs", str(runs), "--out", str(out),
                         "--", *FLAGS])
     assert [r["stage_seconds"] for r in again["runs"]] == [r["stage_seconds"] for r in on_disk["runs"]]
+
+    # the roadmap table reads the same runs (finished here; a cut-off run would say "running")
+    table = load_script("benchmarks/roadmap_table.py").main(["--sweep", f"default={runs}", "--note", "toy",
+                                                             "--out", str(tmp_path / "table")])
+    seed0 = table["sweeps"]["default"]["seed_0"]
+    assert seed0["status"] == on_disk["runs"][0]["prune_status"] and len(seed0["kept"]) == on_disk["runs"][0]["prune_steps"]
+    assert seed0["seed_macs_fraction"] == on_disk["runs"][0]["seed_macs_fraction"]
+    assert json.loads((tmp_path / "table" / "summary.json").read_text())["note"] == "toy"
 
     noise = load_script("benchmarks/prune_noise.py").main([
         "--run", str(runs / "seed_0"), "--recipe-args", " ".join([*TINY, "--seed", "0"]), "--repeats", "2",
