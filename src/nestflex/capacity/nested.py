@@ -208,6 +208,12 @@ def nest_(
     roles: dict[str, set[str]] = {}
     for g in graph.groups:
         for m in g.members:
+            if m.layout is not None and g.name in plan.order:
+                raise CapacityError(
+                    f"group {g.name!r} reaches `{m.module}` through a concatenation ({m.layout}); nested "
+                    "levels slice each layer's channels as one prefix, which a concatenated dim is not. HINT: "
+                    "grow levels of models without channel concatenation, or prune such a model to one size"
+                )
             dims.setdefault((m.module, m.attr), {})[m.dim] = (g, m.factor)
             roles.setdefault(m.module, set()).add(m.role)
 

@@ -7,9 +7,18 @@ its input's space; a flatten of ``(C, H, W)`` maps channel ``c`` to the ``H*W`` 
 ``c*H*W ... c*H*W + H*W - 1`` of the next linear. Spaces tied together form one
 :class:`ChannelGroup` whose members are the parameter/buffer slices to edit.
 
+A concatenation along the channels makes a *composite* tensor: its channels are the inputs'
+channels one part after the other. A consumer of it (a conv's input, a norm, a depthwise conv, a
+linear after a flatten) holds one member per part, each with a :class:`Layout` saying which parts
+come before it; the offsets are read from the parts' current widths at surgery time, so pruning
+one part moves the others' rows (Torch-Pruning's index mapping, DenseNet's and Inception's
+blocks). A slice ``x[:, :b]`` that keeps every channel stays the identity as they are pruned; one
+that keeps whole parts locks them (its bounds are constants) and leaves the later parts free.
+
 A space is *locked* (not prunable) when it touches something the analysis cannot see through:
-the model input or output, an opaque module, concatenation, a grouped (non-depthwise) conv, or
-any op not listed below. Locking is always the safe answer: a locked group is simply not pruned.
+the model input or output, an opaque module, a grouped (non-depthwise) conv, a channel slice
+(its bounds are constants), a composite tensor added to a plain one, or any op not listed below.
+Locking is always the safe answer: a locked group is simply not pruned.
 """
 
 from __future__ import annotations
@@ -23,7 +32,7 @@ import torch.nn.functional as F
 from torch import fx, nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
-__all__ = ["Member", "ChannelGroup", "find_groups"]
+__all__ = ["Member", "Layout", "ChannelGroup", "find_groups"]
 
 
 @dataclass(frozen=True)
@@ -38,6 +47,8 @@ class Member:
             flatten of ``(C, H, W)``, else 1).
         role: ``out`` (produces the channels), ``in`` (consumes them), ``norm`` (per-channel
             statistics/affine) or ``depthwise`` (a depthwise conv, which is both).
+        layout: for a tensor fed by a concatenation, the parts of ``dim`` in order (this group is
+            one or more of them); ``None`` when the group owns the whole dim.
     """
 
     module: str
@@ -45,6 +56,44 @@ class Member:
     dim: int
     factor: int = 1
     role: str = "out"
+    layout: "Layout | None" = None
+
+    def rows(self, group: "ChannelGroup", idx: torch.Tensor, widths: dict[int, int] | None = None) -> torch.Tensor:
+        """Entries along ``dim`` that channels ``idx`` of ``group`` select in this tensor, with every
+        other part of a concatenated dim kept whole (so the result indexes the whole dim)."""
+        own = (idx[:, None] * self.factor + torch.arange(self.factor)).flatten()
+        if self.layout is None:
+            return own
+        rows, offset = [], 0
+        for part in self.layout.parts:
+            w = self.layout.width(part, widths) * self.factor
+            rows.append(offset + (own if part is group else torch.arange(w)))
+            offset += w
+        return torch.cat(rows)
+
+    def size(self, group: "ChannelGroup", widths: dict[int, int] | None = None) -> int:
+        """Entries along ``dim`` when the groups have ``widths`` (default: their current widths)."""
+        if self.layout is None:
+            return (widths or {}).get(group.id, group.width) * self.factor
+        return sum(self.layout.width(p, widths) for p in self.layout.parts) * self.factor
+
+
+class Layout:
+    """The parts of a concatenated channel dim, in order: groups (whose widths change with
+    surgery) or fixed widths (a part with no group, such as the model input). Shared by every
+    member that indexes the same concatenated tensor; compared by identity."""
+
+    def __init__(self, spaces: tuple[int, ...], widths: tuple[int, ...]) -> None:
+        self._spaces, self._widths = spaces, widths
+        self.parts: list["ChannelGroup | int"] = list(widths)
+
+    def width(self, part: "ChannelGroup | int", widths: dict[int, int] | None = None) -> int:
+        if isinstance(part, int):
+            return part
+        return (widths or {}).get(part.id, part.width)
+
+    def __repr__(self) -> str:
+        return "Layout(" + ", ".join(p if isinstance(p, int) else p.name for p in self.parts) + ")"
 
 
 @dataclass
@@ -128,10 +177,23 @@ _JOIN_METHODS = {"add", "add_", "mul", "mul_", "sub", "sub_"}
 
 @dataclass
 class _Info:
-    """Channel layout of one node's output: its space and features per channel along dim 1."""
+    """Channel layout of one node's output: its space and features per channel along dim 1.
+
+    A concatenation's output has ``parts``, ``(space, width)`` per input in order, and
+    ``space`` -1: its channels belong to several spaces.
+    """
 
     space: int
     factor: int = 1
+    parts: tuple[tuple[int, int], ...] | None = None
+    layout: Layout | None = None
+
+    @property
+    def spaces(self) -> list[int]:
+        return [sp for sp, _ in self.parts] if self.parts else [self.space]
+
+    def with_factor(self, factor: int) -> "_Info":
+        return _Info(self.space, factor, self.parts, self.layout)
 
 
 def find_groups(gm: fx.GraphModule) -> tuple[list[ChannelGroup], list[str]]:
@@ -146,10 +208,25 @@ def find_groups(gm: fx.GraphModule) -> tuple[list[ChannelGroup], list[str]]:
     members: list[tuple[int, Member]] = []
     locked: dict[int, str] = {}
     unsupported: list[str] = []
+    layouts: list[Layout] = []
     modules = dict(gm.named_modules())
 
-    def lock(space: int, reason: str) -> None:
-        locked.setdefault(space, reason)
+    def lock(space: int | _Info, reason: str) -> None:
+        for sp in space.spaces if isinstance(space, _Info) else [space]:
+            locked.setdefault(sp, reason)
+
+    def add(src: _Info, name: str, attr: str, dim: int, role: str) -> None:
+        """Members of a consumer of ``src``: one, or one per part of a concatenated tensor."""
+        if src.parts is None:
+            members.append((src.space, Member(name, attr, dim, src.factor, role=role)))
+            return
+        for sp, _ in src.parts:
+            members.append((sp, Member(name, attr, dim, src.factor, role=role, layout=src.layout)))
+
+    def composite(parts: list[tuple[int, int]], factor: int = 1) -> _Info:
+        layout = Layout(tuple(sp for sp, _ in parts), tuple(w for _, w in parts))
+        layouts.append(layout)
+        return _Info(-1, factor, tuple(parts), layout)
 
     def fresh(reason: str | None = None) -> _Info:
         s = uf.new()
@@ -162,7 +239,7 @@ def find_groups(gm: fx.GraphModule) -> tuple[list[ChannelGroup], list[str]]:
 
     def opaque(node: fx.Node, what: str) -> _Info | None:
         for a in tensor_args(node):
-            lock(info[a].space, f"used by {what}")
+            lock(info[a], f"used by {what}")
         unsupported.append(what)
         return fresh(f"output of {what}") if node.meta.get("shape") is not None else None
 
@@ -186,7 +263,7 @@ def find_groups(gm: fx.GraphModule) -> tuple[list[ChannelGroup], list[str]]:
             continue
         if node.op == "output":
             for a in tensor_args(node):
-                lock(info[a].space, "model output")
+                lock(info[a], "model output")
             continue
         if node.op == "get_attr":
             info[node] = fresh(f"attribute `{node.target}`") if shape is not None else None
@@ -196,7 +273,7 @@ def find_groups(gm: fx.GraphModule) -> tuple[list[ChannelGroup], list[str]]:
             # reduction over channels, a tuple result) loses track of them: lock the source.
             if not _is_size_query(node):
                 for a in tensor_args(node):
-                    lock(info[a].space, f"reduced by `{node.name}`")
+                    lock(info[a], f"reduced by `{node.name}`")
             info[node] = None
             continue
         src = node.args[0] if node.args and isinstance(node.args[0], fx.Node) else None
@@ -208,26 +285,26 @@ def find_groups(gm: fx.GraphModule) -> tuple[list[ChannelGroup], list[str]]:
             if isinstance(mod, nn.Conv2d) and src_info is not None and src_info.factor == 1:
                 if mod.groups == 1:
                     if type(mod).__name__ in WEIGHT_STANDARDISING_CONVS:
-                        lock(src_info.space, f"`{name}` ({type(mod).__name__}) standardises its weight over its inputs")
+                        lock(src_info, f"`{name}` ({type(mod).__name__}) standardises its weight over its inputs")
                     else:
-                        members.append((src_info.space, Member(name, "weight", 1, role="in")))
+                        add(src_info, name, "weight", 1, "in")
                     info[node] = produce(name, mod)
                 elif mod.groups == mod.in_channels == mod.out_channels:
-                    members.append((src_info.space, Member(name, "weight", 0, role="depthwise")))
+                    add(src_info, name, "weight", 0, "depthwise")
                     if mod.bias is not None:
-                        members.append((src_info.space, Member(name, "bias", 0, role="depthwise")))
-                    info[node] = _Info(src_info.space)
+                        add(src_info, name, "bias", 0, "depthwise")
+                    info[node] = src_info.with_factor(1)
                 else:
-                    lock(src_info.space, f"grouped conv `{name}`")
+                    lock(src_info, f"grouped conv `{name}`")
                     info[node] = fresh(f"grouped conv `{name}`")
             elif isinstance(mod, nn.Linear) and src_info is not None and len(shape) == 2:
-                members.append((src_info.space, Member(name, "weight", 1, src_info.factor, role="in")))
+                add(src_info, name, "weight", 1, "in")
                 info[node] = produce(name, mod)
             elif isinstance(mod, _BatchNorm) and src_info is not None and (src_info.factor == 1 or len(shape) == 2):
                 for attr in ("weight", "bias", "running_mean", "running_var"):
                     if getattr(mod, attr, None) is not None:
-                        members.append((src_info.space, Member(name, attr, 0, src_info.factor, role="norm")))
-                info[node] = _Info(src_info.space, src_info.factor)
+                        add(src_info, name, attr, 0, "norm")
+                info[node] = src_info
             elif src_info is not None and (
                 isinstance(mod, (_ACT_MODULES, nn.Flatten))
                 or (isinstance(mod, nn.PReLU) and mod.num_parameters == 1)
@@ -242,7 +319,14 @@ def find_groups(gm: fx.GraphModule) -> tuple[list[ChannelGroup], list[str]]:
             node.op == "call_method" and target in _JOIN_METHODS
         )
         if is_join:
-            info[node] = _join(node, info, uf, shape) or opaque(node, f"`{node.name}`")
+            info[node] = _join(node, info, uf, shape, composite) or opaque(node, f"`{node.name}`")
+            continue
+        if node.op == "call_function" and target in _CAT_FUNCTIONS:
+            info[node] = _concat(node, info, uf, shape, composite) or opaque(node, f"`{node.name}` (cat)")
+            continue
+        if node.op == "call_function" and target is operator.getitem and src_info is not None:
+            info[node] = _slice(node, src, src_info, shape, composite, lock) or opaque(
+                node, f"`{node.name}` (a slice through the channels)")
             continue
         is_pass = (node.op == "call_function" and target in _PASS_FUNCTIONS) or (
             node.op == "call_method" and target in _PASS_METHODS
@@ -252,8 +336,9 @@ def find_groups(gm: fx.GraphModule) -> tuple[list[ChannelGroup], list[str]]:
             continue
         info[node] = opaque(node, f"`{node.name}` ({_op_name(node)})")
 
-    node_spaces = [(n.name, i.space) for n, i in info.items() if i is not None and i.factor == 1 and n.op != "placeholder"]
-    return _collect(gm, uf, members, locked, node_spaces), unsupported
+    node_spaces = [(n.name, i.space) for n, i in info.items()
+                   if i is not None and i.factor == 1 and i.parts is None and n.op != "placeholder"]
+    return _collect(gm, uf, members, locked, node_spaces, layouts), unsupported
 
 
 def _is_size_query(node: fx.Node) -> bool:
@@ -280,12 +365,12 @@ def _reshape(node: fx.Node, src: fx.Node, src_info: _Info, shape: tuple[int, ...
     if len(shape) >= 2 and shape[:2] == in_shape[:2] and (len(shape) == len(in_shape) or src_info.factor == 1):
         # channel dim kept: activations, pools, mean over H,W with keepdim, ...
         if len(shape) == 2 and len(in_shape) > 2:
-            return _Info(src_info.space, 1)  # global pooling without keepdim: (N, C)
-        return _Info(src_info.space, src_info.factor)
+            return src_info.with_factor(1)  # global pooling without keepdim: (N, C)
+        return src_info
     if len(shape) == 2 and len(in_shape) > 2 and shape[0] == in_shape[0]:
         spatial = math.prod(in_shape[2:])
         if shape[1] == in_shape[1] * spatial:  # flatten(1) of (N, C, ...): channel-major
-            return _Info(src_info.space, src_info.factor * spatial)
+            return src_info.with_factor(src_info.factor * spatial)
     return None
 
 
@@ -298,8 +383,11 @@ def _broadcast_channels(operand: tuple[int, ...], out: tuple[int, ...]) -> int:
     return operand[i] if 0 <= i < len(operand) else 1
 
 
-def _join(node: fx.Node, info: dict, uf: _UnionFind, shape: tuple[int, ...]) -> _Info | None:
-    """Elementwise op: tensors of equal channel count share one space; broadcast ones pass."""
+def _join(node: fx.Node, info: dict, uf: _UnionFind, shape: tuple[int, ...], composite) -> _Info | None:
+    """Elementwise op: tensors of equal channel count share one space; broadcast ones pass.
+
+    Concatenated operands join part by part when their parts have the same widths; a
+    concatenated operand and a plain one cannot be matched (None: the caller locks them)."""
     srcs = [a for a in node.all_input_nodes if info.get(a) is not None]
     if not srcs:
         return None
@@ -309,14 +397,84 @@ def _join(node: fx.Node, info: dict, uf: _UnionFind, shape: tuple[int, ...]) -> 
     for a in srcs:
         if a not in full and _broadcast_channels(a.meta["shape"], shape) != 1:
             return None
-    space = info[full[0]].space
+    first = info[full[0]]
+    if first.parts is not None or any(info[a].parts is not None for a in full):
+        widths = [tuple(w for _, w in info[a].parts) if info[a].parts else None for a in full]
+        if any(w != widths[0] for w in widths):
+            return None
+        parts = list(first.parts)
+        for a in full[1:]:
+            parts = [(uf.union(sp, other), w) for (sp, w), (other, _) in zip(parts, info[a].parts)]
+        return composite(parts, first.factor)
+    space = first.space
     for a in full[1:]:
         space = uf.union(space, info[a].space)
     # broadcast operands with a channel dim of 1 (e.g. per-sample scales) carry no channels
-    return _Info(space, info[full[0]].factor)
+    return _Info(space, first.factor)
 
 
-def _collect(gm, uf, members, locked, node_spaces) -> list[ChannelGroup]:
+_CAT_FUNCTIONS = {torch.cat, torch.concat, torch.concatenate}
+
+
+def _cat_dim(node: fx.Node, ndim: int) -> int | None:
+    dim = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim", node.kwargs.get("axis", 0))
+    return dim % ndim if isinstance(dim, int) else None
+
+
+def _concat(node: fx.Node, info: dict, uf: _UnionFind, shape: tuple[int, ...], composite) -> _Info | None:
+    """``torch.cat``: along the channels, a composite of the inputs' parts; along any other dim,
+    the inputs share their channels (one space, like an add)."""
+    tensors = node.args[0] if node.args else node.kwargs.get("tensors")
+    dim = _cat_dim(node, len(shape))
+    if not isinstance(tensors, (list, tuple)) or dim is None:
+        return None
+    if any(not isinstance(t, fx.Node) or info.get(t) is None or t.meta.get("shape") is None for t in tensors):
+        return None
+    if dim != 1:
+        if any(t.meta["shape"][1] != shape[1] for t in tensors):
+            return None
+        return _join(node, info, uf, shape, composite)
+    if any(info[t].factor != 1 for t in tensors):
+        return None  # concatenated flattened features: the layout of each part's features is lost
+    parts: list[tuple[int, int]] = []
+    for t in tensors:
+        parts.extend(info[t].parts or [(info[t].space, t.meta["shape"][1])])
+    return composite(parts)
+
+
+def _slice(node: fx.Node, src: fx.Node, src_info: _Info, shape: tuple[int, ...], composite, lock) -> _Info | None:
+    """``x[...]`` of a tensor: indexing that keeps the channel dim whole passes the channels.
+
+    A channel slice ``x[:, a:b]`` has constant bounds. ``x[:, :b]`` with ``b`` >= the width stays
+    the identity as channels are pruned (GhostNet's ``out[:, :oup]``). Otherwise the slice must
+    keep whole parts of a concatenation; the parts up to ``b`` are locked (pruning them would
+    move what the bounds select) and the parts after it stay free."""
+    in_shape = src.meta.get("shape")
+    index = node.args[1]
+    index = index if isinstance(index, tuple) else (index,)
+    if in_shape is None or len(index) == 0 or index[0] != slice(None) or len(shape) != len(in_shape):
+        return None
+    if len(index) < 2 or index[1] in (slice(None), Ellipsis):
+        return src_info if shape[1] == in_shape[1] else None
+    ch = index[1]
+    if not isinstance(ch, slice) or ch.step not in (None, 1) or src_info.factor != 1:
+        return None
+    if ch.start in (None, 0) and isinstance(ch.stop, int) and ch.stop >= in_shape[1]:
+        return src_info
+    start, stop, _ = ch.indices(in_shape[1])
+    kept, offset = [], 0
+    for sp, w in src_info.parts or [(src_info.space, in_shape[1])]:
+        if start <= offset and offset + w <= stop:
+            kept.append((sp, w))
+        if offset < stop:
+            lock(sp, f"`{node.name}` slices channels [{start}:{stop}] of a concatenation")
+        offset += w
+    if sum(w for _, w in kept) != stop - start:
+        return None  # the slice cuts through a space
+    return composite(kept) if len(kept) > 1 else _Info(kept[0][0])
+
+
+def _collect(gm, uf, members, locked, node_spaces, layouts) -> list[ChannelGroup]:
     by_root: dict[int, list[Member]] = {}
     order: list[int] = []
     for space, m in members:
@@ -332,14 +490,16 @@ def _collect(gm, uf, members, locked, node_spaces) -> list[ChannelGroup]:
     for name, space in node_spaces:
         nodes_by_root.setdefault(uf.find(space), []).append(name)
     groups: list[ChannelGroup] = []
+    group_of: dict[int, ChannelGroup] = {}
     for root in order:
         ms = by_root[root]
         producers = [m for m in ms if m.role in ("out", "depthwise")]
         if not any(m.role == "out" for m in ms):
             continue  # e.g. the model input: consumed, never produced
         first = producers[0]
-        t = getattr(gm.get_submodule(first.module), first.attr)
-        width = t.shape[first.dim] // first.factor
+        ref = next(m for m in ms if m.role == "out")  # a producer's own rows: never a concatenation's part
+        t = getattr(gm.get_submodule(ref.module), ref.attr)
+        width = t.shape[ref.dim] // ref.factor
         reason = locked_roots.get(root, "")
         groups.append(
             ChannelGroup(
@@ -347,4 +507,8 @@ def _collect(gm, uf, members, locked, node_spaces) -> list[ChannelGroup]:
                 nodes=nodes_by_root.get(root, []),
             )
         )
+        group_of[root] = groups[-1]
+    # each part of a concatenation is a group (whose width follows surgery) or a fixed width
+    for layout in layouts:
+        layout.parts = [group_of.get(uf.find(sp), w) for sp, w in zip(layout._spaces, layout._widths)]
     return groups

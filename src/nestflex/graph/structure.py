@@ -141,12 +141,14 @@ class StructureGraph:
                 raise GraphError(f"`widths[{gid}]` must be a positive int, got {w!r}")
         shapes = {n: list(p.shape) for n, p in self.gm.named_parameters()}
         for g in self.groups:
-            if g.id not in widths:
-                continue
             for m in g.members:
+                # a concatenated dim changes when any of its parts does
+                if g.id not in widths and (m.layout is None or not any(
+                        not isinstance(p, int) and p.id in widths for p in m.layout.parts)):
+                    continue
                 key = f"{m.module}.{m.attr}" if m.module else m.attr
                 if key in shapes:
-                    shapes[key][m.dim] = widths[g.id] * m.factor
+                    shapes[key][m.dim] = m.size(g, widths)
         return {k: tuple(v) for k, v in shapes.items()}
 
     def macs(self, widths: Mapping[int, int] | None = None) -> int:

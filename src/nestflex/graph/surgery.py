@@ -51,16 +51,21 @@ def select_channels(model: nn.Module, group: ChannelGroup, indices: Indices) -> 
         raise GraphError(f"channel group `{group.name}` is locked ({group.reason}); it cannot be edited")
     idx = _as_index(group, indices, "indices")
     touched: set[str] = set()
+    done: set[tuple[str, str, int]] = set()
     for m in group.members:
+        if (m.module, m.attr, m.dim) in done:
+            continue  # a concatenation holding this group twice: one member's rows cover both parts
+        done.add((m.module, m.attr, m.dim))
         module = model.get_submodule(m.module)
         old = getattr(module, m.attr)
-        if old.shape[m.dim] != group.width * m.factor:
+        if old.shape[m.dim] != m.size(group):
             raise GraphError(
                 f"`{m.module}.{m.attr}` has {old.shape[m.dim]} entries on dim {m.dim}, the graph expects "
-                f"{group.width * m.factor}. HINT: re-trace the model after each surgery"
+                f"{m.size(group)}. HINT: re-trace the model after each surgery"
             )
-        # a channel of a flattened (C, H, W) map owns `factor` consecutive features
-        rows = (idx[:, None] * m.factor + torch.arange(m.factor)).flatten().to(old.device)
+        # a channel of a flattened (C, H, W) map owns `factor` consecutive features; a part of a
+        # concatenation sits after the parts before it, at their current widths
+        rows = m.rows(group, idx).to(old.device)
         new = old.detach().index_select(m.dim, rows).clone()
         if isinstance(old, nn.Parameter):
             setattr(module, m.attr, nn.Parameter(new, requires_grad=old.requires_grad))

@@ -39,12 +39,12 @@ def _carry(optimizers: Sequence[torch.optim.Optimizer], old: nn.Parameter, new: 
 def _prune_group(model: nn.Module, group: ChannelGroup, keep: torch.Tensor, optimizers) -> None:
     keep = torch.sort(torch.as_tensor(keep, dtype=torch.long)).values
     before = {(m.module, m.attr): getattr(model.get_submodule(m.module), m.attr) for m in group.members}
+    rows = {(m.module, m.attr): m.rows(group, keep) for m in group.members}  # at the widths before surgery
     prune_channels(model, group, keep)
     for m in group.members:
-        old = before[(m.module, m.attr)]
+        old = before.pop((m.module, m.attr), None)
         if isinstance(old, nn.Parameter):
-            rows = (keep[:, None] * m.factor + torch.arange(m.factor)).flatten()
-            _carry(optimizers, old, getattr(model.get_submodule(m.module), m.attr), m.dim, rows)
+            _carry(optimizers, old, getattr(model.get_submodule(m.module), m.attr), m.dim, rows[(m.module, m.attr)])
 
 
 def prune_with_optimizers(

@@ -1,0 +1,25 @@
+"""The zoo coverage benchmark on one small torchvision model with concatenations."""
+
+import json
+
+import pytest
+
+from tests.scripts import load_script
+
+
+@pytest.mark.slow
+def test_squeezenet_traces_prunes_and_stays_correct_through_its_fire_concatenations(tmp_path):
+    pytest.importorskip("torchvision")
+    bench = load_script("benchmarks/zoo_coverage.py")
+    summary = bench.main(["--zoo", "torchvision", "--models", "squeezenet1_1", "--size", "48", "--out", str(tmp_path)])
+    (row,) = summary["rows"]
+    assert row["ok"], row
+    assert row["pruned_equals_masked"] and row["macs_as_predicted"] and row["macs_left"] < 0.8
+    assert row["prunable"] > 0 and 0.9 < row["macs_vs_flop_counter"] <= 1.0
+    assert json.loads((tmp_path / "summary.json").read_text())["passed"] == 1
+
+
+def test_a_model_that_fails_is_one_row_with_its_error(tmp_path):
+    bench = load_script("benchmarks/zoo_coverage.py")
+    row = bench.main(["--zoo", "torchvision", "--one", "no_such_model"])
+    assert row["ok"] is False and "no_such_model" in row["error"]
