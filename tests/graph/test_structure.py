@@ -320,3 +320,25 @@ def test_weight_standardised_conv_prunes_its_outputs_with_its_gain_and_locks_its
     prune_channels(net, group, keep)
     assert net[2].gain.shape[0] == 8
     torch.testing.assert_close(net(x), reference(x))
+
+
+@pytest.mark.parametrize("training", [False, True])
+def test_torchvision_stochastic_depth_keeps_the_channels_of_its_residual_branch(training):
+    ops = pytest.importorskip("torchvision.ops")
+
+    class _Block(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.stem, self.branch, self.head = nn.Conv2d(3, 8, 1), nn.Conv2d(8, 8, 3, padding=1), nn.Linear(8, 2)
+
+        def forward(self, x):
+            x = self.stem(x)
+            x = x + ops.stochastic_depth(self.branch(x), 0.2, "row", self.training)
+            return self.head(x.mean((2, 3)))
+
+    model = _Block().train(training)
+    graph = trace(model, (3, 8, 8))
+    # the residual group (stem + branch) is prunable in both modes; before, the fx-wrapped call locked it
+    assert set(graph.group("stem").producers) == {"stem", "branch"} and graph.group("stem").prunable
+    prune_channels(model, graph.group("stem"), [0, 2, 5])
+    assert model(torch.randn(2, 3, 8, 8)).shape == (2, 2)

@@ -171,6 +171,10 @@ _PASS_METHODS = {
     "relu", "relu_", "sigmoid", "tanh", "contiguous", "clone", "float", "to", "flatten", "view",
     "reshape", "mean", "sum", "amax",
 }
+#: functions of other libraries that scale whole samples (or the whole batch) and keep every
+#: channel where it is, matched by qualified name so the library need not be imported:
+#: torchvision's stochastic depth (an fx-wrapped call in EfficientNet, ConvNeXt, Swin...)
+_PASS_FUNCTION_NAMES = {"torchvision.ops.stochastic_depth.stochastic_depth"}
 _JOIN_FUNCTIONS = {operator.add, operator.iadd, operator.mul, operator.imul, operator.sub, torch.add, torch.mul}
 _JOIN_METHODS = {"add", "add_", "mul", "mul_", "sub", "sub_"}
 
@@ -328,9 +332,9 @@ def find_groups(gm: fx.GraphModule) -> tuple[list[ChannelGroup], list[str]]:
             info[node] = _slice(node, src, src_info, shape, composite, lock) or opaque(
                 node, f"`{node.name}` (a slice through the channels)")
             continue
-        is_pass = (node.op == "call_function" and target in _PASS_FUNCTIONS) or (
-            node.op == "call_method" and target in _PASS_METHODS
-        )
+        is_pass = (
+            node.op == "call_function" and (target in _PASS_FUNCTIONS or _qualname(target) in _PASS_FUNCTION_NAMES)
+        ) or (node.op == "call_method" and target in _PASS_METHODS)
         if is_pass and src_info is not None:
             info[node] = _reshape(node, src, src_info, shape) or opaque(node, f"`{node.name}` ({_op_name(node)})")
             continue
@@ -350,6 +354,10 @@ def _is_size_query(node: fx.Node) -> bool:
         src = node.args[0]
         return isinstance(src, fx.Node) and _is_size_query(src)
     return False
+
+
+def _qualname(fn) -> str:
+    return f"{getattr(fn, '__module__', '')}.{getattr(fn, '__name__', '')}"
 
 
 def _op_name(node: fx.Node) -> str:
