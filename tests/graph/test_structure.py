@@ -342,3 +342,25 @@ def test_torchvision_stochastic_depth_keeps_the_channels_of_its_residual_branch(
     assert set(graph.group("stem").producers) == {"stem", "branch"} and graph.group("stem").prunable
     prune_channels(model, graph.group("stem"), [0, 2, 5])
     assert model(torch.randn(2, 3, 8, 8)).shape == (2, 2)
+
+
+def test_split_points_after_any_block_activation_on_channels_first_maps():
+    class _Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.c1, self.b1, self.a1 = nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.SiLU()
+            self.c2, self.a2 = nn.Conv2d(8, 8, 3, padding=1), nn.Hardswish()
+            self.se, self.gate = nn.Conv2d(8, 8, 1), nn.Sigmoid()
+            self.mix = nn.Linear(8, 8)  # on channels-last
+            self.head = nn.Linear(8, 2)
+
+        def forward(self, x):
+            x = self.a1(self.b1(self.c1(x)))
+            x = self.a2(self.c2(x))
+            s = torch.nn.functional.silu(self.se(x.mean((2, 3), keepdim=True)))  # a pooled 1x1 squeeze
+            x = x * self.gate(s)
+            y = torch.nn.functional.gelu(self.mix(x.permute(0, 2, 3, 1)))  # (N, H, W, C)
+            return self.head(y.mean((1, 2)))
+
+    names = [s.name for s in trace(_Net(), (3, 8, 8)).split_points]
+    assert names == ["a1", "a2"]  # not the squeeze's silu, the gate, or the channels-last gelu

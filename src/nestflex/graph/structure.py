@@ -35,7 +35,16 @@ __all__ = [
 #: (CIFAR's 3x32x32).
 DEFAULT_INPUT_SHAPE: tuple[int, int, int] = (3, 32, 32)
 
-_SPLIT_ACTS = (nn.ReLU, nn.ReLU6)
+#: activations after which a model can be cut (and an exit placed): a block's non-linearity.
+#: ReLU maps are sparse and compress best; the others (SiLU in EfficientNet, Hardswish in
+#: MobileNet-v3...) are cut points too when a conv or a batch norm feeds them a spatial map, so
+#: the tensor is channels-first (a GELU after a Linear on channels-last or token tensors is not,
+#: until the graph models those layouts); the codec and profilers measure what each cut costs. Gates
+#: (sigmoid, hard-sigmoid, tanh) are not cut points: they scale another tensor inside a block.
+_RELUS = (nn.ReLU, nn.ReLU6)
+_SPLIT_ACTS = (*_RELUS, nn.LeakyReLU, nn.PReLU, nn.ELU, nn.GELU, nn.SiLU, nn.Hardswish, nn.Mish)
+_RELU_FUNCTIONS = (F.relu, torch.relu, F.relu6)
+_SPLIT_FUNCTIONS = (*_RELU_FUNCTIONS, F.leaky_relu, F.elu, F.gelu, F.silu, F.hardswish, F.mish)
 
 
 @dataclass(frozen=True)
@@ -66,7 +75,8 @@ class Layer:
 
 @dataclass(frozen=True)
 class SplitPoint:
-    """A place to cut the model in two: after an activation (ReLU outputs are sparse).
+    """A place to cut the model in two: after a block's activation (ReLU outputs are sparse; other
+    activations count when a conv or a batch norm feeds them).
 
     Attributes:
         name: the activation's module name (or fx node name for functional ReLUs).
@@ -337,13 +347,24 @@ def _layers(gm: fx.GraphModule) -> list[Layer]:
 def _is_split_activation(gm: fx.GraphModule, node: fx.Node) -> bool:
     if node.op == "call_module":
         mod = gm.get_submodule(node.target)
-        if isinstance(mod, _SPLIT_ACTS):
+        if isinstance(mod, _RELUS):
             return True
+        if isinstance(mod, _SPLIT_ACTS):
+            return _fed_channels_first(gm, node)
         # timm's BatchNormAct2d: a BatchNorm whose output goes through its own activation
         return isinstance(mod, _BatchNorm) and isinstance(getattr(mod, "act", None), _SPLIT_ACTS)
     if node.op == "call_function":
-        return node.target in (F.relu, torch.relu, F.relu6)
+        return node.target in _RELU_FUNCTIONS or (node.target in _SPLIT_FUNCTIONS and _fed_channels_first(gm, node))
     return node.op == "call_method" and node.target in ("relu", "relu_")
+
+
+def _fed_channels_first(gm: fx.GraphModule, node: fx.Node) -> bool:
+    """The activation's input comes straight from a conv or a batch norm (so dim 1 is channels)
+    and is a spatial map (not a squeeze-excitation's pooled 1x1 vector inside a block)."""
+    src, shape = (node.args[0] if node.args else None), node.meta.get("shape")
+    if not isinstance(src, fx.Node) or src.op != "call_module" or shape is None or len(shape) != 4:
+        return False
+    return shape[2] * shape[3] > 1 and isinstance(gm.get_submodule(src.target), (nn.Conv2d, _BatchNorm))
 
 
 def _split_points(gm: fx.GraphModule, layers: list[Layer]) -> list[SplitPoint]:
