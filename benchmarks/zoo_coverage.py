@@ -113,8 +113,7 @@ def check_one(zoo: str, name: str, size: int, ratio: float) -> dict[str, Any]:
             drop = drop.nonzero().flatten()
             for m in g.members:
                 if m.role == "in" and drop.numel():
-                    rows = sorted(set(m.rows(g, drop).tolist()) - set(m.rows(g, drop[:0]).tolist()))
-                    getattr(model.get_submodule(m.module), m.attr).index_fill_(m.dim, torch.tensor(rows), 0)
+                    getattr(model.get_submodule(m.module), m.attr).index_fill_(m.dim, m.rows(g, drop, others=False), 0)
         masked = model(x)
         for g in graph.prunable_groups:
             prune_channels(model, g, keep[g.id])

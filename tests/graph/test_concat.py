@@ -68,8 +68,7 @@ def _masked_output(model, graph, keep, x):
         drop = drop.nonzero().flatten()
         for m in g.members:
             if m.role == "in":
-                rows = sorted(set(m.rows(g, drop).tolist()) - set(m.rows(g, drop[:0]).tolist()))
-                getattr(model.get_submodule(m.module), m.attr).index_fill_(m.dim, torch.tensor(rows), 0)
+                getattr(model.get_submodule(m.module), m.attr).index_fill_(m.dim, m.rows(g, drop, others=False), 0)
     return model(x)
 
 

@@ -58,16 +58,20 @@ class Member:
     role: str = "out"
     layout: "Layout | None" = None
 
-    def rows(self, group: "ChannelGroup", idx: torch.Tensor, widths: dict[int, int] | None = None) -> torch.Tensor:
-        """Entries along ``dim`` that channels ``idx`` of ``group`` select in this tensor, with every
-        other part of a concatenated dim kept whole (so the result indexes the whole dim)."""
+    def rows(self, group: "ChannelGroup", idx: torch.Tensor, others: bool = True) -> torch.Tensor:
+        """Entries along ``dim`` that channels ``idx`` of ``group`` hold in this tensor, at their
+        offset in a concatenated dim; with ``others`` every other part is kept whole too (so the
+        result selects along the whole dim, what surgery needs)."""
         own = (idx[:, None] * self.factor + torch.arange(self.factor)).flatten()
         if self.layout is None:
             return own
         rows, offset = [], 0
         for part in self.layout.parts:
-            w = self.layout.width(part, widths) * self.factor
-            rows.append(offset + (own if part is group else torch.arange(w)))
+            w = self.layout.width(part) * self.factor
+            if part is group:
+                rows.append(offset + own)
+            elif others:
+                rows.append(offset + torch.arange(w))
             offset += w
         return torch.cat(rows)
 
