@@ -114,6 +114,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="prune stage: at most this many kept steps (docs/pruning.md#noise says why 10)")
     p.add_argument("--prune-recover-epochs", type=int, default=1,
                    help="prune stage: extra retraining epochs a step that misses the goal gets before it counts as broken")
+    p.add_argument("--prune-retry-budget", type=int, default=3,
+                   help="prune stage: broken steps the roadmap retries in all; the next ends it "
+                        "(bounds the stage's time: docs/pruning.md#time; -1: no bound)")
     p.add_argument("--prune-round-to", type=int, default=1,
                    help="prune stage: keep channel counts at multiples of this (8, 16: SIMD-friendly widths; 1: any)")
     p.add_argument("--prune-finetune-epochs", type=int, default=2,
@@ -157,6 +160,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error(f"--epochs must be >= 1, got {args.epochs}")
     if not 0 <= args.prune_max_drop < 100:
         p.error(f"--prune-max-drop is in accuracy points, in [0, 100), got {args.prune_max_drop}")
+    if args.prune_retry_budget < -1:
+        p.error(f"--prune-retry-budget is a count of tries (-1: no bound), got {args.prune_retry_budget}")
     if args.prune_round_to < 1:
         p.error(f"--prune-round-to must be >= 1, got {args.prune_round_to}")
     if args.prune_epochs_per_step < 1 or args.prune_max_steps < 1 or min(args.prune_recover_epochs,
@@ -265,10 +270,12 @@ def run_baseline(run: Run) -> dict[str, Any]:
 def run_prune(run: Run) -> dict[str, Any]:
     """NestDNN filter pruning of the baseline: roadmap.json + the seed model."""
     a, base = run.args, run.baseline()
+    budget = None if a.prune_retry_budget < 0 else a.prune_retry_budget
     st = run.stage("prune", {"baseline": run.config("baseline"), "criterion": a.prune_criterion,
                              "max_drop": a.prune_max_drop, "step": a.prune_step,
                              "epochs_per_step": a.prune_epochs_per_step, "max_steps": a.prune_max_steps,
                              "recover_epochs": a.prune_recover_epochs, "finetune_epochs": a.prune_finetune_epochs,
+                             "retry_budget": budget,
                              **({"round_to": a.prune_round_to} if a.prune_round_to != 1 else {}),
                              "lr": a.prune_lr, "triplets": a.prune_triplets})
     # room for every step to be recovered and retried twice (the back-off), then the seed's fine-tuning;
@@ -287,7 +294,7 @@ def run_prune(run: Run) -> dict[str, Any]:
     pruner = FilterPruning(a.prune_criterion, max_drop=a.prune_max_drop / 100, step=a.prune_step,
                            epochs_per_step=a.prune_epochs_per_step, max_steps=a.prune_max_steps,
                            recover_epochs=a.prune_recover_epochs, finetune_epochs=a.prune_finetune_epochs,
-                           round_to=a.prune_round_to, dirpath=st.dir, criterion_kwargs=kwargs)
+                           retry_budget=budget, round_to=a.prune_round_to, dirpath=st.dir, criterion_kwargs=kwargs)
     trainer = st.trainer(a, [pruner], epochs, resume, num_sanity_val_steps=0)
     start = time.perf_counter()
     trainer.fit(module, datamodule=run.dm, ckpt_path=resume)

@@ -66,6 +66,7 @@ def _prune(**kw):
         ({"max_drop": 0.01, "epochs_per_step": 0}, "`epochs_per_step` must be an int >= 1"),
         ({"max_drop": 0.01, "allocation": "greedy"}, "`allocation` must be one of"),
         ({"max_drop": 0.01, "backoff": -1}, "`backoff` must be an int >= 0"),
+        ({"max_drop": 0.01, "retry_budget": -1}, "`retry_budget` must be None or an int >= 0"),
         ({"max_drop": 0.01, "recover_epochs": -1}, "`recover_epochs` must be an int >= 0"),
         ({"max_drop": 0.01, "finetune_epochs": 1.5}, "`finetune_epochs` must be an int >= 0"),
         ({"max_drop": 0.01, "round_to": 0}, "`round_to` must be an int >= 1"),
@@ -139,6 +140,20 @@ def test_a_kept_step_restores_the_step_size_a_retry_halved(tmp_path, pretrained,
     first, second = road.footprints[1].macs / start, road.footprints[2].macs / road.footprints[1].macs
     # uniform allocation: the retry keeps ~(1 - 0.15)^2 of the MACs, the restored full step ~(1 - 0.3)^2
     assert first > 0.65 and second < 0.6 and cb._scale == 1.0
+
+
+def test_the_retry_budget_ends_a_roadmap_that_keeps_breaking_the_goal(tmp_path, pretrained, monkeypatch):
+    """Scripted accuracies (start, broken, kept retry, broken, ...): with a budget of 2 the third
+    broken try ends the roadmap at the last kept step, although ``backoff`` alone would retry it."""
+    pl.seed_everything(0)
+    module = _module(pretrained)
+    cb = _prune(criterion="l1", max_drop=0.05, step=0.3, max_steps=5, backoff=2, retry_budget=2, recover_epochs=0)
+    _script(cb, monkeypatch, [0.9, 0.1, 0.9, 0.1, 0.9, 0.1], then=0.9)
+    _trainer(tmp_path, [cb], epochs=10).fit(module, datamodule=_dm())
+    road = Roadmap.load(tmp_path / "pruning" / "roadmap.json")
+    assert len(road.rejected) == 3 and [f.step for f in road.footprints] == [0, 1, 2]
+    assert road.status == "goal_broken"
+    assert trace(module.model).macs() == road.seed.macs  # the module ends as the last kept step
 
 
 def test_round_to_keeps_every_footprint_at_multiples(tmp_path, pretrained):

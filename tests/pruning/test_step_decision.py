@@ -41,3 +41,13 @@ def test_a_missed_goal_is_recovered_before_it_counts_as_broken():
     assert decide_step(0.85, 0.9, 0.5, 1, backoff=1, recovered=2, recover=2).action == "stop"
     # a recovered step that meets the goal is kept like any other
     assert decide_step(0.91, 0.9, 0.5, 1, backoff=1, recovered=1, recover=2) == StepDecision("keep", 1.0, 0)
+
+
+def test_the_retry_budget_bounds_rejected_tries_over_the_whole_roadmap():
+    """``backoff`` counts broken steps in a row; a kept step resets it but not the budget."""
+    assert decide_step(0.5, 0.9, 1.0, 0, backoff=2, rejected=2, retry_budget=3) == StepDecision("retry", 0.5, 1)
+    assert decide_step(0.5, 0.9, 1.0, 0, backoff=2, rejected=3, retry_budget=3) == StepDecision(
+        "stop", 1.0, 0, "goal_broken")
+    assert decide_step(0.5, 0.9, 1.0, 0, backoff=2, rejected=0, retry_budget=0).action == "stop"
+    assert decide_step(0.5, 0.9, 1.0, 0, backoff=2, rejected=99).action == "retry"  # no budget: no bound
+    assert decide_step(0.95, 0.9, 1.0, 0, backoff=2, rejected=5, retry_budget=3).action == "keep"

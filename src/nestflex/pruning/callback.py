@@ -105,6 +105,10 @@ class FilterPruning(Callback):
         backoff: after a step breaks the goal, roll back to the seed and retry with half the
             step, at most this many times in a row (0: the first broken step ends the roadmap).
             Momentum restarts for the parameters of a retried step.
+        retry_budget: retry after at most this many broken steps over the whole roadmap (``None``:
+            no bound besides ``backoff``); the next broken step ends it. Each rejected try costs
+            a full retraining, so this bounds the pruning time of a roadmap that keeps landing
+            a fraction of a point under the goal (the recipe uses 3: docs/pruning.md#time).
         min_channels: channels every group keeps.
         round_to: keep channel counts at multiples of this (8 or 16 suit CPU SIMD lanes and
             GPU tiles; the levels grown from the roadmap inherit them), rounding each step's
@@ -146,6 +150,7 @@ class FilterPruning(Callback):
         recover_epochs: int = 1,
         finetune_epochs: int = 0,
         backoff: int = 2,
+        retry_budget: int | None = None,
         min_channels: int = 1,
         round_to: int = 1,
         eval_batches: int | None = None,
@@ -171,6 +176,8 @@ class FilterPruning(Callback):
             ("recover_epochs", recover_epochs, isinstance(recover_epochs, int) and recover_epochs >= 0, "an int >= 0"),
             ("finetune_epochs", finetune_epochs, isinstance(finetune_epochs, int) and finetune_epochs >= 0, "an int >= 0"),
             ("backoff", backoff, isinstance(backoff, int) and backoff >= 0, "an int >= 0"),
+            ("retry_budget", retry_budget, retry_budget is None or (isinstance(retry_budget, int) and retry_budget >= 0),
+             "None or an int >= 0"),
             ("min_channels", min_channels, isinstance(min_channels, int) and min_channels >= 1, "an int >= 1"),
             ("round_to", round_to, isinstance(round_to, int) and round_to >= 1, "an int >= 1"),
             ("eval_batches", eval_batches, eval_batches is None or (isinstance(eval_batches, int) and eval_batches >= 1), "None or an int >= 1"),
@@ -186,6 +193,7 @@ class FilterPruning(Callback):
         self.epochs_per_step, self.step, self.allocation = epochs_per_step, float(step), allocation
         self.sensitivity_drop, self.fractions = sensitivity_drop, tuple(fractions)
         self.max_steps, self.min_channels, self.backoff = max_steps, min_channels, backoff
+        self.retry_budget = retry_budget
         self.recover_epochs, self.finetune_epochs, self.round_to = recover_epochs, finetune_epochs, round_to
         self.eval_batches, self.sensitivity_batches = eval_batches, sensitivity_batches
         self.dirpath = Path(dirpath) if dirpath is not None else None
@@ -381,7 +389,7 @@ class FilterPruning(Callback):
         acc = self._evaluate(trainer, pl_module, self.eval_batches)
         graph = trace(pl_module, self._shape(trainer, pl_module))
         decision = decide_step(acc, self.roadmap.goal, self._scale, self._retries, self.backoff,
-                               self._recovered, self.recover_epochs)
+                               self._recovered, self.recover_epochs, len(self.roadmap.rejected), self.retry_budget)
         if decision.action == "recover":
             self._pending = True
             self._recovered += 1
@@ -397,6 +405,9 @@ class FilterPruning(Callback):
         self.roadmap.rejected.append(self._footprint(graph, acc, completed, checkpoint=None))
         rank_zero_info(f"pruning: step {self._step_index} broke the goal ({acc:.4f} < {self.roadmap.goal:.4f}); not kept")
         if decision.action == "stop":
+            if self.retry_budget is not None and len(self.roadmap.rejected) > self.retry_budget:
+                rank_zero_info(f"pruning: the retry budget ({self.retry_budget} rejected tries) is spent; "
+                               f"the roadmap ends at step {self.roadmap.seed.step}")
             self._stop(trainer, pl_module, decision.status)
             return
         self._retries, self._scale = decision.retries, decision.scale

@@ -81,7 +81,8 @@ class StepDecision:
 
 
 def decide_step(
-    accuracy: float, goal: float, scale: float, retries: int, backoff: int, recovered: int = 0, recover: int = 0
+    accuracy: float, goal: float, scale: float, retries: int, backoff: int, recovered: int = 0, recover: int = 0,
+    rejected: int = 0, retry_budget: int | None = None,
 ) -> StepDecision:
     """NestDNN's rule, as a pure function of the callback's state and the measured accuracy.
 
@@ -91,7 +92,10 @@ def decide_step(
     NestDNN stops when the pruned model *can no longer* meet the goal after retraining, and one
     short retraining often lands a fraction of a point low by chance (benchmarks/prune_noise.py
     measures how much). A step that still misses it is retried from the seed with half the step,
-    at most ``backoff`` times in a row; then the roadmap ends with the seed.
+    at most ``backoff`` times in a row and, when ``retry_budget`` is set, at most that many times
+    over the whole roadmap (``rejected``: tries rejected before this one); then the roadmap ends
+    with the seed. The budget bounds the stage's time: on a roadmap that grinds at the noise floor
+    every rejected try costs a full retraining (docs/pruning.md#time).
 
     Example:
         >>> decide_step(0.90, 0.89, scale=0.5, retries=1, backoff=2)
@@ -102,11 +106,13 @@ def decide_step(
         StepDecision(action='retry', scale=0.5, retries=1, status=None)
         >>> decide_step(0.85, 0.89, scale=0.25, retries=2, backoff=2)
         StepDecision(action='stop', scale=0.25, retries=2, status='goal_broken')
+        >>> decide_step(0.85, 0.89, scale=1.0, retries=0, backoff=2, rejected=3, retry_budget=3)
+        StepDecision(action='stop', scale=1.0, retries=0, status='goal_broken')
     """
     if accuracy >= goal:
         return StepDecision("keep", min(1.0, scale * 2), 0)
     if recovered < recover:
         return StepDecision("recover", scale, retries)
-    if retries >= backoff:
+    if retries >= backoff or (retry_budget is not None and rejected >= retry_budget):
         return StepDecision("stop", scale, retries, "goal_broken")
     return StepDecision("retry", scale / 2, retries + 1)
