@@ -156,6 +156,28 @@ def test_the_retry_budget_ends_a_roadmap_that_keeps_breaking_the_goal(tmp_path, 
     assert trace(module.model).macs() == road.seed.macs  # the module ends as the last kept step
 
 
+@pytest.mark.parametrize("kwargs", [{"backoff": 0}, {"backoff": 2, "retry_budget": 0}])
+def test_a_roadmap_that_breaks_its_goal_fine_tunes_the_seed_and_prunes_no_further(
+        tmp_path, pretrained, monkeypatch, kwargs):
+    """Scripted accuracies (start, step 1 kept, step 2 broken, then the fine-tuned seed): the broken
+    step ends the roadmap and the seed (step 1) is fine-tuned as it is; no step 3 is pruned while it
+    trains (a bug once pruned one more step and fine-tuned that model as the seed)."""
+    pl.seed_everything(0)
+    module = _module(pretrained)
+    cb = _prune(criterion="l1", max_drop=0.05, step=0.3, max_steps=5, recover_epochs=0, finetune_epochs=2, **kwargs)
+    _script(cb, monkeypatch, [0.9, 0.9, 0.1, 0.95], then=0.0)
+    pruned, prune = [], cb._prune
+    monkeypatch.setattr(cb, "_prune", lambda *a: pruned.append(1) or prune(*a))
+    recorded, record = [], cb._record
+    monkeypatch.setattr(cb, "_record", lambda t, m, graph, *a: recorded.append(graph.macs()) or record(t, m, graph, *a))
+    _trainer(tmp_path, [cb], epochs=10).fit(module, datamodule=_dm())
+    road = Roadmap.load(tmp_path / "pruning" / "roadmap.json")
+    assert road.status == "goal_broken" and len(road.rejected) == 1 and len(pruned) == 2  # steps 1 and 2 only
+    assert [f.step for f in road.footprints] == [0, 1] and road.finetune["kept"] and road.finetune["epochs"] == 2
+    assert recorded[-1] == recorded[1] == road.seed.macs  # the fine-tuned seed has step 1's architecture
+    assert trace(module.model).macs() == road.seed.macs
+
+
 def test_round_to_keeps_every_footprint_at_multiples(tmp_path, pretrained):
     pl.seed_everything(0)
     module = _module(pretrained)

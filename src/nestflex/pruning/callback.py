@@ -308,7 +308,7 @@ class FilterPruning(Callback):
             self._start(trainer, pl_module)
         elif self._pending and completed - self._step_start >= self.epochs_per_step + self._recovered:
             self._finish_step(trainer, pl_module, completed)
-        if self._done:
+        if self._done or self._finetune_until is not None:  # ended, maybe fine-tuning the seed: no more steps
             return
         if final:
             reached = self.max_steps is not None and len(self.roadmap.footprints) - 1 >= self.max_steps and not self._pending
