@@ -22,3 +22,25 @@ def test_synthesis_writes_a_plan_per_level_and_goals(tmp_path):
     assert res["switch"]["max_ms"] > 0
     assert all({"target", "measured", "met", "note"} <= set(g) for g in summary["goals"].values())
     assert (out / "latency_vs_macs.png").exists()
+    assert summary["goals"]["int8"]["measured"] == {str(tmp_path / "model.nfx"): None}  # no samples: no int8
+    assert all(r["best_int8"] is None for r in res["levels"])
+
+
+def test_synthesis_reports_the_best_float32_and_int8_configurations_with_samples(tmp_path):
+    import torch
+
+    samples = (torch.randn(16, 3, 32, 32, generator=torch.Generator().manual_seed(0)), torch.randint(0, 10, (16,)))
+    write_bundle(tmp_path, samples=samples)
+    bench = load_script("benchmarks/synthesis.py")
+    out = tmp_path / "out"
+    assert bench.main(["--bundles", str(tmp_path / "model.nfx"), "--repeats", "2", "--threads", "1",
+                       "--switches", "1", "--budget", "100", "--out", str(out)]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    (res,) = summary["results"]
+    assert res["budget_points"] == 100 and res["check_samples"] == 8 and res["test"] is None  # not a recipe run
+    for r in res["levels"]:
+        assert r["best_float32"]["backend"] in ("eager", "channels_last", "onnxruntime")
+        assert r["best_int8"]["backend"] == "onnxruntime_int8" and 0 <= r["best_int8"]["accuracy"] <= 1
+    goal = summary["goals"]["int8"]
+    assert goal["met"] is False  # no test-split check outside a recipe run
+    assert goal["measured"][str(tmp_path / "model.nfx")]["speedup_vs_eager"] > 0

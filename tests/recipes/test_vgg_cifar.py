@@ -219,7 +219,8 @@ def test_export_stage_writes_a_bundle_with_exits_on_the_grown_model(tmp_path, ca
     x = json.loads((out / "summary.json").read_text())["export"]
     assert x["bundle"] == "bundle.nfx" and x["levels"] == 3 and x["exits_backbone"] == "shared"
     assert x["flex_exits_backbone"] == ("shared" if x["flex_exits"] else None)
-    assert x["bytes"] == x["weights_bytes"] + x["onnx_bytes"] + x["metadata_bytes"] and x["onnx_bytes"] > 0
+    assert x["bytes"] == x["weights_bytes"] + x["onnx_bytes"] + x["metadata_bytes"] + x["samples_bytes"]
+    assert x["onnx_bytes"] > 0 and x["samples_bytes"] > 0  # validation samples for `nestflex tune` (int8)
     heads = x["exit_heads_bytes"] + x.get("flex_exit_heads_bytes", 0)
     assert x["weights_bytes"] <= 1.1 * (x["largest_level_bytes"] + heads)
     bundle = nd.load(out / x["bundle"])

@@ -11,11 +11,16 @@ A backend turns one resident level into a function ``x -> logits``:
 * ``onnxruntime``: the level's ONNX file (shipped in every bundle) in an onnxruntime session with
   all graph optimisations; the session holds its own copy of the level's weights while the
   level is active, so resident memory is the paged weights plus the session's (reported by
-  :meth:`~nestflex.deploy.runtime.CapacityRuntime.resident_bytes`).
+  :meth:`~nestflex.deploy.runtime.CapacityRuntime.resident_bytes`); the optimised graph is saved
+  beside the bundle the first time, so later level switches skip the graph optimiser;
+* ``onnxruntime_int8``: the level's graph statically quantised (QDQ), calibrated on half the
+  bundle's labelled samples; ``onnxruntime_mixed``: the same, with the layers the bundle's
+  per-layer precision plan keeps in float left in float32.
 
 An :class:`ExecutionPlan` names, per level, a backend and a thread count. :func:`synthesize`
-measures every candidate on this machine (batch 1, median of repeats), keeps those whose logits
-match the eager program within ``atol`` on sample inputs, and writes the fastest per level;
+measures every candidate on this machine (batch 1, median of repeats), keeps the float32 ones whose
+logits match the eager program within ``atol`` and the int8/mixed ones within an accuracy budget
+on the other half of the samples, and writes the fastest per level;
 ``nestflex tune BUNDLE`` runs it and stores the plan *beside* the bundle
 (``bundle.nfx.plan.json``), never inside it: the bundle's checksummed files stay as exported.
 ``bundle.capacity()`` picks the plan up, so the engine's level switches switch configuration too.
@@ -39,7 +44,8 @@ from nestflex.deploy._registry import Registry
 from nestflex.errors import NestflexError
 
 __all__ = ["BackendError", "Backend", "register_backend", "list_backends", "get_backend", "ExecutionPlan",
-           "LevelPlan", "plan_path", "load_plan", "write_plan", "writable_plan_path", "synthesize"]
+           "LevelPlan", "plan_path", "load_plan", "write_plan", "writable_plan_path", "synthesize", "quantize_level",
+           "calibration_split", "tuned_dir", "float_layers"]
 
 
 class BackendError(NestflexError, ValueError):
@@ -54,6 +60,7 @@ class Backend:
 
     name: str = ""
     package: str | None = None  # the pip package it needs, for the fallback warning
+    precision: str = "float32"  # float32 backends must match the eager program; others the accuracy budget
 
     def available(self) -> bool:
         if self.package is None:
@@ -93,21 +100,19 @@ class OnnxRuntimeBackend(Backend):
     name = "onnxruntime"
     package = "onnxruntime"
 
-    def prepare(self, runtime: Any, level: int, threads: int) -> Fn:
-        import onnxruntime as ort
-
-        bundle = runtime.bundle
+    def model_path(self, bundle: Any, level: int) -> Path:
+        """The ONNX file this backend runs for ``level``: the one the bundle ships."""
         entry = next((o for o in bundle.spec.onnx if o.kind == "level" and o.extra.get("level") == level), None)
         if entry is None:
             raise BackendError(f"bundle {str(bundle.path)!r} has no ONNX file for level {level}. HINT: export it "
                                f"with onnx=True, or plan another backend for this level")
-        opts = ort.SessionOptions()
-        opts.intra_op_num_threads = threads
-        opts.inter_op_num_threads = 1
-        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        session = ort.InferenceSession(str(bundle.file(entry.file)), opts, providers=["CPUExecutionProvider"])
+        return bundle.file(entry.file)
+
+    def prepare(self, runtime: Any, level: int, threads: int) -> Fn:
+        path = self.model_path(runtime.bundle, level)
+        session = _session(path, threads, tuned_dir(runtime.bundle) / f"{path.stem}.optimized.onnx")
         name = session.get_inputs()[0].name
-        runtime._session_bytes = bundle.spec.files[entry.file].bytes
+        runtime._session_bytes = path.stat().st_size
 
         def run(x: torch.Tensor) -> torch.Tensor:
             return torch.from_numpy(session.run(None, {name: x.detach().contiguous().numpy()})[0])
@@ -115,10 +120,92 @@ class OnnxRuntimeBackend(Backend):
         return run
 
 
+def _session(path: Path, threads: int, cache: Path) -> Any:
+    """An onnxruntime session for ``path`` with all graph optimisations.
+
+    The optimised graph is saved to ``cache`` the first time and opened with optimisations off
+    afterwards: building a session is most of a level switch's time, and the graph optimiser is
+    most of that. The saved graph may use this CPU's kernels (onnxruntime's NCHWc layouts), which
+    is why it lives in the device's tuned folder beside the bundle, never in the bundle.
+    """
+    import onnxruntime as ort
+
+    def options(level: Any) -> Any:
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads = threads
+        opts.inter_op_num_threads = 1
+        opts.graph_optimization_level = level
+        return opts
+
+    providers = ["CPUExecutionProvider"]
+    if cache.is_file():
+        try:
+            return ort.InferenceSession(str(cache), options(ort.GraphOptimizationLevel.ORT_DISABLE_ALL), providers=providers)
+        except Exception:  # a damaged or foreign cache file: rebuild it from the bundle's graph
+            pass
+    opts = options(ort.GraphOptimizationLevel.ORT_ENABLE_ALL)
+    opts.log_severity_level = 3  # its warning that the saved graph is for this CPU is the point here
+    tmp = cache.with_name(f".{cache.name}.{os.getpid()}.tmp")
+    try:
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        opts.optimized_model_filepath = str(tmp)
+    except OSError:  # a folder that cannot be written: no cache, same session
+        tmp = None
+    session = ort.InferenceSession(str(path), opts, providers=providers)
+    if tmp is not None and tmp.is_file():
+        os.replace(tmp, cache)
+    return session
+
+
+class OnnxRuntimeInt8Backend(OnnxRuntimeBackend):
+    """The level's ONNX graph statically quantised to int8 (onnxruntime QDQ: per-channel int8 weights,
+    uint8 activations, MinMax ranges calibrated on the first half of the bundle's samples).
+
+    Why onnxruntime QDQ and not torch's pt2e/fx: the deploy side already runs onnxruntime, the
+    bundle already ships each level's graph, QDQ keeps the quantised graph a plain ONNX file, and
+    deployment needs no torch compiler stack (the speed-up is measured in docs/synthesis.md). The
+    quantised files are built once per bundle and level and cached beside the bundle
+    (:func:`quantize_level`), so a level switch only opens a session.
+    """
+
+    name = "onnxruntime_int8"
+    precision = "int8"
+
+    def model_path(self, bundle: Any, level: int) -> Path:
+        return quantize_level(bundle, level)
+
+
+class OnnxRuntimeMixedBackend(OnnxRuntimeInt8Backend):
+    """int8 except the layers the bundle's per-layer precision plan keeps in float (the landed
+    precision profiler's assignment, ``manifest["precision"]``): Cappuccino's per-layer precision."""
+
+    name = "onnxruntime_mixed"
+    precision = "mixed"
+
+    def model_path(self, bundle: Any, level: int) -> Path:
+        return quantize_level(bundle, level, keep_float=float_layers(bundle))
+
+
+def float_layers(bundle: Any) -> tuple[str, ...]:
+    """The layers the bundle's precision plan does not assign to int8 (float32, bfloat16: onnxruntime
+    runs both as float32 here).
+
+    Raises:
+        BackendError: the bundle has no per-layer precision plan.
+    """
+    plan = bundle.spec.precision
+    if plan is None or not plan.assignment:
+        raise BackendError(f"bundle {str(bundle.path)!r} has no per-layer precision plan for onnxruntime_mixed. "
+                           f"HINT: export it with a precision profile (precision_profile=, the recipe's profile "
+                           f"stage), or plan onnxruntime_int8")
+    return tuple(sorted(name for name, p in plan.assignment.items() if p != "int8"))
+
+
 _BACKENDS: Registry[Backend] = Registry("execution backend", BackendError, accepts=lambda v: isinstance(v, Backend),
                                         callable_entries=False,
                                         register_hint="register your own with register_backend(backend)")
-for _b in (EagerBackend(), ChannelsLastBackend(), OnnxRuntimeBackend()):
+for _b in (EagerBackend(), ChannelsLastBackend(), OnnxRuntimeBackend(), OnnxRuntimeInt8Backend(),
+           OnnxRuntimeMixedBackend()):
     _BACKENDS.register(_b.name, _b)
 
 
@@ -137,6 +224,119 @@ def get_backend(name: str | Backend) -> Backend:
 
 
 # --------------------------------------------------------------------------------------------
+# int8: quantised level graphs, cached beside the bundle
+
+
+def tuned_dir(bundle: Any) -> Path:
+    """Where files tuned for ``bundle`` on this device go: ``<bundle>.tuned/<manifest digest[:16]>/``
+    (beside the bundle, like the plan; a re-exported bundle gets a new folder)."""
+    from nestflex.deploy.wire import bundle_id
+
+    p = Path(bundle.path)
+    return p.with_name(p.name + ".tuned") / bundle_id(bundle)[:16]
+
+
+def calibration_split(bundle: Any) -> tuple[tuple[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
+    """The bundle's samples as (calibration half, check half): int8 ranges are fitted on the first,
+    accuracy is judged on the second, so the check is not in-sample.
+
+    Raises:
+        BackendError: the bundle ships no samples (or fewer than 2).
+    """
+    got = bundle.samples()
+    if got is None or got[0].shape[0] < 2:
+        raise BackendError(f"bundle {str(bundle.path)!r} ships no samples to calibrate int8 on. HINT: re-export it "
+                           f"with samples (BundleExporter(samples=512), export_bundle(samples=(x, y)))")
+    x, y = got
+    half = x.shape[0] // 2
+    return (x[:half], y[:half]), (x[half:], y[half:])
+
+
+def quantize_level(bundle: Any, level: int, keep_float: Sequence[str] = ()) -> Path:
+    """The int8 (QDQ) graph of ``level``: from the cache beside the bundle, or built now and cached.
+
+    ``keep_float``: layer names (``features.conv1``) whose operators stay float32 (a mixed plan).
+    Building takes well under a second for the recipe's levels; a bundle folder that cannot be
+    written beside gets a cache in the temp folder instead.
+    """
+    import hashlib
+    import tempfile
+
+    src = OnnxRuntimeBackend().model_path(bundle, level)
+    tag = "int8" if not keep_float else "mixed-" + hashlib.sha256("\n".join(keep_float).encode()).hexdigest()[:8]
+    target = tuned_dir(bundle) / f"level_{level}.{tag}.onnx"
+    if target.is_file():
+        return target
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        work = Path(tempfile.mkdtemp(dir=target.parent, prefix=".int8-"))
+    except OSError:
+        target = Path(tempfile.gettempdir()) / "nestflex-tuned" / tuned_dir(bundle).name / target.name
+        if target.is_file():
+            return target
+        target.parent.mkdir(parents=True, exist_ok=True)
+        work = Path(tempfile.mkdtemp(dir=target.parent, prefix=".int8-"))
+    try:
+        _quantize(src, work / "model.onnx", calibration_split(bundle)[0][0], work, keep_float)
+        os.replace(work / "model.onnx", target)  # atomic: a reader sees the whole file or none
+    finally:
+        import shutil
+
+        shutil.rmtree(work, ignore_errors=True)
+    return target
+
+
+def _quantize(src: Path, dst: Path, inputs: torch.Tensor, work: Path, keep_float: Sequence[str] = ()) -> None:
+    import logging
+
+    import onnx
+    import onnxruntime as ort
+    from onnxruntime.quantization import CalibrationDataReader, CalibrationMethod, QuantFormat, QuantType, quantize_static
+    from onnxruntime.quantization.shape_inference import quant_pre_process
+
+    pre = work / "pre.onnx"
+    quiet = logging.getLogger().level
+    logging.getLogger().setLevel(logging.ERROR)  # the quantiser logs per-tensor notes at WARNING on the root logger
+    try:
+        quant_pre_process(str(src), str(pre))
+        name = ort.InferenceSession(str(pre), providers=["CPUExecutionProvider"]).get_inputs()[0].name
+        exclude = _nodes_of(onnx.load(str(pre)), keep_float, src) if keep_float else []
+        batches = [{name: inputs[i:i + 1].numpy()} for i in range(inputs.shape[0])]
+
+        class Reader(CalibrationDataReader):
+            def __init__(self) -> None:
+                self.it = iter(batches)
+
+            def get_next(self):
+                return next(self.it, None)
+
+        # U8S8 QDQ, per-channel weights: onnxruntime's recommended CPU format (VNNI-friendly)
+        quantize_static(str(pre), str(dst), Reader(), quant_format=QuantFormat.QDQ, per_channel=True,
+                        activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8,
+                        calibrate_method=CalibrationMethod.MinMax, nodes_to_exclude=exclude)
+    finally:
+        logging.getLogger().setLevel(quiet)
+
+
+def _nodes_of(model: Any, layers: Sequence[str], src: Path) -> list[str]:
+    """The ONNX nodes of nestflex layer names: torch's exporter names a module's operators
+    ``/features/conv1/Conv`` for the layer ``features.conv1``."""
+    nodes = [n.name for n in model.graph.node]
+    out, missing = [], []
+    for layer in layers:
+        prefix = "/" + layer.replace(".", "/") + "/"
+        hits = [n for n in nodes if n.startswith(prefix)]
+        out += hits
+        if not hits:
+            missing.append(layer)
+    if missing and len(missing) == len(layers):
+        raise BackendError(f"none of the float layers of the precision plan ({', '.join(missing[:4])}) name an "
+                           f"operator of {src.name} (its nodes look like {nodes[0] if nodes else 'nothing'!r}). "
+                           f"HINT: plan onnxruntime_int8 for this bundle")
+    return out
+
+
+# --------------------------------------------------------------------------------------------
 # the plan
 
 
@@ -148,10 +348,11 @@ class LevelPlan:
     threads: int = 1
     latency_ms: float | None = None
     eager_ms: float | None = None
+    accuracy: float | None = None  # on the bundle's check samples, when it ships them
 
     def to_json(self) -> dict[str, Any]:
         return {"backend": self.backend, "threads": self.threads, "latency_ms": self.latency_ms,
-                "eager_ms": self.eager_ms}
+                "eager_ms": self.eager_ms, "accuracy": self.accuracy}
 
 
 @dataclass(frozen=True)
@@ -163,15 +364,21 @@ class ExecutionPlan:
         bundle: the manifest sha256 it was tuned for (a plan for another bundle is refused).
         machine: where it was measured (free-form).
         candidates: every measured configuration (for the record).
+        budget_points: the accuracy a reduced-precision level could lose (``None``: no labelled
+            samples, so only float32 configurations were candidates).
+        check_samples: how many samples the accuracy was judged on.
     """
 
     levels: tuple[LevelPlan, ...]
     bundle: str = ""
     machine: dict[str, Any] = field(default_factory=dict)
     candidates: tuple[dict[str, Any], ...] = ()
+    budget_points: float | None = None
+    check_samples: int = 0
 
     def to_json(self) -> dict[str, Any]:
         return {"format": "nestflex-execution-plan", "version": 1, "bundle": self.bundle, "machine": self.machine,
+                "budget_points": self.budget_points, "check_samples": self.check_samples,
                 "levels": [lp.to_json() for lp in self.levels], "candidates": list(self.candidates)}
 
     @classmethod
@@ -188,9 +395,9 @@ class ExecutionPlan:
             t = r.get("threads", 1)
             if isinstance(t, bool) or not isinstance(t, int) or not 1 <= t <= 1024:
                 raise BackendError(f"{where}: levels[{i}].threads must be an int in [1, 1024], got {t!r}")
-            levels.append(LevelPlan(r["backend"], t, r.get("latency_ms"), r.get("eager_ms")))
+            levels.append(LevelPlan(r["backend"], t, r.get("latency_ms"), r.get("eager_ms"), r.get("accuracy")))
         return cls(tuple(levels), str(data.get("bundle", "")), dict(data.get("machine") or {}),
-                   tuple(data.get("candidates") or ()))
+                   tuple(data.get("candidates") or ()), data.get("budget_points"), int(data.get("check_samples") or 0))
 
 
 def plan_path(bundle: Any) -> Path:
@@ -239,16 +446,23 @@ def resolve(plan_level: LevelPlan) -> tuple[Backend, int]:
 
 def synthesize(bundle: Any, *, backends: Sequence[str] | None = None, threads: Sequence[int] | None = None,
                repeats: int = 30, atol: float = 1e-4, samples: torch.Tensor | None = None,
-               log: Callable[[str], None] | None = None) -> ExecutionPlan:
-    """Measure every backend x threads for every level on this machine; keep the fastest that agrees.
+               budget_points: float = 1.0, log: Callable[[str], None] | None = None) -> ExecutionPlan:
+    """Measure every backend x threads for every level on this machine; keep the fastest that passes.
+
+    A float32 backend passes when its logits match the eager program's within ``atol``; a reduced
+    precision one (``onnxruntime_int8``) when its top-1 accuracy on the check half of the bundle's
+    samples (:func:`calibration_split`; int8 ranges come from the other half) is at most
+    ``budget_points`` below the eager program's on the same samples.
 
     Args:
         bundle: a loaded bundle.
         backends: names to try (default: every installed one).
         threads: thread counts (default 1..cores).
         repeats: timed calls per configuration (median; batch 1).
-        atol: a configuration counts only if its logits match the eager program's within ``atol`` on ``samples``.
-        samples: inputs for the agreement check (default: 8 seeded normal batches of one).
+        atol: a float32 configuration counts only if its logits match the eager program's within ``atol``.
+        samples: inputs for the agreement check (default: 8 of the bundle's check samples, else 8
+            seeded normal batches of one).
+        budget_points: accuracy (points) a reduced-precision configuration may lose.
 
     Returns:
         the :class:`ExecutionPlan` (eager at 1 thread is always a candidate, so every level gets one).
@@ -263,8 +477,10 @@ def synthesize(bundle: Any, *, backends: Sequence[str] | None = None, threads: S
     if "eager" not in names:
         names.insert(0, "eager")
     shape = tuple(bundle.spec.input.shape)
+    labelled = calibration_split(bundle)[1] if bundle.spec.samples is not None else None
     x1 = torch.randn(1, *shape, generator=torch.Generator().manual_seed(0))
-    check = samples if samples is not None else torch.randn(8, *shape, generator=torch.Generator().manual_seed(1))
+    check = samples if samples is not None else (
+        labelled[0][:8] if labelled is not None else torch.randn(8, *shape, generator=torch.Generator().manual_seed(1)))
     before = torch.get_num_threads()
     candidates, levels = [], []
     try:
@@ -272,12 +488,14 @@ def synthesize(bundle: Any, *, backends: Sequence[str] | None = None, threads: S
             rt = CapacityRuntime(bundle, level)
             torch.set_num_threads(1)
             ref = torch.cat([rt._eager(check[i:i + 1]) for i in range(check.shape[0])])
+            ref_acc = None if labelled is None else _accuracy(rt._eager, *labelled)
             best = None
             eager_ms = None
             for name in names:
                 backend = get_backend(name)
                 if not backend.available():
                     continue
+                exact = backend.precision == "float32"
                 for t in counts:
                     torch.set_num_threads(t)
                     rt = CapacityRuntime(bundle, level)  # fresh: a backend may convert weights in place
@@ -285,23 +503,41 @@ def synthesize(bundle: Any, *, backends: Sequence[str] | None = None, threads: S
                         fn = backend.prepare(rt, level, t)
                         out = torch.cat([fn(check[i:i + 1]) for i in range(check.shape[0])])
                         err = float((out - ref).abs().max())
+                        acc = None if exact or labelled is None else _accuracy(fn, *labelled)
                         ms = median_ms(lambda: fn(x1), repeats, warmup=3)
                     except Exception as e:  # a backend that cannot run this level is not a candidate
                         candidates.append({"level": level, "backend": name, "threads": t, "error": f"{e}"[:200]})
                         continue
-                    ok = err <= atol and math.isfinite(err)
-                    candidates.append({"level": level, "backend": name, "threads": t, "latency_ms": round(ms, 4),
-                                       "max_abs_diff": err, "agrees": ok})
+                    if exact:
+                        ok = err <= atol and math.isfinite(err)
+                    else:  # no labelled samples: nothing to judge the accuracy on, so not a candidate
+                        ok = acc is not None and acc >= ref_acc - budget_points / 100
+                    row = {"level": level, "backend": name, "threads": t, "latency_ms": round(ms, 4),
+                           "max_abs_diff": err, "agrees": ok}
+                    if acc is not None:
+                        row.update(accuracy=round(acc, 6), eager_accuracy=round(ref_acc, 6))
+                    candidates.append(row)
                     if name == "eager" and t == 1:
                         eager_ms = ms
                     if ok and (best is None or ms < best[2]):
-                        best = (name, t, ms)
+                        best = (name, t, ms, ref_acc if exact else acc)
                     if log is not None:
-                        log(f"level {level}: {name:14s} threads {t}: {ms:8.3f} ms  max|diff| {err:.2e}")
-            levels.append(LevelPlan(best[0], best[1], round(best[2], 4), None if eager_ms is None else round(eager_ms, 4)))
+                        log(f"level {level}: {name:16s} threads {t}: {ms:8.3f} ms  max|diff| {err:.2e}"
+                            + ("" if acc is None else f"  accuracy {acc:.4f} (eager {ref_acc:.4f})"))
+            levels.append(LevelPlan(best[0], best[1], round(best[2], 4), None if eager_ms is None else round(eager_ms, 4),
+                                    None if best[3] is None else round(best[3], 6)))
     finally:
         torch.set_num_threads(before)
-    return ExecutionPlan(tuple(levels), bundle_id(bundle), machine(), tuple(candidates))
+    return ExecutionPlan(tuple(levels), bundle_id(bundle), machine(), tuple(candidates),
+                         budget_points=budget_points if labelled is not None else None,
+                         check_samples=0 if labelled is None else int(labelled[0].shape[0]))
+
+
+def _accuracy(fn: Fn, x: torch.Tensor, y: torch.Tensor, batch: int = 64) -> float:
+    """Top-1 accuracy of ``fn`` on ``(x, y)``, in batches."""
+    with torch.inference_mode():
+        hits = sum(int((fn(x[i:i + batch]).argmax(-1) == y[i:i + batch]).sum()) for i in range(0, x.shape[0], batch))
+    return hits / x.shape[0]
 
 
 def writable_plan_path(bundle: Any, path: str | os.PathLike | None = None) -> Path:

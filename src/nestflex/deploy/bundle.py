@@ -390,6 +390,40 @@ class Bundle:
             raise BundleError(f"bundle {str(self.path)!r} has no file {rel!r}; files: {', '.join(self._spec.files)}")
         return self.path / rel
 
+    def samples(self) -> tuple[Any, Any] | None:
+        """The labelled inputs the bundle ships for tuning, ``(inputs, labels)``, or ``None`` without them.
+
+        Inputs are float32 ``(count, *input.shape)``, labels int64 class indices ``(count,)``; the
+        file's sha256 was checked by :func:`load`, its tensors are checked here.
+
+        Raises:
+            BundleError: the file holds other tensors, shapes or labels than the manifest promises.
+        """
+        s = self._spec.samples
+        if s is None:
+            return None
+        import torch
+        from safetensors.torch import load_file
+
+        path = self.file(s.file)
+        where = f"bundle {str(self.path)!r}: {s.file}"
+        try:
+            t = load_file(str(path))
+        except Exception as e:  # safetensors raises its own types for a damaged header
+            raise BundleError(f"{where} cannot be read ({type(e).__name__}: {e}). HINT: re-export the bundle") from None
+        x, y = t.get("inputs"), t.get("labels")
+        shape = (s.count, *self._spec.input.shape)
+        if x is None or x.dtype != torch.float32 or tuple(x.shape) != shape:
+            raise BundleError(f"{where}: `inputs` must be float32 {list(shape)} (samples.count x input.shape), got "
+                              f"{'nothing' if x is None else f'{x.dtype} {list(x.shape)}'}. HINT: re-export the bundle")
+        if y is None or y.dtype != torch.int64 or tuple(y.shape) != (s.count,):
+            raise BundleError(f"{where}: `labels` must be int64 [{s.count}], got "
+                              f"{'nothing' if y is None else f'{y.dtype} {list(y.shape)}'}. HINT: re-export the bundle")
+        if s.count and (int(y.min()) < 0 or int(y.max()) >= self._spec.num_classes):
+            raise BundleError(f"{where}: `labels` must be class indices in [0, {self._spec.num_classes - 1}], got "
+                              f"[{int(y.min())}, {int(y.max())}]. HINT: re-export the bundle")
+        return x, y
+
     def capacity(self, level: int | None = None, plan: Any = "auto"):
         """A :class:`~nestflex.deploy.runtime.CapacityRuntime` with ``level`` resident (default: the largest).
 

@@ -281,13 +281,19 @@ def _cmd_tune(args: argparse.Namespace) -> int:
 
     bundle = load(args.bundle)
     writable_plan_path(bundle, args.out)  # fail before measuring, not after
+    if not 0 <= args.budget < 100:
+        print(f"error: --budget is in accuracy points, in [0, 100), got {args.budget}", file=sys.stderr)
+        return 2
     plan = synthesize(bundle, backends=args.backends, threads=args.threads, repeats=args.repeats,
-                      log=None if args.quiet else print)
+                      budget_points=args.budget, log=None if args.quiet else print)
     path = write_plan(bundle, plan, args.out)
     rows = [[k, lp.backend, lp.threads, lp.latency_ms, lp.eager_ms,
-             None if not lp.eager_ms or not lp.latency_ms else round(lp.eager_ms / lp.latency_ms, 2)]
+             None if not lp.eager_ms or not lp.latency_ms else round(lp.eager_ms / lp.latency_ms, 2),
+             None if lp.accuracy is None else f"{100 * lp.accuracy:.2f}%"]
             for k, lp in enumerate(plan.levels)]
-    print(_table(["level", "backend", "threads", "ms", "eager 1-thread ms", "speed-up"], rows))
+    print(_table(["level", "backend", "threads", "ms", "eager 1-thread ms", "speed-up", "accuracy"], rows))
+    if plan.budget_points is None:
+        print("the bundle ships no samples: only float32 backends were candidates (re-export with samples for int8)")
     print(f"plan: {path}")
     return 0
 
@@ -333,6 +339,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--backends", nargs="+", default=None, help="backends to try (default: every installed one)")
     p.add_argument("--threads", type=int, nargs="+", default=None, help="thread counts (default: 1..cores)")
     p.add_argument("--repeats", type=int, default=30)
+    p.add_argument("--budget", type=float, default=1.0,
+                   help="accuracy points an int8 level may lose on the bundle's check samples")
     p.add_argument("--out", default=None, help="where to write the plan (default: BUNDLE.plan.json beside it)")
     p.add_argument("--quiet", action="store_true")
     p = sub.add_parser("serve", help="split inference: serve the bundle's tail (any split point) over gRPC")

@@ -49,6 +49,7 @@ __all__ = [
     "SCHEMA_VERSION",
     "MANIFEST",
     "WEIGHTS",
+    "SAMPLES",
     "EXIT_KINDS",
     "EXIT_SET_KEYS",
     "BACKBONES",
@@ -56,6 +57,7 @@ __all__ = [
     "PROGRAM_OPS",
     "Producer",
     "InputSpec",
+    "SampleSet",
     "LevelRow",
     "ProgramNode",
     "Program",
@@ -88,6 +90,7 @@ FORMAT = "nestflex-bundle"
 SCHEMA_VERSION = 2
 MANIFEST = "manifest.json"
 WEIGHTS = "weights.safetensors"
+SAMPLES = "samples.safetensors"  # the optional labelled samples (SampleSet)
 #: the kinds of exit set a bundle may hold (at most one of each); both run under the same runtime
 EXIT_KINDS: tuple[str, ...] = ("progressive", "flexdnn")
 #: kind -> the key that held the set in schema 1 (and that ``Bundle.exit_sets`` still uses)
@@ -1482,6 +1485,44 @@ class OnnxFile(_Record):
 
 
 @dataclass(frozen=True)
+class SampleSet(_Record):
+    """Labelled inputs shipped for tuning on the device (int8 calibration, accuracy checks of plans).
+
+    Attributes:
+        file: a safetensors file (``samples.safetensors``) holding ``inputs`` (float32,
+            ``(count, *input.shape)``, prepared as ``input.note`` says) and ``labels`` (int64, ``(count,)``).
+        count: how many samples.
+        split: where they were drawn from (``validation``: never the training data), free text.
+    """
+
+    file: str
+    count: int
+    split: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    _KEYS: ClassVar[tuple[str, ...]] = ("file", "count", "split")
+
+    _PATH: ClassVar[str] = "samples"
+
+    @classmethod
+    def _read(cls, r: _Reader, v: Any, path: str) -> SampleSet | None:
+        before = r.count
+        v = r.obj(v, path)
+        file = r.file(r.get(v, "file", path), _join(path, "file"))
+        count = r.int_(r.get(v, "count", path), _join(path, "count"), lo=1)
+        split = r.str_(r.get(v, "split", path, required=False), _join(path, "split"), null=True)
+        if _failed(r, before):
+            return None
+        return cls(file, count, split, _extra(v, cls._KEYS))
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"file": self.file, "count": self.count}
+        _put(out, "split", self.split)
+        out.update(self.extra)
+        return out
+
+
+@dataclass(frozen=True)
 class FileEntry(_Record):
     """A file of the bundle: its size in ``bytes`` and hex ``sha256``."""
 
@@ -1521,6 +1562,7 @@ class Manifest(_Record):
         exit_sets: the exit sets (:class:`ExitSet`, at most one per kind).
         splits: the split points (:class:`SplitPoint`) of the largest level.
         precision: the precision plan, or ``None``.
+        samples: the labelled sample inputs (:class:`SampleSet`), or ``None``.
         profiles: profile name -> shipped file.
         onnx: the ONNX files (:class:`OnnxFile`).
         files: path -> :class:`FileEntry`, every file but the manifest.
@@ -1543,6 +1585,7 @@ class Manifest(_Record):
     splits: tuple[SplitPoint, ...] = ()
     precision: PrecisionPlan | None = None
     profiles: dict[str, str] = field(default_factory=dict)
+    samples: SampleSet | None = None
     onnx: tuple[OnnxFile, ...] = ()
     files: dict[str, FileEntry] = field(default_factory=dict)
     model: dict[str, Any] | None = None
@@ -1554,7 +1597,8 @@ class Manifest(_Record):
 
     _KEYS: ClassVar[tuple[str, ...]] = ("format", "schema_version", "producer", "created_unix", "input", "num_classes",
                                         "classes", "levels", "model", "switching", "capacity", "exit_sets", "splits",
-                                        "profiles", "precision", "weights", "onnx", "files", "integrity")
+                                        "profiles", "precision", "samples", "weights", "onnx", "files",
+                                        "integrity")
 
     @property
     def num_levels(self) -> int:
@@ -1605,6 +1649,7 @@ class Manifest(_Record):
             "splits": [s.to_json() for s in self.splits],
             "profiles": dict(self.profiles),
             "precision": None if self.precision is None else self.precision.to_json(),
+            **({} if self.samples is None else {"samples": self.samples.to_json()}),
             "weights": self.weights.to_json(),
             "onnx": [o.to_json() for o in self.onnx],
             "files": {rel: f.to_json() for rel, f in self.files.items()},
@@ -1687,6 +1732,9 @@ def _read_manifest(r: _Reader, obj: Any, header: Mapping[str, Any] | None) -> Ma
     precision = g("precision", False)
     if precision is not None:
         precision = PrecisionPlan._read(r, precision, "precision")
+    samples = g("samples", False)
+    if samples is not None:
+        samples = SampleSet._read(r, samples, "samples")
     weights = Weights._read(r, g("weights"), "weights")
     raw_onnx = r.seq(g("onnx", False), "onnx", null=True) or []
     onnx = [] if raw_onnx is _BAD else [OnnxFile._read(r, o, _join("onnx", i), version) for i, o in enumerate(raw_onnx)]
@@ -1709,12 +1757,12 @@ def _read_manifest(r: _Reader, obj: Any, header: Mapping[str, Any] | None) -> Ma
     # checks across sections; each runs on the sections that read cleanly, so one broken section
     # does not hide the problems of the others
     _cross_check(r, capacity, levels, [s for _, s in exit_sets], [p for p, _ in exit_sets], splits, weights, header,
-                 spec_input, files, profiles, precision, onnx, switching)
+                 spec_input, files, profiles, precision, onnx, switching, samples)
     if r.count:
         return None
     return Manifest(producer, spec_input, num_classes, tuple(levels), capacity, weights, classes,
-                    tuple(s for _, s in exit_sets), tuple(splits), precision, profiles, tuple(onnx), files, model,
-                    switching, created, integrity, extra, schema_version=version)
+                    tuple(s for _, s in exit_sets), tuple(splits), precision, profiles, samples, tuple(onnx), files,
+                    model, switching, created, integrity, extra, schema_version=version)
 
 
 def _read_switching(r: _Reader, v: Any) -> Any:
@@ -1742,7 +1790,7 @@ def _cross_check(r: _Reader, cap: Capacity | None, levels: list[LevelRow | None]
                  set_paths: list[str], splits: list[SplitPoint | None], weights: Weights | None,
                  header: Mapping[str, Any] | None, spec_input: InputSpec | None, files: Mapping[str, Any],
                  profiles: Any, precision: PrecisionPlan | None, onnx: list[OnnxFile | None],
-                 switching: Any) -> None:
+                 switching: Any, samples: SampleSet | None = None) -> None:
     """Consistency between sections; each check runs only on sections that read cleanly."""
     table = weights.tensors if weights is not None else None
     if weights is not None and header is not None:
@@ -1795,6 +1843,8 @@ def _cross_check(r: _Reader, cap: Capacity | None, levels: list[LevelRow | None]
     refs = [(_join("profiles", k), f) for k, f in (profiles.items() if isinstance(profiles, dict) else ())]
     if precision is not None:
         refs.append(("precision.file", precision.file))
+    if samples is not None:
+        refs.append(("samples.file", samples.file))
     for path, s in zip(set_paths, sets):
         if s is not None:
             refs.append((_join(path, "profile"), s.profile))

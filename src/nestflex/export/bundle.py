@@ -34,7 +34,7 @@ from nestflex.capacity.nested import extract_level, is_nested, nested_modules, n
 from nestflex.deploy import schema as S
 from nestflex.deploy.bundle import EXIT_SETS, file_digest
 from nestflex.deploy.exits import FALLBACKS, check_thresholds, list_confidences
-from nestflex.deploy.schema import FORMAT, MANIFEST, SCHEMA_VERSION, WEIGHTS, BundleError, manifest_digest
+from nestflex.deploy.schema import FORMAT, MANIFEST, SAMPLES, SCHEMA_VERSION, WEIGHTS, BundleError, manifest_digest
 from nestflex.export._program import ExportError, Program, build_program
 from nestflex.graph import trace
 
@@ -137,6 +137,8 @@ def export_bundle(
     flex_report: Mapping[str, Any] | None = None,
     model_info: Mapping[str, Any] | None = None,
     switching: Sequence[Mapping[str, Any]] | None = None,
+    samples: tuple[torch.Tensor, torch.Tensor] | None = None,
+    samples_split: str = "validation",
     onnx: bool = True,
     overwrite: bool = True,
 ) -> dict[str, Any]:
@@ -178,12 +180,19 @@ def export_bundle(
         switching: optional measured level switches (the ``switching`` rows of
             :func:`~nestflex.capacity.profile.switching_table`), stored as ``manifest["switching"]``;
             the scheduler's simulation charges their ``nested_ms`` for a level change.
+        samples: optional labelled inputs ``(inputs, labels)``, shipped in ``samples.safetensors``
+            for tuning on the device: ``nestflex tune`` calibrates int8 execution on the first
+            half and checks every candidate configuration's accuracy on the second. Inputs are
+            prepared as the model takes them (``(N, *input_shape)``), labels class indices
+            (``(N,)``). A few hundred suffice (512 float32 CIFAR images are 6.3 MB).
+        samples_split: where ``samples`` come from, recorded in the manifest (use held-out data).
         onnx: also write ONNX graphs (levels, backbone stages, exit heads).
         overwrite: replace an existing bundle at ``path``.
 
     Returns:
         sizes: ``bundle``, ``bytes`` (all files), ``weights_bytes``, ``onnx_bytes``,
-        ``metadata_bytes`` (manifest and profiles), ``largest_level_bytes``, ``exit_heads_bytes``,
+        ``metadata_bytes`` (manifest and profiles), ``samples_bytes`` (0 without ``samples``),
+        ``largest_level_bytes``, ``exit_heads_bytes``,
         ``exits_backbone``, ``flex_exit_heads_bytes``, ``flex_exits_backbone``,
         ``flex_backbone_bytes`` (FlexDNN's own backbone, 0 when shared), ``flex_exits`` (early exits
         in the FlexDNN set, 0 without one) and ``files``.
@@ -227,6 +236,7 @@ def export_bundle(
                 f"network): sharing the largest level, the bundle stores its weights once"
             )
     model_info, switching = _json_value("model_info", model_info), _json_value("switching", switching)
+    samples = _samples(samples, input_shape, len(classes) if classes is not None else None)
     flex_policy = _flex_policy(flex_exits, flex_spec, flex_report)
 
     nets = [m for m in (model, exits, flex_exits) if m is not None]
@@ -236,10 +246,34 @@ def export_bundle(
     try:
         return _write(target, model, exits, levels, input_shape, mean, std, classes, thresholds, confidence, fallback,
                       calibration, split_profile, precision_profile, onnx, flex_exits, flex_policy,
-                      provenance={"model": model_info, "switching": switching}, input_scale=input_scale)
+                      provenance={"model": model_info, "switching": switching}, input_scale=input_scale,
+                      samples=samples, samples_split=samples_split)
     finally:
         for m, was in zip(nets, was_training):
             m.train(was)
+
+
+def _samples(samples: Any, input_shape: tuple[int, ...], num_classes: int | None):
+    """``samples`` as contiguous (float32 inputs, int64 labels), checked; ``None`` stays ``None``."""
+    if samples is None:
+        return None
+    if not (isinstance(samples, (tuple, list)) and len(samples) == 2
+            and all(isinstance(t, torch.Tensor) for t in samples)):
+        raise ExportError(f"`samples` must be a pair of tensors (inputs, labels), got {type(samples).__name__}. HINT: "
+                          f"samples=(x, y) with x of shape (N, {', '.join(map(str, input_shape))})")
+    x, y = samples
+    if tuple(x.shape[1:]) != input_shape or x.shape[0] < 1 or not x.is_floating_point():
+        raise ExportError(f"`samples` inputs must be a float tensor of shape (N >= 1, {', '.join(map(str, input_shape))}) "
+                          f"(the model's input_shape), got {x.dtype} {tuple(x.shape)}")
+    if tuple(y.shape) != (x.shape[0],) or y.is_floating_point() or y.is_complex():
+        raise ExportError(f"`samples` labels must be an integer tensor of shape ({x.shape[0]},), one class index per "
+                          f"input, got {y.dtype} {tuple(y.shape)}")
+    if not torch.isfinite(x).all():
+        raise ExportError("`samples` inputs hold NaN or inf values. HINT: pass the prepared inputs the model takes")
+    if int(y.min()) < 0 or (num_classes is not None and int(y.max()) >= num_classes):
+        raise ExportError(f"`samples` labels must be class indices in [0, {num_classes if num_classes else 'C'}), "
+                          f"got values in [{int(y.min())}, {int(y.max())}]")
+    return x.detach().to("cpu", torch.float32).contiguous(), y.detach().to("cpu", torch.int64).contiguous()
 
 
 def _input_note(scale: float | None, normalised: bool) -> str:
@@ -288,7 +322,8 @@ def _flex_policy(flex_exits, spec, report) -> dict[str, Any] | None:
 
 def _write(target: Path, model, exits, levels, input_shape, mean, std, classes, thresholds, confidence, fallback,
            calibration, split_profile, precision_profile, onnx, flex_exits, flex_policy,
-           provenance: Mapping[str, Any], input_scale: float | None = None) -> dict[str, Any]:
+           provenance: Mapping[str, Any], input_scale: float | None = None,
+           samples: tuple[torch.Tensor, torch.Tensor] | None = None, samples_split: str = "validation") -> dict[str, Any]:
     nested = is_nested(model)
     K = num_levels(model) if nested else 1
     largest = extract_level(model, K - 1) if nested else model
@@ -371,8 +406,12 @@ def _write(target: Path, model, exits, levels, input_shape, mean, std, classes, 
             S.PrecisionPlan.from_profile, precision_profile, file="profiles/layer_precision.json"),
         weights=S.Weights({n: S.TensorInfo(tuple(t.shape), str(t.dtype).removeprefix("torch."))
                            for n, t in tensors.items()}),
+        samples=None if samples is None else S.SampleSet(SAMPLES, int(samples[0].shape[0]), str(samples_split)),
         created_unix=int(time.time()),
     )
+    if samples is not None and int(samples[1].max()) >= spec.num_classes:
+        raise ExportError(f"`samples` labels must be class indices in [0, {spec.num_classes - 1}], got "
+                          f"{int(samples[1].max())}. HINT: pass the labels the model was trained on")
 
     target.parent.mkdir(parents=True, exist_ok=True)
     # the pid in the name lets a later export tell a dead writer's leftovers from a live one's
@@ -382,6 +421,8 @@ def _write(target: Path, model, exits, levels, input_shape, mean, std, classes, 
         from safetensors.torch import save_file
 
         save_file(tensors, str(tmp / WEIGHTS), metadata={"format": FORMAT, "schema_version": str(SCHEMA_VERSION)})
+        if samples is not None:
+            save_file({"inputs": samples[0], "labels": samples[1]}, str(tmp / SAMPLES), metadata={"format": FORMAT})
         flex_plan = None if flex_policy is None else {
             "spec": flex_policy["spec"],
             **{k: flex_policy[k] for k in ("plan", "operating_points", "calibration") if k in flex_policy}}
@@ -420,11 +461,12 @@ def _write(target: Path, model, exits, levels, input_shape, mean, std, classes, 
         _WRITING.discard(tmp)
     sizes = {p: m.bytes for p, m in spec.files.items()}
     onnx_bytes = sum(b for p, b in sizes.items() if p.startswith("onnx/"))
-    weights_bytes = sizes[WEIGHTS]
+    weights_bytes, samples_bytes = sizes[WEIGHTS], sizes.get(SAMPLES, 0)
     total = sum(sizes.values()) + (target / MANIFEST).stat().st_size
     progressive, flex = spec.exit_set("progressive"), spec.exit_set("flexdnn")
     return {"bundle": str(target), "bytes": total, "weights_bytes": weights_bytes, "onnx_bytes": onnx_bytes,
-            "metadata_bytes": total - weights_bytes - onnx_bytes, "largest_level_bytes": level_bytes[-1],
+            "metadata_bytes": total - weights_bytes - onnx_bytes - samples_bytes, "samples_bytes": samples_bytes,
+            "largest_level_bytes": level_bytes[-1],
             "exit_heads_bytes": heads_bytes, "exits_backbone": progressive.backbone if progressive else None,
             "flex_exit_heads_bytes": flex_heads_bytes,
             "flex_exits_backbone": flex.backbone if flex else None,
