@@ -114,7 +114,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="prune stage: at most this many kept steps (docs/pruning.md#noise says why 10)")
     p.add_argument("--prune-recover-epochs", type=int, default=1,
                    help="prune stage: extra retraining epochs a step that misses the goal gets before it counts as broken")
-    p.add_argument("--prune-retry-budget", type=int, default=3,
+    p.add_argument("--prune-retry-budget", type=int, default=2,
                    help="prune stage: broken steps the roadmap retries in all; the next ends it "
                         "(bounds the stage's time: docs/pruning.md#time; -1: no bound)")
     p.add_argument("--prune-round-to", type=int, default=1,
