@@ -14,8 +14,14 @@ prune ``--ratio`` of every prunable group (random channels), and check
     python benchmarks/zoo_coverage.py --zoo torchvision --out runs/zoo_torchvision
     python benchmarks/zoo_coverage.py --zoo torchvision --models densenet121,googlenet --out /tmp/z
 
-Writes ``summary.json`` (one row per model, the counts, and the medians of MACs left). The
-Torch-Pruning side of the issue's table is not in this script yet.
+With ``--torch-pruning`` (``pip install torch-pruning==1.6.1``; not a nestflex dependency) each
+model is also pruned by Torch-Pruning's ``MetaPruner`` in its own process, with the settings of
+its benchmarks: magnitude (L2) group importance, ``pruning_ratio`` = ``--ratio`` on every layer,
+the classifier ignored, attention heads declared (``num_heads``), and passes when the pruned
+model still runs and gives logits of the same shape. Its MACs are counted by the same flop counter.
+
+Writes ``summary.json`` (one row per model, the counts, and the medians of MACs left, over the
+models both tools prune when Torch-Pruning ran).
 """
 
 from __future__ import annotations
@@ -77,7 +83,6 @@ def build(zoo: str, name: str, size: int):
 def check_one(zoo: str, name: str, size: int, ratio: float) -> dict[str, Any]:
     """Every step for one model; the row says how far it got and what failed."""
     import torch
-    from torch.utils.flop_counter import FlopCounterMode
 
     from nestflex.graph import prune_channels, trace
 
@@ -90,15 +95,7 @@ def check_one(zoo: str, name: str, size: int, ratio: float) -> dict[str, Any]:
     graph = trace(model, shape)
     row.update(groups=len(graph.groups), prunable=len(graph.prunable_groups), split_points=len(graph.split_points),
                macs=graph.macs(), unsupported=sorted(set(graph.unsupported))[:8])
-    # nn.MultiheadAttention's inference fast path is one fused op the counter does not see
-    fastpath = torch.backends.mha.get_fastpath_enabled()
-    torch.backends.mha.set_fastpath_enabled(False)
-    try:
-        with FlopCounterMode(display=False) as counter, torch.no_grad():
-            model(x[:1])
-    finally:
-        torch.backends.mha.set_fastpath_enabled(fastpath)
-    row["macs_vs_flop_counter"] = round(graph.macs() / max(1, counter.get_total_flops() / 2), 4)
+    row["macs_vs_flop_counter"] = round(graph.macs() / max(1, _flop_macs(model, x[:1])), 4)
     if not graph.prunable_groups:
         row.update(step="done", pruned=False, macs_left=1.0)
         return row
@@ -128,8 +125,56 @@ def check_one(zoo: str, name: str, size: int, ratio: float) -> dict[str, Any]:
     return row
 
 
-def run_child(zoo: str, name: str, size: int, ratio: float, timeout: float) -> dict[str, Any]:
-    cmd = [sys.executable, __file__, "--one", name, "--zoo", zoo, "--size", str(size), "--ratio", str(ratio)]
+def _flop_macs(model, x) -> int:
+    """MACs of one forward by torch.utils.flop_counter (FLOPs / 2); nn.MultiheadAttention's
+    inference fast path is one fused op the counter does not see, so it is off."""
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    fastpath = torch.backends.mha.get_fastpath_enabled()
+    torch.backends.mha.set_fastpath_enabled(False)
+    try:
+        with FlopCounterMode(display=False) as counter, torch.no_grad():
+            model(x)
+    finally:
+        torch.backends.mha.set_fastpath_enabled(fastpath)
+    return counter.get_total_flops() // 2
+
+
+def check_torch_pruning(zoo: str, name: str, size: int, ratio: float) -> dict[str, Any]:
+    """Torch-Pruning's MetaPruner on the same model and input (see the module docstring)."""
+    import torch
+    import torch_pruning as tp
+
+    torch.manual_seed(0)
+    model, shape = build(zoo, name, size)
+    x = torch.randn(1, *shape)
+    with torch.no_grad():
+        ref = model(x)
+    base = _flop_macs(model, x)
+    classes = ref.shape[-1]
+    heads = [m for m in model.modules() if isinstance(m, (torch.nn.Linear, torch.nn.Conv2d))
+             and getattr(m, "out_features", getattr(m, "out_channels", None)) == classes]
+    num_heads = {}
+    for m in model.modules():
+        if isinstance(m, torch.nn.MultiheadAttention):
+            num_heads[m] = m.num_heads
+        elif isinstance(getattr(m, "qkv", None), torch.nn.Linear) and isinstance(getattr(m, "num_heads", None), int):
+            num_heads[m.qkv] = m.num_heads  # timm attention blocks, as Torch-Pruning's timm benchmark does
+    imp_cls = getattr(tp.importance, "GroupMagnitudeImportance", None) or tp.importance.MagnitudeImportance
+    pruner = tp.pruner.MetaPruner(model, x, importance=imp_cls(p=2), pruning_ratio=ratio, ignored_layers=heads[-1:],
+                                  num_heads=num_heads)
+    pruner.step()
+    with torch.no_grad():
+        out = model(x)
+    if out.shape != ref.shape:
+        raise RuntimeError(f"pruned output shape {tuple(out.shape)} != {tuple(ref.shape)}")
+    return {"model": name, "tp_macs_left": round(_flop_macs(model, x) / base, 4)}
+
+
+def run_child(zoo: str, name: str, size: int, ratio: float, timeout: float, tool: str = "nestflex") -> dict[str, Any]:
+    flag = "--one" if tool == "nestflex" else "--one-tp"
+    cmd = [sys.executable, __file__, flag, name, "--zoo", zoo, "--size", str(size), "--ratio", str(ratio)]
     start = time.perf_counter()
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
@@ -151,7 +196,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--ratio", type=float, default=0.3, help="share of every prunable group to remove")
     p.add_argument("--timeout", type=float, default=600, help="seconds per model")
     p.add_argument("--out", type=Path, help="folder for summary.json")
+    p.add_argument("--torch-pruning", action="store_true",
+                   help="also prune each model with Torch-Pruning (pip install torch-pruning==1.6.1)")
     p.add_argument("--one", help=argparse.SUPPRESS)
+    p.add_argument("--one-tp", help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     if not 0 < a.ratio < 1:
         p.error(f"--ratio is a share in (0, 1), got {a.ratio}")
@@ -164,8 +212,20 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         row["ok"] = bool(row["ok"] and ok)
         print(json.dumps(row))
         return row
+    if a.one_tp:
+        try:
+            row = {**check_torch_pruning(a.zoo, a.one_tp, a.size, a.ratio), "ok": True}
+        except Exception as e:
+            row = {"model": a.one_tp, "ok": False, "error": f"{type(e).__name__}: {str(e)[:300]}"}
+        print(json.dumps(row))
+        return row
     if a.out is None:
         p.error("--out is required")
+    if a.torch_pruning:
+        try:
+            import torch_pruning  # noqa: F401
+        except ImportError:
+            p.error("--torch-pruning needs Torch-Pruning: pip install torch-pruning==1.6.1")
     if a.models:
         models = [m for m in a.models.split(",") if m]
     elif a.zoo == "torchvision":
@@ -178,8 +238,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     for name in models:
         rows.append(run_child(a.zoo, name, a.size, a.ratio, a.timeout))
         r = rows[-1]
+        if a.torch_pruning:
+            t = run_child(a.zoo, name, a.size, a.ratio, a.timeout, tool="torch_pruning")
+            r.update(tp_ok=t["ok"], tp_macs_left=t.get("tp_macs_left"), tp_error=t.get("error"), tp_seconds=t["seconds"])
         print(f"{name:32s} {'ok ' if r['ok'] else 'FAIL'} prunable {r.get('prunable', '-')}/{r.get('groups', '-')} "
               f"macs left {r.get('macs_left', '-')} macs/ref {r.get('macs_vs_flop_counter', '-')} "
+              f"{'tp ' + ('ok' if r['tp_ok'] else 'FAIL') + ' ' + str(r['tp_macs_left']) if a.torch_pruning else ''} "
               f"{r.get('error', '')}", flush=True)
     from nestflex._io import write_json
     from nestflex._machine import machine
@@ -192,11 +256,31 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "median_macs_left": statistics.median(r["macs_left"] for r in pruned) if pruned else None,
         "macs_within_1pct_of_flop_counter": len(exact), "rows": rows,
     }
+    if a.torch_pruning:
+        both = [r for r in pruned if r.get("tp_ok")]
+        summary["torch_pruning"] = {
+            "version": _version("torch_pruning"), "passed": sum(bool(r.get("tp_ok")) for r in rows),
+            "median_macs_left": statistics.median(r["tp_macs_left"] for r in rows if r.get("tp_ok"))
+            if any(r.get("tp_ok") for r in rows) else None,
+            "both": len(both),
+            "median_macs_left_both": {"nestflex": statistics.median(r["macs_left"] for r in both),
+                                      "torch_pruning": statistics.median(r["tp_macs_left"] for r in both)}
+            if both else None,
+        }
     a.out.mkdir(parents=True, exist_ok=True)
     write_json(a.out / "summary.json", summary)
     print(f"passed {summary['passed']}/{len(rows)}, pruned {len(pruned)}, median MACs left "
           f"{summary['median_macs_left']}, MACs within 1% of the flop counter on {len(exact)}")
     return summary
+
+
+def _version(package: str) -> str | None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(package.replace("_", "-"))
+    except PackageNotFoundError:
+        return None
 
 
 if __name__ == "__main__":

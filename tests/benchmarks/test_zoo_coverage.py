@@ -23,3 +23,17 @@ def test_a_model_that_fails_is_one_row_with_its_error(tmp_path):
     bench = load_script("benchmarks/zoo_coverage.py")
     row = bench.main(["--zoo", "torchvision", "--one", "no_such_model"])
     assert row["ok"] is False and "no_such_model" in row["error"]
+
+
+@pytest.mark.slow
+def test_torch_pruning_column_on_a_grouped_conv_model(tmp_path):
+    pytest.importorskip("torchvision")
+    pytest.importorskip("torch_pruning")
+    bench = load_script("benchmarks/zoo_coverage.py")
+    summary = bench.main(["--zoo", "torchvision", "--models", "regnet_x_400mf", "--size", "32", "--torch-pruning",
+                          "--out", str(tmp_path)])
+    (row,) = summary["rows"]
+    # RegNet's grouped convs prune (they were locked: 5 of 28 groups free, 0.76 of the MACs left)
+    assert row["ok"] and row["prunable"] > 20 and row["macs_left"] < 0.7, row
+    assert row["tp_ok"] and 0 < row["tp_macs_left"] < 1, row
+    assert summary["torch_pruning"]["both"] == 1 and summary["torch_pruning"]["version"]

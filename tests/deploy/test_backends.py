@@ -88,6 +88,15 @@ def test_bad_plans_and_unwritable_folders_are_clear_errors(bundle, tmp_path):
         ExecutionPlan.from_json({"levels": []})
     with pytest.raises(BackendError, match=r"threads must be an int"):
         ExecutionPlan.from_json({"format": "nestflex-execution-plan", "levels": [{"backend": "eager", "threads": 0}]})
+    for key, value, match in [("budget_points", "1", "`budget_points` must be null or a number"),
+                              ("budget_points", -1, "`budget_points` must be null or a number"),
+                              ("check_samples", 2.5, "`check_samples` must be an int >= 0"),
+                              ("check_samples", "many", "`check_samples` must be an int >= 0")]:
+        with pytest.raises(BackendError, match=match):
+            ExecutionPlan.from_json({"format": "nestflex-execution-plan", "levels": [{"backend": "eager"}], key: value})
+    ok = ExecutionPlan.from_json({"format": "nestflex-execution-plan", "levels": [{"backend": "eager"}],
+                                  "budget_points": 1, "check_samples": None})
+    assert (ok.budget_points, ok.check_samples) == (1.0, 0)
     with pytest.raises(BackendError, match="does not exist"):
         write_plan(bundle, ExecutionPlan((LevelPlan(),)), tmp_path / "missing" / "p.json")
     assert main(["tune", str(bundle.path), "--threads", "1", "--repeats", "1", "--quiet",

@@ -364,3 +364,83 @@ def test_split_points_after_any_block_activation_on_channels_first_maps():
 
     names = [s.name for s in trace(_Net(), (3, 8, 8)).split_points]
     assert names == ["a1", "a2"]  # not the squeeze's silu, the gate, or the channels-last gelu
+
+
+def _flop_counter_macs(model, shape):
+    from torch.utils.flop_counter import FlopCounterMode
+
+    fastpath = torch.backends.mha.get_fastpath_enabled()
+    torch.backends.mha.set_fastpath_enabled(False)
+    try:
+        with FlopCounterMode(display=False) as counter, torch.no_grad():
+            model.eval()(torch.zeros(1, *shape))
+    finally:
+        torch.backends.mha.set_fastpath_enabled(fastpath)
+    return counter.get_total_flops() // 2
+
+
+class _Attention(nn.Module):
+    """Conv stem, tokens, nn.MultiheadAttention, windows folded into dim 0, a functional linear."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Conv2d(3, 16, 3, padding=1)
+        self.attn = nn.MultiheadAttention(16, 2, batch_first=True)
+        self.qkv = nn.Linear(16, 48)
+        self.fc = nn.Linear(16, 10)
+
+    def forward(self, x):
+        t = self.stem(x).flatten(2).transpose(1, 2)  # (N, 64, 16)
+        t, _ = self.attn(t, t, t)
+        w = t.reshape(-1, 16, 16)  # 4 windows of 16 tokens each, folded into the batch dim
+        q, k, v = self.qkv(w).chunk(3, dim=-1)
+        w = torch.softmax(q @ k.transpose(-2, -1), dim=-1) @ v
+        return torch.nn.functional.linear(w.reshape(x.shape[0], -1, 16).mean(1), self.fc.weight, self.fc.bias)
+
+
+def test_macs_count_attention_functional_linear_and_folded_windows_exactly():
+    model = _Attention()
+    graph = trace(model, input_shape=(3, 8, 8))
+    assert graph.macs() == _flop_counter_macs(model, (3, 8, 8))
+    # the linear on folded windows counts every window; attention and functional ops are op_macs
+    assert next(layer for layer in graph.layers if layer.name == "qkv").macs == 64 * 16 * 48
+    assert graph.op_macs["attn"] > 0 and graph.op_macs["linear"] == 16 * 10
+    assert sum(1 for n in graph.op_macs if n.startswith("matmul")) == 2
+    # split points count them too: the last point's MACs before are the whole model's but the head's
+    assert graph.split_points == [] or graph.split_points[-1].macs_before <= graph.macs()
+
+
+def test_opaque_modules_count_their_macs():
+    model = _WithOpaqueBlock().eval()
+    with torch.no_grad():
+        model.bn.bias.fill_(1.0)  # a positive map: the block's data-dependent branch runs its conv
+    with pytest.warns(UserWarning, match="cannot trace"):
+        graph = trace(model)
+    assert graph.op_macs == {"block": 8 * 8 * 9 * 32 * 32}
+    assert graph.macs() == _flop_counter_macs(model, (3, 32, 32))
+    # pruning predictions still follow the layers' widths; the opaque block's MACs stay fixed
+    head = graph.group("head.2")
+    assert graph.macs({head.id: 8}) == graph.macs() - 8 * 8 - 8 * 4
+
+
+def test_a_residual_add_that_no_activation_follows_ends_a_block_and_cuts_exactly():
+    class _Next(nn.Module):  # ConvNeXt-style blocks: no activation after the residual add
+        def __init__(self) -> None:
+            super().__init__()
+            self.stem = nn.Conv2d(3, 8, 3, padding=1)
+            self.dw1, self.pw1 = nn.Conv2d(8, 8, 3, padding=1, groups=8), nn.Conv2d(8, 8, 1)
+            self.dw2, self.pw2 = nn.Conv2d(8, 8, 3, padding=1, groups=8), nn.Conv2d(8, 8, 1)
+            self.head = nn.Linear(8, 3)
+
+        def forward(self, x):
+            x = self.stem(x)
+            x = x + self.pw1(torch.nn.functional.gelu(self.dw1(x)))
+            x = torch.relu(x + self.pw2(self.dw2(x)))  # followed by a ReLU: that is the block's end
+            return self.head(x.mean((2, 3)))
+
+    model = _Next().eval()
+    graph = trace(model, (3, 8, 8))
+    assert [s.name for s in graph.split_points] == ["gelu", "add", "relu"]
+    head, tail = split_model(graph, "add")
+    x = torch.randn(2, 3, 8, 8)
+    assert torch.equal(tail(*head(x)), model(x))

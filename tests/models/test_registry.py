@@ -54,6 +54,23 @@ def test_timm_models_get_a_cifar_stem(name):
     assert grey(torch.randn(1, 1, 32, 32)).shape == (1, 10) and grey.input_shape == (1, 32, 32)
 
 
+@pytest.mark.parametrize("name", ["timm:regnetx_002", "timm:densenet121", "timm:convnext_atto"])
+def test_models_without_a_named_stem_get_the_general_rule(name):
+    # the strided layers of the first 4x (stem convs, a max-pool, RegNet's first stage, ConvNeXt's
+    # 4x4/4 patchify conv) run at stride 1; the 8x of the later stages stay: 4x4 features
+    model = create_model(name).eval()
+    feats = model.forward_features(torch.randn(1, 3, 32, 32))
+    assert feats.shape[-1] == 4, feats.shape
+    assert model(torch.randn(2, 3, 32, 32)).shape == (2, 10) and model.input_shape == (3, 32, 32)
+
+
+def test_your_own_stem_function():
+    seen = []
+    model = create_model("timm:resnet18", cifar_stem=seen.append)
+    assert seen == [model] and model.input_shape == (3, 32, 32)
+    assert model.conv1.stride == (2, 2)  # the function did nothing: the ImageNet stem stays
+
+
 def test_timm_errors():
     with pytest.raises(ModelError, match="unknown timm model `resnet_nope`"):
         create_model("timm:resnet_nope")

@@ -396,8 +396,18 @@ class ExecutionPlan:
             if isinstance(t, bool) or not isinstance(t, int) or not 1 <= t <= 1024:
                 raise BackendError(f"{where}: levels[{i}].threads must be an int in [1, 1024], got {t!r}")
             levels.append(LevelPlan(r["backend"], t, r.get("latency_ms"), r.get("eager_ms"), r.get("accuracy")))
+        budget, checked = data.get("budget_points"), data.get("check_samples", 0)
+        if budget is not None and (isinstance(budget, bool) or not isinstance(budget, (int, float))
+                                   or not 0 <= budget <= 100):
+            raise BackendError(f"{where}: `budget_points` must be null or a number of points in [0, 100], got "
+                               f"{budget!r:.80}. HINT: re-run `nestflex tune BUNDLE --budget POINTS`")
+        if checked is None:
+            checked = 0
+        if isinstance(checked, bool) or not isinstance(checked, int) or checked < 0:
+            raise BackendError(f"{where}: `check_samples` must be an int >= 0, got {checked!r:.80}. "
+                               f"HINT: re-run `nestflex tune BUNDLE`")
         return cls(tuple(levels), str(data.get("bundle", "")), dict(data.get("machine") or {}),
-                   tuple(data.get("candidates") or ()), data.get("budget_points"), int(data.get("check_samples") or 0))
+                   tuple(data.get("candidates") or ()), None if budget is None else float(budget), checked)
 
 
 def plan_path(bundle: Any) -> Path:

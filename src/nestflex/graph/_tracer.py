@@ -169,23 +169,39 @@ def _smallest_failing(model: nn.Module, opaque: frozenset[str]) -> dict[str, str
 
 @torch.no_grad()
 def propagate_shapes(gm: fx.GraphModule, example: torch.Tensor) -> None:
-    """Run ``example`` through ``gm`` in eval mode and store each node's output in ``node.meta``.
+    """Run ``example`` through ``gm`` in eval mode and store what each node computes in ``node.meta``.
 
-    Only shapes are kept (``node.meta["shape"]``, ``None`` for non-tensors); training flags are
-    restored so tracing never changes BatchNorm statistics.
+    ``node.meta["shape"]`` is the output's shape (``None`` for non-tensors) and
+    ``node.meta["macs"]`` the multiply-accumulates the node ran, as ``torch.utils.flop_counter``
+    counts them (FLOPs / 2 of convolutions, matrix products and attention), whatever the node is:
+    a functional ``F.linear``, an ``nn.MultiheadAttention``, a window attention that folds windows
+    into the batch dim, an opaque module. Training flags are restored so tracing never changes
+    BatchNorm statistics.
     """
+    from torch.utils.flop_counter import FlopCounterMode
+
     modes = {m: m.training for m in gm.modules()}
+    # nn.MultiheadAttention's inference fast path is one fused op the counter does not see
+    fastpath = torch.backends.mha.get_fastpath_enabled()
     gm.eval()
     try:
-        interp = _ShapeRecorder(gm)
-        interp.run(example)
+        torch.backends.mha.set_fastpath_enabled(False)
+        with FlopCounterMode(display=False) as counter:
+            _Recorder(gm, counter).run(example)
     finally:
+        torch.backends.mha.set_fastpath_enabled(fastpath)
         for m, mode in modes.items():
             m.training = mode
 
 
-class _ShapeRecorder(fx.Interpreter):
+class _Recorder(fx.Interpreter):
+    def __init__(self, gm: fx.GraphModule, counter) -> None:
+        super().__init__(gm)
+        self.counter = counter
+
     def run_node(self, n: fx.Node):
+        before = self.counter.get_total_flops()
         out = super().run_node(n)
         n.meta["shape"] = tuple(out.shape) if isinstance(out, torch.Tensor) else None
+        n.meta["macs"] = (self.counter.get_total_flops() - before) // 2
         return out

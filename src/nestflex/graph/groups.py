@@ -15,9 +15,25 @@ one part moves the others' rows (Torch-Pruning's index mapping, DenseNet's and I
 blocks). A slice ``x[:, :b]`` that keeps every channel stays the identity as they are pruned; one
 that keeps whole parts locks them (its bounds are constants) and leaves the later parts free.
 
+A grouped (non-depthwise) conv with ``G`` groups reads its input in ``G`` blocks and writes its
+output in ``G`` blocks; a group keeps the same number of channels in every block. Its input and
+output spaces are *interleaved*: a group's channel ``j`` stands for channel ``j`` of every block
+(``G`` physical channels, :attr:`Member.copies`), and the conv's weight is indexed on dim 1 by
+the position inside a block. Pruning channel ``j`` removes it from every block, so the conv keeps
+its ``G`` groups with narrower blocks (Torch-Pruning prunes grouped convs the same way:
+``ch_groups``). ResNeXt and RegNet blocks prune this way.
+
+Channels need not be dim 1. Each tensor's channel dim is followed through ``permute``,
+``transpose`` and reshapes that keep it whole (the last dim of a token tensor ``(N, T, C)`` or of
+a channels-last map ``(N, H, W, C)``, windows folded into the batch included), so a ``Linear`` on
+the last dim consumes and produces channels like a 1x1 conv: a transformer's MLP hidden
+channels (``fc1`` -> GELU -> ``fc2``) form a group. ``LayerNorm`` and ``GroupNorm`` normalise over
+the channels (removing one changes every other's statistics), so they lock theirs.
+
 A space is *locked* (not prunable) when it touches something the analysis cannot see through:
-the model input or output, an opaque module, a grouped (non-depthwise) conv, a channel slice
-(its bounds are constants), a composite tensor added to a plain one, or any op not listed below.
+the model input or output, an opaque module, a channel slice (its bounds are constants), a
+composite tensor added to a plain one, a grouped conv fed by a concatenation or reaching one,
+two grouped convs with different block counts on one space, or any op not listed below.
 Locking is always the safe answer: a locked group is simply not pruned.
 """
 
@@ -25,7 +41,7 @@ from __future__ import annotations
 
 import math
 import operator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 import torch.nn.functional as F
@@ -49,6 +65,9 @@ class Member:
             statistics/affine) or ``depthwise`` (a depthwise conv, which is both).
         layout: for a tensor fed by a concatenation, the parts of ``dim`` in order (this group is
             one or more of them); ``None`` when the group owns the whole dim.
+        copies: blocks of an interleaved group (a grouped conv's ``G``): channel ``j`` is entry
+            ``j`` of every block, block ``b`` starting at ``b * width``; 1 otherwise, and for a
+            grouped conv's own weight on dim 1 (the position inside a block).
     """
 
     module: str
@@ -57,11 +76,15 @@ class Member:
     factor: int = 1
     role: str = "out"
     layout: "Layout | None" = None
+    copies: int = 1
 
     def rows(self, group: "ChannelGroup", idx: torch.Tensor, others: bool = True) -> torch.Tensor:
         """Entries along ``dim`` that channels ``idx`` of ``group`` hold in this tensor, at their
         offset in a concatenated dim; with ``others`` every other part is kept whole too (so the
-        result selects along the whole dim, what surgery needs)."""
+        result selects along the whole dim, what surgery needs). An interleaved group's entries
+        come block by block, each block in ``idx`` order."""
+        if self.copies > 1:
+            idx = (torch.arange(self.copies)[:, None] * group.width + idx[None, :]).flatten()
         own = (idx[:, None] * self.factor + torch.arange(self.factor)).flatten()
         if self.layout is None:
             return own
@@ -78,7 +101,7 @@ class Member:
     def size(self, group: "ChannelGroup", widths: dict[int, int] | None = None) -> int:
         """Entries along ``dim`` when the groups have ``widths`` (default: their current widths)."""
         if self.layout is None:
-            return (widths or {}).get(group.id, group.width) * self.factor
+            return (widths or {}).get(group.id, group.width) * self.factor * self.copies
         return sum(self.layout.width(p, widths) for p in self.layout.parts) * self.factor
 
 
@@ -114,6 +137,8 @@ class ChannelGroup:
         nodes: fx node names whose output carries these channels on dim 1, one value per
             channel (convs, norms, activations, adds, pools; not flattened views), in trace
             order. Importance criteria read the group's responses from them.
+        copies: blocks of an interleaved group (see the module docstring): its nodes carry
+            ``width * copies`` channels on dim 1, channel ``j`` of the group at ``b * width + j``.
     """
 
     id: int
@@ -123,6 +148,17 @@ class ChannelGroup:
     prunable: bool = True
     reason: str = ""
     nodes: list[str] = field(default_factory=list)
+    copies: int = 1
+
+    def blocks(self, t: torch.Tensor, dim: int = 1) -> torch.Tensor:
+        """View ``t``'s ``width * copies`` entries on ``dim`` as ``(copies, width)``: a response's
+        channels split into the group's blocks, so a per-channel statistic can be summed (or
+        kept) over the blocks. Raises ValueError when ``dim`` has another size."""
+        n = t.shape[dim]
+        if n != self.width * self.copies:
+            raise ValueError(f"group `{self.name}` has {self.width} channels x {self.copies} blocks, "
+                             f"the tensor has {n} on dim {dim}")
+        return t.unflatten(dim, (self.copies, self.width))
 
     @property
     def producers(self) -> list[str]:
@@ -195,13 +231,17 @@ class _Info:
     factor: int = 1
     parts: tuple[tuple[int, int], ...] | None = None
     layout: Layout | None = None
+    dim: int = 1  # where the channels are in the node's output
 
     @property
     def spaces(self) -> list[int]:
         return [sp for sp, _ in self.parts] if self.parts else [self.space]
 
     def with_factor(self, factor: int) -> "_Info":
-        return _Info(self.space, factor, self.parts, self.layout)
+        return _Info(self.space, factor, self.parts, self.layout, self.dim)
+
+    def at(self, dim: int) -> "_Info":
+        return _Info(self.space, self.factor, self.parts, self.layout, dim)
 
 
 def find_groups(gm: fx.GraphModule) -> tuple[list[ChannelGroup], list[str]]:
@@ -217,6 +257,7 @@ def find_groups(gm: fx.GraphModule) -> tuple[list[ChannelGroup], list[str]]:
     locked: dict[int, str] = {}
     unsupported: list[str] = []
     layouts: list[Layout] = []
+    interleaved: list[tuple[int, int, str]] = []  # (space, blocks, grouped conv) of grouped convs
     modules = dict(gm.named_modules())
 
     def lock(space: int | _Info, reason: str) -> None:
@@ -290,7 +331,7 @@ def find_groups(gm: fx.GraphModule) -> tuple[list[ChannelGroup], list[str]]:
         if node.op == "call_module":
             mod = modules[node.target]
             name = node.target
-            if isinstance(mod, nn.Conv2d) and src_info is not None and src_info.factor == 1:
+            if isinstance(mod, nn.Conv2d) and src_info is not None and src_info.factor == 1 and src_info.dim == 1:
                 if mod.groups == 1:
                     if type(mod).__name__ in WEIGHT_STANDARDISING_CONVS:
                         lock(src_info, f"`{name}` ({type(mod).__name__}) standardises its weight over its inputs")
@@ -302,13 +343,31 @@ def find_groups(gm: fx.GraphModule) -> tuple[list[ChannelGroup], list[str]]:
                     if mod.bias is not None:
                         add(src_info, name, "bias", 0, "depthwise")
                     info[node] = src_info.with_factor(1)
+                elif src_info.parts is None:
+                    # the weight's dim 1 is the position inside a block: one entry per channel
+                    members.append((src_info.space, Member(name, "weight", 1, role="in")))
+                    out = produce(name, mod)
+                    interleaved += [(src_info.space, mod.groups, name), (out.space, mod.groups, name)]
+                    info[node] = out
                 else:
-                    lock(src_info, f"grouped conv `{name}`")
-                    info[node] = fresh(f"grouped conv `{name}`")
-            elif isinstance(mod, nn.Linear) and src_info is not None and len(shape) == 2:
+                    lock(src_info, f"grouped conv `{name}` reads a concatenation")
+                    info[node] = fresh(f"grouped conv `{name}` reads a concatenation")
+            elif isinstance(mod, nn.Linear) and src_info is not None and src_info.dim == len(shape) - 1 and (
+                    len(shape) == 2 or (src_info.factor == 1 and src_info.parts is None)):
+                # on the last dim: (N, C) features, (N, T, C) tokens, (N, H, W, C) channels-last
                 add(src_info, name, "weight", 1, "in")
-                info[node] = produce(name, mod)
-            elif isinstance(mod, _BatchNorm) and src_info is not None and (src_info.factor == 1 or len(shape) == 2):
+                info[node] = produce(name, mod).at(len(shape) - 1)
+            elif isinstance(mod, nn.Linear) and src_info is not None and len(shape) > 2:
+                # over another dim (MLP-Mixer's token mixing, or an input whose channel dim is
+                # unknown): the source's channels stay a fixed dim of the output, its own are last
+                lock(src_info, f"`{name}` (Linear) mixes a dim other than their channels")
+                info[node] = produce(name, mod).at(len(shape) - 1)
+            elif isinstance(mod, (nn.LayerNorm, nn.GroupNorm)) and src_info is not None and _normalises_channels(
+                    mod, src_info, shape):
+                lock(src_info, f"`{name}` ({type(mod).__name__}) normalises over the channels")
+                info[node] = src_info
+            elif isinstance(mod, _BatchNorm) and src_info is not None and src_info.dim == 1 and (
+                    src_info.factor == 1 or len(shape) == 2):
                 for attr in ("weight", "bias", "running_mean", "running_var"):
                     if getattr(mod, attr, None) is not None:
                         add(src_info, name, attr, 0, "norm")
@@ -336,17 +395,27 @@ def find_groups(gm: fx.GraphModule) -> tuple[list[ChannelGroup], list[str]]:
             info[node] = _slice(node, src, src_info, shape, composite, lock) or opaque(
                 node, f"`{node.name}` (a slice through the channels)")
             continue
+        moved = _moved_dim(node, src_info) if src_info is not None else None
+        if moved is not None:
+            info[node] = src_info.at(moved)
+            continue
         is_pass = (
             node.op == "call_function" and (target in _PASS_FUNCTIONS or _qualname(target) in _PASS_FUNCTION_NAMES)
         ) or (node.op == "call_method" and target in _PASS_METHODS)
         if is_pass and src_info is not None:
-            info[node] = _reshape(node, src, src_info, shape) or opaque(node, f"`{node.name}` ({_op_name(node)})")
+            out = _reshape(node, src, src_info, shape)
+            if out is not None and not _sizes_follow(node, out, info, uf):
+                out = None
+            info[node] = out or opaque(node, f"`{node.name}` ({_op_name(node)})")
             continue
         info[node] = opaque(node, f"`{node.name}` ({_op_name(node)})")
 
-    node_spaces = [(n.name, i.space) for n, i in info.items()
-                   if i is not None and i.factor == 1 and i.parts is None and n.op != "placeholder"]
-    return _collect(gm, uf, members, locked, node_spaces, layouts), unsupported
+    node_spaces = []
+    for n, i in info.items():
+        if i is not None and i.factor == 1 and i.parts is None and n.op != "placeholder":
+            node_spaces.append((n.name, i.space))
+            n.meta["channel_dim"] = i.dim  # criteria read a response's channels here
+    return _collect(gm, uf, members, locked, node_spaces, layouts, interleaved), unsupported
 
 
 def _is_size_query(node: fx.Node) -> bool:
@@ -372,7 +441,14 @@ def _op_name(node: fx.Node) -> str:
 def _reshape(node: fx.Node, src: fx.Node, src_info: _Info, shape: tuple[int, ...]) -> _Info | None:
     """Classify a shape-changing pass-through by the shapes themselves (not the op name)."""
     in_shape = src.meta.get("shape")
-    if in_shape is None:
+    if in_shape is None or _reduces_channels(node, src_info, len(in_shape)):
+        return None
+    if src_info.dim != 1:
+        # channels last: a reshape that keeps the last dim keeps every row of channels whole
+        # (row-major), whatever it does to the dims before (tokens, windows folded into dim 0)
+        last = len(in_shape) - 1
+        if src_info.dim == last and src_info.factor == 1 and len(shape) >= 2 and shape[-1] == in_shape[-1]:
+            return src_info.at(len(shape) - 1)
         return None
     if len(shape) >= 2 and shape[:2] == in_shape[:2] and (len(shape) == len(in_shape) or src_info.factor == 1):
         # channel dim kept: activations, pools, mean over H,W with keepdim, ...
@@ -386,12 +462,12 @@ def _reshape(node: fx.Node, src: fx.Node, src_info: _Info, shape: tuple[int, ...
     return None
 
 
-def _broadcast_channels(operand: tuple[int, ...], out: tuple[int, ...]) -> int:
-    """Size of ``operand``'s dim that broadcasting aligns with ``out``'s channel dim (1 if none).
+def _broadcast_channels(operand: tuple[int, ...], out: tuple[int, ...], dim: int = 1) -> int:
+    """Size of ``operand``'s dim that broadcasting aligns with ``out``'s channel dim ``dim`` (1 if none).
 
     Shapes align from the right, so a 0-d scale or a shorter operand may have no such dim.
     """
-    i = len(operand) - len(out) + 1
+    i = len(operand) - len(out) + dim
     return operand[i] if 0 <= i < len(operand) else 1
 
 
@@ -403,11 +479,16 @@ def _join(node: fx.Node, info: dict, uf: _UnionFind, shape: tuple[int, ...], com
     srcs = [a for a in node.all_input_nodes if info.get(a) is not None]
     if not srcs:
         return None
-    full = [a for a in srcs if len(a.meta["shape"]) == len(shape) and a.meta["shape"][1] == shape[1]]
+    # the channel dim of the operands of full rank (a 1-d bias or a scalar says nothing)
+    dims = {info[a].dim for a in srcs if len(a.meta["shape"]) == len(shape) and a.meta["shape"][info[a].dim] != 1}
+    if len(dims) != 1:
+        return None
+    d = dims.pop()
+    full = [a for a in srcs if len(a.meta["shape"]) == len(shape) and info[a].dim == d and a.meta["shape"][d] == shape[d]]
     if not full or any(info[a].factor != info[full[0]].factor for a in full):
         return None
     for a in srcs:
-        if a not in full and _broadcast_channels(a.meta["shape"], shape) != 1:
+        if a not in full and _broadcast_channels(a.meta["shape"], shape, d) != 1:
             return None
     first = info[full[0]]
     if first.parts is not None or any(info[a].parts is not None for a in full):
@@ -417,12 +498,12 @@ def _join(node: fx.Node, info: dict, uf: _UnionFind, shape: tuple[int, ...], com
         parts = list(first.parts)
         for a in full[1:]:
             parts = [(uf.union(sp, other), w) for (sp, w), (other, _) in zip(parts, info[a].parts)]
-        return composite(parts, first.factor)
+        return composite(parts, first.factor) if d == 1 else None
     space = first.space
     for a in full[1:]:
         space = uf.union(space, info[a].space)
     # broadcast operands with a channel dim of 1 (e.g. per-sample scales) carry no channels
-    return _Info(space, first.factor)
+    return _Info(space, first.factor, dim=d)
 
 
 _CAT_FUNCTIONS = {torch.cat, torch.concat, torch.concatenate}
@@ -442,6 +523,12 @@ def _concat(node: fx.Node, info: dict, uf: _UnionFind, shape: tuple[int, ...], c
         return None
     if any(not isinstance(t, fx.Node) or info.get(t) is None or t.meta.get("shape") is None for t in tensors):
         return None
+    channel_dims = {info[t].dim for t in tensors}
+    if channel_dims != {1}:
+        # channels elsewhere (tokens): a concatenation along another dim shares them, one along
+        # them is not mapped (locked)
+        d = channel_dims.pop() if len(channel_dims) == 1 else None
+        return _join(node, info, uf, shape, composite) if d is not None and dim != d else None
     if dim != 1:
         if any(t.meta["shape"][1] != shape[1] for t in tensors):
             return None
@@ -464,6 +551,8 @@ def _slice(node: fx.Node, src: fx.Node, src_info: _Info, shape: tuple[int, ...],
     in_shape = src.meta.get("shape")
     index = node.args[1]
     index = index if isinstance(index, tuple) else (index,)
+    if in_shape is not None and src_info.dim != 1:
+        return _index_other_dims(index, src_info, len(in_shape))
     if in_shape is None or len(index) == 0 or index[0] != slice(None) or len(shape) != len(in_shape):
         return None
     if len(index) < 2 or index[1] in (slice(None), Ellipsis):
@@ -486,7 +575,126 @@ def _slice(node: fx.Node, src: fx.Node, src_info: _Info, shape: tuple[int, ...],
     return composite(kept) if len(kept) > 1 else _Info(kept[0][0])
 
 
-def _collect(gm, uf, members, locked, node_spaces, layouts) -> list[ChannelGroup]:
+def _index_other_dims(index: tuple, src_info: _Info, ndim: int) -> _Info | None:
+    """``x[...]`` of a tensor whose channels are not on dim 1 (tokens ``(N, T, C)``): integers and
+    slices on the other dims, nothing on the channels (ViT's class token ``x[:, 0]``); the
+    channels move left by the integers before them."""
+    if src_info.factor != 1 or src_info.parts is not None or not index or index[0] != slice(None):
+        return None
+    removed = 0
+    for i, ix in enumerate(index):
+        if ix is Ellipsis or ix is None or isinstance(ix, bool) or not isinstance(ix, (int, slice)):
+            return None
+        if i == src_info.dim and ix != slice(None):
+            return None
+        if isinstance(ix, int) and i < src_info.dim:
+            removed += 1
+    return src_info.at(src_info.dim - removed) if ndim > src_info.dim else None
+
+
+def _size_source(arg) -> tuple[fx.Node, int] | None:
+    """``(tensor, dim)`` when ``arg`` is ``t.shape[dim]`` or ``t.size(dim)`` of a node."""
+    if not isinstance(arg, fx.Node):
+        return None
+    if arg.op == "call_method" and arg.target == "size" and len(arg.args) == 2 and isinstance(arg.args[1], int):
+        return arg.args[0], arg.args[1]
+    if arg.op == "call_function" and arg.target is operator.getitem and isinstance(arg.args[1], int):
+        src = arg.args[0]
+        if isinstance(src, fx.Node) and src.op == "call_function" and src.target is getattr and src.args[1] == "shape":
+            return src.args[0], arg.args[1]
+        if isinstance(src, fx.Node) and src.op == "call_method" and src.target == "size" and len(src.args) == 1:
+            return src.args[0], arg.args[1]
+    return None
+
+
+def _sizes_follow(node: fx.Node, out: _Info, info: dict, uf: _UnionFind) -> bool:
+    """A ``view``/``reshape`` states the size of the channel dim: it must follow pruning. ``-1``
+    does; another tensor's size (``c`` of ``n, c, h, w = x.shape``) does when the two share their
+    channels, so the spaces are tied (like an add); a constant does not (False: the caller locks)."""
+    name = node.target if node.op == "call_method" else getattr(node.target, "__name__", "")
+    if name not in ("view", "reshape") or out.parts is not None or out.factor != 1:
+        return True
+    sizes = list(node.args[1:])
+    if len(sizes) == 1 and isinstance(sizes[0], (list, tuple)):
+        sizes = list(sizes[0])
+    if len(sizes) <= out.dim:
+        return False
+    entry = sizes[out.dim]
+    if entry == -1:
+        return True
+    source = _size_source(entry)
+    if source is None:
+        return False
+    t, k = source
+    other = info.get(t)
+    if other is None or other.parts is not None or other.factor != 1 or other.dim != k % len(t.meta["shape"]):
+        return False
+    uf.union(out.space, other.space)
+    return True
+
+
+def _reduces_channels(node: fx.Node, src_info: _Info, ndim: int) -> bool:
+    """A ``mean``/``sum``/``amax`` over the channel dim (or over everything)."""
+    name = node.target if node.op == "call_method" else getattr(node.target, "__name__", "")
+    if name not in ("mean", "sum", "amax"):
+        return False
+    dims = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim")
+    if dims is None:
+        return True
+    dims = dims if isinstance(dims, (list, tuple)) else (dims,)
+    return any(not isinstance(x, int) or x % ndim == src_info.dim for x in dims)
+
+
+def _normalises_channels(mod: nn.Module, src_info: _Info, shape: tuple[int, ...]) -> bool:
+    """A LayerNorm whose normalised dims include the channels, or a GroupNorm on dim 1 channels."""
+    if isinstance(mod, nn.GroupNorm):
+        return src_info.dim == 1
+    return src_info.dim >= len(shape) - len(mod.normalized_shape)
+
+
+#: permute / transpose, as methods or functions: they move the channel dim
+_PERMUTES = {"permute", "transpose", "swapaxes", "swapdims"}
+
+
+def _moved_dim(node: fx.Node, src_info: _Info) -> int | None:
+    """Where ``permute``/``transpose`` put the channels (None: not such an op, or not constant)."""
+    name = node.target if node.op == "call_method" else getattr(node.target, "__name__", None)
+    if node.op not in ("call_method", "call_function") or name not in _PERMUTES:
+        return None
+    if node.op == "call_function" and node.target not in (torch.permute, torch.transpose, torch.swapaxes,
+                                                          torch.swapdims):
+        return None
+    shape = node.meta.get("shape")
+    if shape is None or src_info.factor != 1:
+        return None
+    ndim, rest = len(shape), list(node.args[1:])
+    if name == "permute":
+        dims = rest[0] if len(rest) == 1 and isinstance(rest[0], (list, tuple)) else rest
+        if len(dims) != ndim or not all(isinstance(x, int) for x in dims):
+            return None
+        return [x % ndim for x in dims].index(src_info.dim)
+    if len(rest) != 2 or not all(isinstance(x, int) for x in rest):
+        return None
+    a, b = rest[0] % ndim, rest[1] % ndim
+    return b if src_info.dim == a else a if src_info.dim == b else src_info.dim
+
+
+def _collect(gm, uf, members, locked, node_spaces, layouts, interleaved) -> list[ChannelGroup]:
+    locked_roots: dict[int, str] = {}
+    for space, reason in locked.items():
+        locked_roots.setdefault(uf.find(space), reason)
+    # interleaved spaces: every member but a grouped conv's own dim-1 weight holds `blocks` copies
+    blocks: dict[int, tuple[int, str]] = {}
+    in_concat = {uf.find(sp) for layout in layouts for sp in layout._spaces}
+    for space, g, conv in interleaved:
+        root = uf.find(space)
+        if root in blocks and blocks[root][0] != g:
+            locked_roots.setdefault(root, f"grouped convs `{blocks[root][1]}` ({blocks[root][0]} groups) and "
+                                          f"`{conv}` ({g} groups) share these channels")
+        elif root in in_concat:
+            locked_roots.setdefault(root, f"the blocks of grouped conv `{conv}` reach a concatenation")
+        blocks.setdefault(root, (g, conv))
+    in_block = {(space, conv) for space, _, conv in interleaved}
     by_root: dict[int, list[Member]] = {}
     order: list[int] = []
     for space, m in members:
@@ -494,10 +702,10 @@ def _collect(gm, uf, members, locked, node_spaces, layouts) -> list[ChannelGroup
         if root not in by_root:
             by_root[root] = []
             order.append(root)
+        if root in blocks and root not in locked_roots and not (m.role == "in" and m.dim == 1 and m.attr == "weight"
+                                                                and (space, m.module) in in_block):
+            m = replace(m, copies=blocks[root][0])
         by_root[root].append(m)
-    locked_roots: dict[int, str] = {}
-    for space, reason in locked.items():
-        locked_roots.setdefault(uf.find(space), reason)
     nodes_by_root: dict[int, list[str]] = {}
     for name, space in node_spaces:
         nodes_by_root.setdefault(uf.find(space), []).append(name)
@@ -511,12 +719,12 @@ def _collect(gm, uf, members, locked, node_spaces, layouts) -> list[ChannelGroup
         first = producers[0]
         ref = next(m for m in ms if m.role == "out")  # a producer's own rows: never a concatenation's part
         t = getattr(gm.get_submodule(ref.module), ref.attr)
-        width = t.shape[ref.dim] // ref.factor
+        width = t.shape[ref.dim] // (ref.factor * ref.copies)
         reason = locked_roots.get(root, "")
         groups.append(
             ChannelGroup(
                 id=len(groups), name=first.module, width=width, members=ms, prunable=not reason, reason=reason,
-                nodes=nodes_by_root.get(root, []),
+                nodes=nodes_by_root.get(root, []), copies=ref.copies,
             )
         )
         group_of[root] = groups[-1]

@@ -8,6 +8,7 @@ with the same group ids.
 from __future__ import annotations
 
 import math
+import operator
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator, Mapping, Sequence
 
@@ -76,10 +77,11 @@ class Layer:
 @dataclass(frozen=True)
 class SplitPoint:
     """A place to cut the model in two: after a block's activation (ReLU outputs are sparse; other
-    activations count when a conv or a batch norm feeds them).
+    activations count when a conv or a batch norm feeds them), or after a residual add of two
+    spatial maps that no activation follows (ConvNeXt's and PoolFormer's blocks end there).
 
     Attributes:
-        name: the activation's module name (or fx node name for functional ReLUs).
+        name: the activation's module name (or fx node name for functional activations and adds).
         node: fx node name.
         index: position in execution order.
         tensors: ``(node name, per-sample shape)`` of every tensor that crosses the cut, in
@@ -110,6 +112,11 @@ class StructureGraph:
         split_points: candidate split points in execution order.
         opaque: modules fx could not trace, with the reason.
         unsupported: ops that locked channel groups.
+        op_macs: MACs per sample of every other node that computes any (fx node name: MACs):
+            attention matrix products, functional ``F.linear``/``F.conv2d``,
+            ``nn.MultiheadAttention``, 1-d convs, opaque modules; counted by
+            ``torch.utils.flop_counter`` at trace time. They do not change with group widths: each
+            such op locks the channels it reads (``nestflex.graph.groups``).
     """
 
     gm: fx.GraphModule
@@ -119,6 +126,7 @@ class StructureGraph:
     split_points: list[SplitPoint]
     opaque: dict[str, str] = field(default_factory=dict)
     unsupported: list[str] = field(default_factory=list)
+    op_macs: dict[str, int] = field(default_factory=dict)
 
     @property
     def prunable_groups(self) -> list[ChannelGroup]:
@@ -162,11 +170,13 @@ class StructureGraph:
         return {k: tuple(v) for k, v in shapes.items()}
 
     def macs(self, widths: Mapping[int, int] | None = None) -> int:
-        """MACs per sample (convs and linears), now or with the given group widths."""
+        """MACs per sample, now or with the given group widths: the conv and linear layers' (which
+        follow the widths) plus :attr:`op_macs` (which do not)."""
+        fixed = sum(self.op_macs.values())
         if not widths:
-            return sum(layer.macs for layer in self.layers)
+            return sum(layer.macs for layer in self.layers) + fixed
         shapes = self.param_shapes(widths)
-        return sum(math.prod(shapes[f"{layer.name}.weight"]) * layer.spatial for layer in self.layers)
+        return sum(math.prod(shapes[f"{layer.name}.weight"]) * layer.spatial for layer in self.layers) + fixed
 
     def params(self, widths: Mapping[int, int] | None = None) -> int:
         """Number of parameters, now or with the given group widths."""
@@ -309,14 +319,16 @@ def trace(model: nn.Module, input_shape: Sequence[int] | None = None, strict: bo
         ) from e
     groups, unsupported = find_groups(gm)
     layers = _layers(gm)
+    op_macs = _op_macs(gm, layers)
     return StructureGraph(
         gm=gm,
         input_shape=tuple(input_shape),
         layers=layers,
         groups=groups,
-        split_points=_split_points(gm, layers),
+        split_points=_split_points(gm, layers, op_macs),
         opaque=opaque,
         unsupported=unsupported,
+        op_macs=op_macs,
     )
 
 
@@ -328,9 +340,11 @@ def _layers(gm: fx.GraphModule) -> list[Layer]:
         mod = gm.get_submodule(node.target)
         if not isinstance(mod, (nn.Conv2d, nn.Linear)):
             continue
-        out = node.meta["shape"][1:]
-        # conv: each output position costs one weight pass; linear: one per leading position
-        spatial = math.prod(out[1:]) if isinstance(mod, nn.Conv2d) else math.prod(out[:-1])
+        full = node.meta["shape"]
+        out = full[1:]
+        # conv: each output position costs one weight pass; linear: one per leading position. The
+        # trace runs one sample, so dim 0 counts too: a window attention folds its windows into it
+        spatial = full[0] * (math.prod(out[1:]) if isinstance(mod, nn.Conv2d) else math.prod(out[:-1]))
         layers.append(
             Layer(
                 name=node.target,
@@ -342,6 +356,13 @@ def _layers(gm: fx.GraphModule) -> list[Layer]:
             )
         )
     return layers
+
+
+def _op_macs(gm: fx.GraphModule, layers: list[Layer]) -> dict[str, int]:
+    """MACs the trace counted at nodes other than the conv/linear layers (whose MACs follow widths)."""
+    names = {layer.name for layer in layers}
+    return {n.name: int(n.meta["macs"]) for n in gm.graph.nodes
+            if n.meta.get("macs") and not (n.op == "call_module" and n.target in names)}
 
 
 def _is_split_activation(gm: fx.GraphModule, node: fx.Node) -> bool:
@@ -367,16 +388,34 @@ def _fed_channels_first(gm: fx.GraphModule, node: fx.Node) -> bool:
     return shape[2] * shape[3] > 1 and isinstance(gm.get_submodule(src.target), (nn.Conv2d, _BatchNorm))
 
 
-def _split_points(gm: fx.GraphModule, layers: list[Layer]) -> list[SplitPoint]:
+_ADDS = (operator.add, operator.iadd, torch.add)
+
+
+def _is_block_end(gm: fx.GraphModule, node: fx.Node) -> bool:
+    """A residual add of two spatial maps of one shape (channels-first), not followed by a split
+    activation (then that activation is the block's end)."""
+    is_add = (node.op == "call_function" and node.target in _ADDS) or (
+        node.op == "call_method" and node.target in ("add", "add_"))
+    shape = node.meta.get("shape")
+    if not is_add or shape is None or len(shape) != 4 or shape[2] * shape[3] <= 1:
+        return False
+    operands = [a for a in node.args[:2] if isinstance(a, fx.Node) and a.meta.get("shape") == shape]
+    if len(operands) != 2 or any(a.meta.get("channel_dim", 1) != 1 for a in operands):
+        return False
+    return not (len(node.users) == 1 and _is_split_activation(gm, next(iter(node.users))))
+
+
+def _split_points(gm: fx.GraphModule, layers: list[Layer], op_macs: dict[str, int]) -> list[SplitPoint]:
     nodes = list(gm.graph.nodes)
     pos = {n: i for i, n in enumerate(nodes)}
     layer_macs = {layer.name: layer.macs for layer in layers}
-    total = max(1, sum(layer_macs.values()))
+    total = max(1, sum(layer_macs.values()) + sum(op_macs.values()))
     points, running = [], 0
     for i, node in enumerate(nodes):
         if node.op == "call_module":
             running += layer_macs.get(node.target, 0)
-        if not _is_split_activation(gm, node) or node.meta.get("shape") is None:
+        running += op_macs.get(node.name, 0)
+        if not (_is_split_activation(gm, node) or _is_block_end(gm, node)) or node.meta.get("shape") is None:
             continue
         crossing = [n for n in nodes[: i + 1] if n.op != "get_attr" and any(pos[u] > i for u in n.users)]
         if node not in crossing:

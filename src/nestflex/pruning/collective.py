@@ -336,7 +336,7 @@ class _Collector(fx.Interpreter):
     def run_node(self, n: fx.Node) -> Any:
         out = super().run_node(n)
         if n.name in self.watch:
-            t = out.float()
+            t = out.float().movedim(n.meta.get("channel_dim", 1), 1)  # tokens / channels-last: channels to dim 1
             if t.ndim == 4:
                 size = (min(self.pool, t.shape[2]), min(self.pool, t.shape[3]))
                 t = F.adaptive_avg_pool2d(t, size).flatten(2)
@@ -426,7 +426,9 @@ def pooled_responses(
     nodes = [node for g in groups for node in graph.response_nodes(g)]
     acts, labels = pooled_activations(model, graph, nodes, data, pool=pool, max_samples=max_samples,
                                       batch_size=batch_size, name=name)
-    return {g.id: sum(acts[node] for node in graph.response_nodes(g)) for g in groups}, labels
+    # an interleaved group's channel is one channel in each block: its features are all of them
+    return {g.id: g.blocks(sum(acts[node] for node in graph.response_nodes(g))).transpose(1, 2).flatten(2)
+            for g in groups}, labels
 
 
 def _split(data: Any, val_fraction: float, seed: int) -> tuple[Any, Any]:

@@ -109,7 +109,8 @@ class WeightNorm(Importance):
                 if m.role not in ("out", "depthwise") or m.attr != "weight":
                     continue
                 w = getattr(model.get_submodule(m.module), m.attr).detach().double().cpu()
-                w = w.movedim(m.dim, 0).reshape(g.width, -1)
+                # an interleaved group's channel owns one row in each of its blocks
+                w = w.movedim(m.dim, 0).reshape(m.copies, g.width, -1).transpose(0, 1).reshape(g.width, -1)
                 total += w.abs().sum(1) if self.p == 1 else w.pow(2).sum(1)
             out[g.id] = total if self.p == 1 else total.sqrt()
         return out

@@ -135,7 +135,9 @@ class _ResidualReducer(fx.Interpreter):
         out = super().run_node(n)
         acc = self.watch.get(n.name)
         if acc is not None:
-            a, p, neg = out.float().reshape(*out.shape[:2], -1).split(self.t)  # (T, C, H*W) each
+            # channels to dim 1 (a token or channels-last response keeps them last)
+            t = out.movedim(n.meta.get("channel_dim", 1), 1)
+            a, p, neg = t.float().reshape(*t.shape[:2], -1).split(self.t)  # (T, C, H*W) each
             if self.scratch[0].numel() < a.numel() or self.scratch[0].device != a.device:
                 self.scratch[:] = [torch.empty(a.numel(), device=a.device) for _ in range(2)]
             q = torch.sub(a, neg, out=self.scratch[0][: a.numel()].view(a.shape))
@@ -190,7 +192,7 @@ class TRR(Importance):
         for g in groups:
             owners[g.id] = graph.response_nodes(g)
             for node in owners[g.id]:
-                watch.setdefault(node, torch.zeros(g.width, dtype=torch.float64))
+                watch.setdefault(node, torch.zeros(g.width * g.copies, dtype=torch.float64))
         param = next(model.parameters())
         was_training = {m: m.training for m in model.modules()}
         model.eval()
@@ -206,7 +208,9 @@ class TRR(Importance):
         finally:
             for m, flag in was_training.items():
                 m.train(flag)
-        flat = torch.cat([sum(watch[n] for n in owners[g.id]) for g in groups]) if groups else torch.zeros(0)
+        # an interleaved group's channel is one channel in each block: its residuals add up
+        flat = torch.cat([g.blocks(sum(watch[n] for n in owners[g.id]), 0).sum(0) for g in groups]) \
+            if groups else torch.zeros(0)
         if reduce is not None:
             flat = reduce(flat)
         return dict(zip([g.id for g in groups], flat.split([g.width for g in groups])))
