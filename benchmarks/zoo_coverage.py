@@ -51,7 +51,7 @@ TIMM_MODELS = [
 
 
 #: models whose stem needs a larger input than the default size
-MIN_SIZE = {"inception_v3": 96}
+MIN_SIZE = {"inception_v3": 96, "maxvit_t": 224}  # MaxViT partitions every stage into 7x7 windows
 
 
 def build(zoo: str, name: str, size: int):
