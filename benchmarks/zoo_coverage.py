@@ -20,18 +20,28 @@ its benchmarks: magnitude (L2) group importance, ``pruning_ratio`` = ``--ratio``
 the classifier ignored, attention heads declared (``num_heads``), and passes when the pruned
 model still runs and gives logits of the same shape. Its MACs are counted by the same flop counter.
 
-Writes ``summary.json`` (one row per model, the counts, and the medians of MACs left, over the
-models both tools prune when Torch-Pruning ran).
+``--jobs N`` checks N models at once (each child gets ``cores // N`` torch threads); every
+finished row is appended to ``rows.jsonl`` in ``--out`` at once, and ``--resume`` skips the models
+already there, so a run cut short loses nothing.
+
+For timm models the row also says whether ``nestflex.models.create_timm_model`` gives it a CIFAR
+stem (32x32 inputs) by its general rule (``cifar_stem``: true, or the error).
+
+Writes ``summary.json`` (one row per model, the counts, the medians of MACs left over the models
+both tools prune when Torch-Pruning ran, and the issue's ``goals``).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -51,17 +61,15 @@ TIMM_MODELS = [
 
 
 #: models whose stem needs a larger input than the default size
-MIN_SIZE = {"inception_v3": 96, "maxvit_t": 224}  # MaxViT partitions every stage into 7x7 windows
+MIN_SIZE = {"inception_v3": 96, "inception_v4": 96, "maxvit_t": 224}  # MaxViT: 7x7 windows in every stage
 
 
 def build(zoo: str, name: str, size: int):
-    import torch
-
+    size = max(size, MIN_SIZE.get(name, 0))
     if zoo == "torchvision":
         import torchvision
 
         kwargs: dict[str, Any] = {}
-        size = max(size, MIN_SIZE.get(name, 0))
         if name in ("googlenet", "inception_v3"):
             kwargs = {"aux_logits": False, "init_weights": True}
         if name.startswith("vit_"):
@@ -88,6 +96,8 @@ def check_one(zoo: str, name: str, size: int, ratio: float) -> dict[str, Any]:
 
     torch.manual_seed(0)
     row: dict[str, Any] = {"model": name, "step": "build"}
+    if zoo == "timm":
+        row["cifar_stem"] = cifar_stem(name)
     model, shape = build(zoo, name, size)
     row["input_shape"] = list(shape)
     x = torch.randn(2, *shape)
@@ -125,16 +135,35 @@ def check_one(zoo: str, name: str, size: int, ratio: float) -> dict[str, Any]:
     return row
 
 
-def _flop_macs(model, x) -> int:
-    """MACs of one forward by torch.utils.flop_counter (FLOPs / 2); nn.MultiheadAttention's
-    inference fast path is one fused op the counter does not see, so it is off."""
+def cifar_stem(name: str) -> bool | str:
+    """True when ``create_timm_model`` adapts the model to 32x32 inputs (its CIFAR stem rule) and
+    it then runs on one; else the error."""
     import torch
-    from torch.utils.flop_counter import FlopCounterMode
+
+    from nestflex.models.timm_adapter import create_timm_model
+
+    try:
+        model = create_timm_model(name).eval()
+        with torch.no_grad():
+            out = model(torch.zeros(1, 3, 32, 32))
+        return True if out.shape == (1, 10) else f"logits of shape {tuple(out.shape)}"
+    except Exception as e:
+        return f"{type(e).__name__}: {str(e)[:200]}"
+
+
+def _flop_macs(model, x) -> int:
+    """MACs of one forward by torch.utils.flop_counter (FLOPs / 2), with torch's attention formula
+    registered for the CPU kernel of fused attention (``nestflex.graph.flop_counter``: torch counts
+    only the CUDA kernels); nn.MultiheadAttention's inference fast path is one fused op the
+    counter does not see, so it is off."""
+    import torch
+
+    from nestflex.graph import flop_counter
 
     fastpath = torch.backends.mha.get_fastpath_enabled()
     torch.backends.mha.set_fastpath_enabled(False)
     try:
-        with FlopCounterMode(display=False) as counter, torch.no_grad():
+        with flop_counter() as counter, torch.no_grad():
             model(x)
     finally:
         torch.backends.mha.set_fastpath_enabled(fastpath)
@@ -172,12 +201,22 @@ def check_torch_pruning(zoo: str, name: str, size: int, ratio: float) -> dict[st
     return {"model": name, "tp_macs_left": round(_flop_macs(model, x) / base, 4)}
 
 
-def run_child(zoo: str, name: str, size: int, ratio: float, timeout: float, tool: str = "nestflex") -> dict[str, Any]:
+#: the issue's goals: models passing every step per zoo, and how close the MACs must be
+GOAL_PASSED = {"torchvision": 76 / 80, "timm": 50 / 55}
+GOAL_MEDIAN_GAP = 0.05
+GOAL_MACS_TOLERANCE = 0.01
+
+
+def run_child(zoo: str, name: str, size: int, ratio: float, timeout: float, tool: str = "nestflex",
+              threads: int | None = None) -> dict[str, Any]:
     flag = "--one" if tool == "nestflex" else "--one-tp"
     cmd = [sys.executable, __file__, flag, name, "--zoo", zoo, "--size", str(size), "--ratio", str(ratio)]
+    env = dict(os.environ)
+    if threads:  # torch reads these at start; N children at once share the cores
+        env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
     start = time.perf_counter()
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
     except subprocess.TimeoutExpired:
         return {"model": name, "ok": False, "error": f"timed out after {timeout:.0f} s"}
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
@@ -195,7 +234,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--size", type=int, default=64, help="input height and width (fixed-size models use their own)")
     p.add_argument("--ratio", type=float, default=0.3, help="share of every prunable group to remove")
     p.add_argument("--timeout", type=float, default=600, help="seconds per model")
-    p.add_argument("--out", type=Path, help="folder for summary.json")
+    p.add_argument("--out", type=Path, help="folder for summary.json and rows.jsonl")
+    p.add_argument("--jobs", type=int, default=1, help="models checked at once (default 1)")
+    p.add_argument("--resume", action="store_true", help="keep the rows already in OUT/rows.jsonl, check the rest")
     p.add_argument("--torch-pruning", action="store_true",
                    help="also prune each model with Torch-Pruning (pip install torch-pruning==1.6.1)")
     p.add_argument("--one", help=argparse.SUPPRESS)
@@ -203,6 +244,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     a = p.parse_args(argv)
     if not 0 < a.ratio < 1:
         p.error(f"--ratio is a share in (0, 1), got {a.ratio}")
+    if a.jobs < 1:
+        p.error(f"--jobs is a count of models checked at once, at least 1, got {a.jobs}")
     if a.one:
         try:
             row = {**check_one(a.zoo, a.one, a.size, a.ratio), "ok": True}
@@ -234,17 +277,41 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         models = torchvision.models.list_models(module=torchvision.models)
     else:
         models = TIMM_MODELS
-    rows = []
-    for name in models:
-        rows.append(run_child(a.zoo, name, a.size, a.ratio, a.timeout))
-        r = rows[-1]
+    a.out.mkdir(parents=True, exist_ok=True)
+    log = a.out / "rows.jsonl"
+    done: dict[str, dict[str, Any]] = {}
+    if a.resume and log.exists():
+        for line in log.read_text().splitlines():
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:  # a line cut short by a kill: that model runs again
+                continue
+            if row.get("model") in models and (row.get("tp_ok") is not None or not a.torch_pruning):
+                done[row["model"]] = row
+    elif log.exists():
+        log.unlink()
+    threads = max(1, (os.cpu_count() or 1) // a.jobs) if a.jobs > 1 else None
+    lock = threading.Lock()
+
+    def one(name: str) -> dict[str, Any]:
+        r = run_child(a.zoo, name, a.size, a.ratio, a.timeout, threads=threads)
         if a.torch_pruning:
-            t = run_child(a.zoo, name, a.size, a.ratio, a.timeout, tool="torch_pruning")
+            t = run_child(a.zoo, name, a.size, a.ratio, a.timeout, tool="torch_pruning", threads=threads)
             r.update(tp_ok=t["ok"], tp_macs_left=t.get("tp_macs_left"), tp_error=t.get("error"), tp_seconds=t["seconds"])
-        print(f"{name:32s} {'ok ' if r['ok'] else 'FAIL'} prunable {r.get('prunable', '-')}/{r.get('groups', '-')} "
-              f"macs left {r.get('macs_left', '-')} macs/ref {r.get('macs_vs_flop_counter', '-')} "
-              f"{'tp ' + ('ok' if r['tp_ok'] else 'FAIL') + ' ' + str(r['tp_macs_left']) if a.torch_pruning else ''} "
-              f"{r.get('error', '')}", flush=True)
+        with lock:
+            with log.open("a") as f:
+                f.write(json.dumps(r) + "\n")
+            print(f"{name:32s} {'ok ' if r['ok'] else 'FAIL'} prunable {r.get('prunable', '-')}/{r.get('groups', '-')} "
+                  f"macs left {r.get('macs_left', '-')} macs/ref {r.get('macs_vs_flop_counter', '-')} "
+                  f"{'tp ' + ('ok' if r['tp_ok'] else 'FAIL') + ' ' + str(r['tp_macs_left']) if a.torch_pruning else ''} "
+                  f"{r.get('error', '')}", flush=True)
+        return r
+
+    todo = [m for m in models if m not in done]
+    with ThreadPoolExecutor(max_workers=a.jobs) as pool:
+        for r in pool.map(one, todo):
+            done[r["model"]] = r
+    rows = [done[m] for m in models]
     from nestflex._io import write_json
     from nestflex._machine import machine
 
@@ -256,6 +323,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "median_macs_left": statistics.median(r["macs_left"] for r in pruned) if pruned else None,
         "macs_within_1pct_of_flop_counter": len(exact), "rows": rows,
     }
+    if a.zoo == "timm":
+        summary["cifar_stem"] = sum(r.get("cifar_stem") is True for r in rows)
     if a.torch_pruning:
         both = [r for r in pruned if r.get("tp_ok")]
         summary["torch_pruning"] = {
@@ -267,11 +336,38 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                                       "torch_pruning": statistics.median(r["tp_macs_left"] for r in both)}
             if both else None,
         }
-    a.out.mkdir(parents=True, exist_ok=True)
+    summary["goals"] = goals(summary, rows, a.zoo)
     write_json(a.out / "summary.json", summary)
     print(f"passed {summary['passed']}/{len(rows)}, pruned {len(pruned)}, median MACs left "
           f"{summary['median_macs_left']}, MACs within 1% of the flop counter on {len(exact)}")
     return summary
+
+
+def goals(summary: dict[str, Any], rows: list[dict[str, Any]], zoo: str) -> dict[str, Any]:
+    """The issue's acceptance, one entry per goal (DESIGN.md's result contract)."""
+    n = len(rows)
+    need = round(GOAL_PASSED[zoo] * n) if n else 0
+    out: dict[str, Any] = {"passed": {
+        "target": f">= {need}/{n} models pass every step ({GOAL_PASSED[zoo]:.0%} of the list, the issue's share)",
+        "measured": summary["passed"], "met": summary["passed"] >= need}}
+    tp = summary.get("torch_pruning")
+    if tp:
+        out["above_torch_pruning"] = {"target": "more models pass than Torch-Pruning's in the same harness",
+                                      "measured": {"nestflex": summary["passed"], "torch_pruning": tp["passed"]},
+                                      "met": summary["passed"] > tp["passed"]}
+        both = tp["median_macs_left_both"]
+        if both:
+            gap = both["nestflex"] - both["torch_pruning"]
+            out["median_macs_left"] = {
+                "target": f"median MACs left within {GOAL_MEDIAN_GAP} of Torch-Pruning's on the {tp['both']} models "
+                          "both prune", "measured": {**both, "gap": round(gap, 4)}, "met": gap <= GOAL_MEDIAN_GAP,
+                "note": "a gap below 0 means nestflex removes more"}
+    counted = [r for r in rows if r.get("macs_vs_flop_counter") is not None]
+    off = [r["model"] for r in counted if abs(r["macs_vs_flop_counter"] - 1) > GOAL_MACS_TOLERANCE]
+    out["macs_exact"] = {"target": f"MACs within {GOAL_MACS_TOLERANCE:.0%} of torch.utils.flop_counter on every "
+                                   "model that traces", "measured": f"{len(counted) - len(off)}/{len(counted)}",
+                         "met": not off and bool(counted), "note": f"off: {off}" if off else ""}
+    return out
 
 
 def _version(package: str) -> str | None:

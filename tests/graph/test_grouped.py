@@ -118,7 +118,7 @@ def test_growing_levels_of_an_interleaved_group_is_refused_with_the_reason():
     net = _NeXt()
     plan = LevelPlan((1, 0), {"reduce": list(range(4))}, ({"reduce": 2}, {"reduce": 4}), (1, 2))
     own = Source(net.state_dict())
-    with pytest.raises(CapacityError, match="'reduce' is interleaved by a grouped conv"):
+    with pytest.raises(CapacityError, match="'reduce' is interleaved"):
         nest_(net, plan, [own, own], input_shape=(3, 8, 8))
 
 

@@ -232,7 +232,9 @@ def test_untraceable_top_level_forward_names_the_model():
 
 
 def test_wrong_input_shape_is_explained():
-    with pytest.raises(GraphError, match=r"failed on an input of shape \(1, 1, 32, 32\).*input_shape"):
+    # the op and the layer it stopped at, then the cause and the fix
+    with pytest.raises(GraphError, match=r"failed on an input of shape \(1, 1, 32, 32\) at `conv1` \(Conv2d\): "
+                                         r"RuntimeError: .*input_shape"):
         trace(create_model("resnet20"), input_shape=(1, 32, 32))
 
 

@@ -216,9 +216,10 @@ def nest_(
                 )
             if m.copies > 1 and g.name in plan.order:
                 raise CapacityError(
-                    f"group {g.name!r} is interleaved by a grouped conv ({g.copies} blocks at `{m.module}`); nested "
-                    "levels slice each layer's channels as one prefix, which the blocks are not. HINT: grow levels "
-                    "of models without grouped convs, or prune such a model to one size"
+                    f"group {g.name!r} is interleaved ({m.copies} blocks at `{m.module}`: a grouped conv, or the q, k, "
+                    "v of attention heads); nested levels slice each layer's channels as one prefix, which the "
+                    "blocks are not. HINT: grow levels of models without grouped convs or pruned heads, or prune "
+                    "such a model to one size"
                 )
             dims.setdefault((m.module, m.attr), {})[m.dim] = (g, m.factor)
             roles.setdefault(m.module, set()).add(m.role)

@@ -1,5 +1,6 @@
 """Structure graph: tracing, coupled channel groups, MACs/params, split points, surgery."""
 
+from nestflex.graph._tracer import flop_counter
 from nestflex.graph.groups import ChannelGroup, Member
 from nestflex.graph.split import split_model
 from nestflex.graph.structure import (
@@ -32,4 +33,5 @@ __all__ = [
     "prune_groups",
     "resize_like",
     "split_model",
+    "flop_counter",
 ]

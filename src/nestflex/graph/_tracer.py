@@ -19,7 +19,7 @@ from torch.nn.modules.batchnorm import _BatchNorm
 
 from nestflex.errors import GraphError
 
-__all__ = ["LEAF_TYPES", "trace_module"]
+__all__ = ["LEAF_TYPES", "trace_module", "flop_counter"]
 
 #: Module types always kept whole (never traced into). ``_BatchNorm`` covers timm's
 #: ``BatchNormAct2d``, whose forward would otherwise be traced into functional calls.
@@ -178,20 +178,34 @@ def propagate_shapes(gm: fx.GraphModule, example: torch.Tensor) -> None:
     into the batch dim, an opaque module. Training flags are restored so tracing never changes
     BatchNorm statistics.
     """
-    from torch.utils.flop_counter import FlopCounterMode
-
     modes = {m: m.training for m in gm.modules()}
     # nn.MultiheadAttention's inference fast path is one fused op the counter does not see
     fastpath = torch.backends.mha.get_fastpath_enabled()
     gm.eval()
     try:
         torch.backends.mha.set_fastpath_enabled(False)
-        with FlopCounterMode(display=False) as counter:
+        with flop_counter() as counter:
             _Recorder(gm, counter).run(example)
     finally:
         torch.backends.mha.set_fastpath_enabled(fastpath)
         for m, mode in modes.items():
             m.training = mode
+
+
+def flop_counter():
+    """``torch.utils.flop_counter.FlopCounterMode`` (no display) that also counts the CPU kernel of
+    ``scaled_dot_product_attention``: torch registers its formula for the CUDA kernels only, so
+    fused attention on a CPU counted 0. The CPU kernel gets torch's own ``sdpa_flop_count``."""
+    from torch.utils import flop_counter as fc
+
+    mapping = {}
+    op = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+    if op is not None and hasattr(fc, "sdpa_flop_count"):
+        def cpu_sdpa(query, key, value, *args, out_shape=None, **kwargs):
+            return fc.sdpa_flop_count(query, key, value)
+
+        mapping[op] = cpu_sdpa
+    return fc.FlopCounterMode(display=False, custom_mapping=mapping)
 
 
 class _Recorder(fx.Interpreter):
@@ -201,7 +215,11 @@ class _Recorder(fx.Interpreter):
 
     def run_node(self, n: fx.Node):
         before = self.counter.get_total_flops()
-        out = super().run_node(n)
+        try:
+            out = super().run_node(n)
+        except Exception as e:
+            e.nestflex_node = n  # trace() names the op and the layer that failed
+            raise
         n.meta["shape"] = tuple(out.shape) if isinstance(out, torch.Tensor) else None
         n.meta["macs"] = (self.counter.get_total_flops() - before) // 2
         return out

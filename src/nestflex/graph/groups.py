@@ -30,6 +30,18 @@ the last dim consumes and produces channels like a 1x1 conv: a transformer's MLP
 channels (``fc1`` -> GELU -> ``fc2``) form a group. ``LayerNorm`` and ``GroupNorm`` normalise over
 the channels (removing one changes every other's statistics), so they lock theirs.
 
+Attention heads are a unit. ``self.qkv(x).reshape(B, N, 3, H, d)`` splits a Linear's output
+into blocks (q, k, v) of ``H`` heads of ``d`` dims; the heads are followed through the permute,
+``unbind``/indexing into q, k and v, ``scaled_dot_product_attention`` or ``q @ k.T``, softmax,
+``attn @ v``, and the reshape that merges them back into the last dim, into the Linear after
+(``proj``). They form a group of width ``H``: a head is ``d`` consecutive rows of each block of
+``qkv`` (:attr:`Member.copies` blocks, :attr:`Member.factor` ``d``) and ``d`` consecutive inputs
+of ``proj``, and the module's ``num_heads`` (and ``attn_dim``) follow as *count* members. Whole
+heads, not head dims, so the softmax scale (``d ** -0.5``, by default read off the tensors' size)
+is unchanged and pruned equals masked exactly; Torch-Pruning's ``prune_num_heads``. This is
+timm's ``Attention`` convention: the module has int ``num_heads`` and ``head_dim`` and a
+``proj`` Linear; anything else (a per-head bias table, a mask, other names) locks the heads.
+
 A space is *locked* (not prunable) when it touches something the analysis cannot see through:
 the model input or output, an opaque module, a channel slice (its bounds are constants), a
 composite tensor added to a plain one, a grouped conv fed by a concatenation or reaching one,
@@ -62,7 +74,8 @@ class Member:
         factor: consecutive entries per channel along ``dim`` (``H*W`` for a linear fed by a
             flatten of ``(C, H, W)``, else 1).
         role: ``out`` (produces the channels), ``in`` (consumes them), ``norm`` (per-channel
-            statistics/affine) or ``depthwise`` (a depthwise conv, which is both).
+            statistics/affine), ``depthwise`` (a depthwise conv, which is both) or ``count`` (an
+            int attribute of the module equal to ``width * factor``: an attention's ``num_heads``).
         layout: for a tensor fed by a concatenation, the parts of ``dim`` in order (this group is
             one or more of them); ``None`` when the group owns the whole dim.
         copies: blocks of an interleaved group (a grouped conv's ``G``): channel ``j`` is entry
@@ -205,11 +218,11 @@ _ACT_MODULES = (
 _PASS_FUNCTIONS = {
     F.relu, F.relu6, F.hardtanh, F.leaky_relu, F.gelu, F.silu, F.hardswish, F.hardsigmoid,
     F.dropout, F.max_pool2d, F.avg_pool2d, F.adaptive_avg_pool2d, F.adaptive_max_pool2d,
-    torch.relu, torch.sigmoid, torch.tanh, torch.flatten, torch.reshape,
+    torch.relu, torch.sigmoid, torch.tanh, torch.flatten, torch.reshape, F.softmax, torch.softmax,
 }
 _PASS_METHODS = {
     "relu", "relu_", "sigmoid", "tanh", "contiguous", "clone", "float", "to", "flatten", "view",
-    "reshape", "mean", "sum", "amax",
+    "reshape", "mean", "sum", "amax", "softmax",
 }
 #: functions of other libraries that scale whole samples (or the whole batch) and keep every
 #: channel where it is, matched by qualified name so the library need not be imported:
@@ -232,20 +245,30 @@ class _Info:
     parts: tuple[tuple[int, int], ...] | None = None
     layout: Layout | None = None
     dim: int = 1  # where the channels are in the node's output
+    head: tuple[int, int] | None = None  # heads: (where the head dim d is, d); None if the dim is gone
+    unbound: int | None = None  # a tuple from unbind(dim): its items drop that dim
+    attention: str | None = None  # heads: the attention module (owner of num_heads, head_dim, proj)
 
     @property
     def spaces(self) -> list[int]:
         return [sp for sp, _ in self.parts] if self.parts else [self.space]
 
+    @property
+    def heads(self) -> bool:
+        return self.attention is not None
+
     def with_factor(self, factor: int) -> "_Info":
-        return _Info(self.space, factor, self.parts, self.layout, self.dim)
+        return replace(self, factor=factor)
 
     def at(self, dim: int) -> "_Info":
-        return _Info(self.space, self.factor, self.parts, self.layout, dim)
+        return replace(self, dim=dim)
 
 
-def find_groups(gm: fx.GraphModule) -> tuple[list[ChannelGroup], list[str]]:
+def find_groups(gm: fx.GraphModule, root: nn.Module | None = None) -> tuple[list[ChannelGroup], list[str]]:
     """Derive coupled channel groups from a shape-annotated GraphModule.
+
+    ``root`` is the traced model: the graph module keeps only the modules it calls, so the
+    attributes of the others (an attention's ``num_heads``) are read from it.
 
     Returns:
         ``(groups, unsupported)``: every group that has a producer, in trace order, and the ops
@@ -258,7 +281,10 @@ def find_groups(gm: fx.GraphModule) -> tuple[list[ChannelGroup], list[str]]:
     unsupported: list[str] = []
     layouts: list[Layout] = []
     interleaved: list[tuple[int, int, str]] = []  # (space, blocks, grouped conv) of grouped convs
+    retyped: dict[tuple[int, str], tuple[int, int]] = {}  # (space, qkv Linear) -> (blocks, head dim)
+    scaled: list[tuple[fx.Node, int]] = []  # attention products whose MACs follow a head group's width
     modules = dict(gm.named_modules())
+    owners = dict(root.named_modules()) if root is not None else modules
 
     def lock(space: int | _Info, reason: str) -> None:
         for sp in space.spaces if isinstance(space, _Info) else [space]:
@@ -317,6 +343,13 @@ def find_groups(gm: fx.GraphModule) -> tuple[list[ChannelGroup], list[str]]:
         if node.op == "get_attr":
             info[node] = fresh(f"attribute `{node.target}`") if shape is not None else None
             continue
+        if _is_unbind(node) and isinstance(node.args[0], fx.Node) and info.get(node.args[0]) is not None \
+                and info[node.args[0]].heads:
+            src_info = info[node.args[0]]
+            u = _unbind_dim(node, len(node.args[0].meta["shape"]))
+            if u is not None and u != src_info.dim and (src_info.head is None or u != src_info.head[0]):
+                info[node] = replace(src_info, unbound=u)  # q, k, v = qkv.unbind(0)
+                continue
         if shape is None or len(shape) < 2:
             # Size queries carry no channels. Anything else that leaves no channel dim (a
             # reduction over channels, a tuple result) loses track of them: lock the source.
@@ -352,6 +385,13 @@ def find_groups(gm: fx.GraphModule) -> tuple[list[ChannelGroup], list[str]]:
                 else:
                     lock(src_info, f"grouped conv `{name}` reads a concatenation")
                     info[node] = fresh(f"grouped conv `{name}` reads a concatenation")
+            elif isinstance(mod, nn.Linear) and src_info is not None and src_info.heads:
+                # merged heads (factor d) feed the attention's output projection
+                if src_info.head is None and src_info.dim == len(shape) - 1 and name == f"{src_info.attention}.proj":
+                    add(src_info, name, "weight", 1, "in")
+                else:
+                    lock(src_info, f"attention heads of `{src_info.attention}` reach `{name}` (Linear), not its `proj`")
+                info[node] = produce(name, mod).at(len(shape) - 1)
             elif isinstance(mod, nn.Linear) and src_info is not None and src_info.dim == len(shape) - 1 and (
                     len(shape) == 2 or (src_info.factor == 1 and src_info.parts is None)):
                 # on the last dim: (N, C) features, (N, T, C) tokens, (N, H, W, C) channels-last
@@ -391,17 +431,50 @@ def find_groups(gm: fx.GraphModule) -> tuple[list[ChannelGroup], list[str]]:
         if node.op == "call_function" and target in _CAT_FUNCTIONS:
             info[node] = _concat(node, info, uf, shape, composite) or opaque(node, f"`{node.name}` (cat)")
             continue
+        if node.op == "call_function" and target is operator.getitem and src_info is not None \
+                and src_info.unbound is not None:
+            info[node] = _drop_dim(src_info, src_info.unbound) if isinstance(node.args[1], int) else opaque(
+                node, f"`{node.name}` (an item of unbind)")
+            continue
         if node.op == "call_function" and target is operator.getitem and src_info is not None:
             info[node] = _slice(node, src, src_info, shape, composite, lock) or opaque(
                 node, f"`{node.name}` (a slice through the channels)")
             continue
         moved = _moved_dim(node, src_info) if src_info is not None else None
         if moved is not None:
-            info[node] = src_info.at(moved)
+            info[node] = moved
+            continue
+        if _is_attention_product(node):
+            out = _attention_product(node, info, uf, shape)
+            if out is not None:
+                scaled.append((node, out.space))
+            info[node] = out or opaque(node, f"`{node.name}` ({_op_name(node)})")
             continue
         is_pass = (
             node.op == "call_function" and (target in _PASS_FUNCTIONS or _qualname(target) in _PASS_FUNCTION_NAMES)
         ) or (node.op == "call_method" and target in _PASS_METHODS)
+        if is_pass and src_info is not None and _is_view(node) and not src_info.heads:
+            split = _split_heads(node, src, src_info, shape, modules, owners)
+            if isinstance(split, str):
+                lock(src_info, split)
+            elif split is not None:
+                heads, blocks = split
+                retyped[(src_info.space, src.target)] = (blocks, heads.head[1])
+                members.append((src_info.space, Member(heads.attention, "num_heads", 0, role="count")))
+                info[src] = None  # the Linear's own output is now the heads' blocks, not one channel each
+                info[node] = heads
+                continue
+        if is_pass and src_info is not None and src_info.heads and src_info.head is not None and _is_view(node):
+            merged = _merge_heads(node, src, src_info, shape, owners)
+            if isinstance(merged, str):
+                lock(src_info, merged)
+                info[node] = fresh(merged)
+            else:
+                out, attr = merged
+                if attr:
+                    members.append((out.space, Member(out.attention, attr, 0, out.factor, role="count")))
+                info[node] = out
+            continue
         if is_pass and src_info is not None:
             out = _reshape(node, src, src_info, shape)
             if out is not None and not _sizes_follow(node, out, info, uf):
@@ -412,10 +485,10 @@ def find_groups(gm: fx.GraphModule) -> tuple[list[ChannelGroup], list[str]]:
 
     node_spaces = []
     for n, i in info.items():
-        if i is not None and i.factor == 1 and i.parts is None and n.op != "placeholder":
+        if i is not None and i.factor == 1 and i.parts is None and n.op != "placeholder" and i.unbound is None:
             node_spaces.append((n.name, i.space))
             n.meta["channel_dim"] = i.dim  # criteria read a response's channels here
-    return _collect(gm, uf, members, locked, node_spaces, layouts, interleaved), unsupported
+    return _collect(gm, uf, members, locked, node_spaces, layouts, interleaved, retyped, scaled), unsupported
 
 
 def _is_size_query(node: fx.Node) -> bool:
@@ -443,6 +516,8 @@ def _reshape(node: fx.Node, src: fx.Node, src_info: _Info, shape: tuple[int, ...
     in_shape = src.meta.get("shape")
     if in_shape is None or _reduces_channels(node, src_info, len(in_shape)):
         return None
+    if src_info.heads:  # (dropout, softmax over keys, identity q/k norms): the same shape only
+        return src_info if tuple(shape) == tuple(in_shape) else None
     if src_info.dim != 1:
         # channels last: a reshape that keeps the last dim keeps every row of channels whole
         # (row-major), whatever it does to the dims before (tokens, windows folded into dim 0)
@@ -499,11 +574,13 @@ def _join(node: fx.Node, info: dict, uf: _UnionFind, shape: tuple[int, ...], com
         for a in full[1:]:
             parts = [(uf.union(sp, other), w) for (sp, w), (other, _) in zip(parts, info[a].parts)]
         return composite(parts, first.factor) if d == 1 else None
+    if any((info[a].head, info[a].attention) != (first.head, first.attention) for a in full):
+        return None  # heads and plain channels, or two attentions' heads
     space = first.space
     for a in full[1:]:
         space = uf.union(space, info[a].space)
     # broadcast operands with a channel dim of 1 (e.g. per-sample scales) carry no channels
-    return _Info(space, first.factor, dim=d)
+    return replace(first, space=space, dim=d)
 
 
 _CAT_FUNCTIONS = {torch.cat, torch.concat, torch.concatenate}
@@ -579,17 +656,23 @@ def _index_other_dims(index: tuple, src_info: _Info, ndim: int) -> _Info | None:
     """``x[...]`` of a tensor whose channels are not on dim 1 (tokens ``(N, T, C)``): integers and
     slices on the other dims, nothing on the channels (ViT's class token ``x[:, 0]``); the
     channels move left by the integers before them."""
-    if src_info.factor != 1 or src_info.parts is not None or not index or index[0] != slice(None):
+    if src_info.factor != 1 or src_info.parts is not None or not index:
         return None
-    removed = 0
+    if index[0] != slice(None) and not src_info.heads:  # heads: q, k, v = qkv[0], qkv[1], qkv[2]
+        return None
+    own = [src_info.dim] + ([src_info.head[0]] if src_info.head is not None else [])
     for i, ix in enumerate(index):
         if ix is Ellipsis or ix is None or isinstance(ix, bool) or not isinstance(ix, (int, slice)):
             return None
-        if i == src_info.dim and ix != slice(None):
+        if i in own and ix != slice(None):
             return None
-        if isinstance(ix, int) and i < src_info.dim:
-            removed += 1
-    return src_info.at(src_info.dim - removed) if ndim > src_info.dim else None
+    if ndim <= max(own):
+        return None
+    ints = [i for i, ix in enumerate(index) if isinstance(ix, int)]
+    head = src_info.head
+    if head is not None:
+        head = (head[0] - sum(i < head[0] for i in ints), head[1])
+    return replace(src_info, dim=src_info.dim - sum(i < src_info.dim for i in ints), head=head)
 
 
 def _size_source(arg) -> tuple[fx.Node, int] | None:
@@ -634,9 +717,10 @@ def _sizes_follow(node: fx.Node, out: _Info, info: dict, uf: _UnionFind) -> bool
 
 
 def _reduces_channels(node: fx.Node, src_info: _Info, ndim: int) -> bool:
-    """A ``mean``/``sum``/``amax`` over the channel dim (or over everything)."""
+    """A ``mean``/``sum``/``amax`` over the channel dim (or over everything), or a softmax across
+    the channels (each output depends on every channel)."""
     name = node.target if node.op == "call_method" else getattr(node.target, "__name__", "")
-    if name not in ("mean", "sum", "amax"):
+    if name not in ("mean", "sum", "amax", "softmax"):
         return False
     dims = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim")
     if dims is None:
@@ -656,8 +740,18 @@ def _normalises_channels(mod: nn.Module, src_info: _Info, shape: tuple[int, ...]
 _PERMUTES = {"permute", "transpose", "swapaxes", "swapdims"}
 
 
-def _moved_dim(node: fx.Node, src_info: _Info) -> int | None:
-    """Where ``permute``/``transpose`` put the channels (None: not such an op, or not constant)."""
+def _moved_dim(node: fx.Node, src_info: _Info) -> _Info | None:
+    """The channels after ``permute``/``transpose`` (None: not such an op, or not constant);
+    attention heads move their head dim too."""
+    perm = _permutation(node, src_info)
+    if perm is None:
+        return None
+    head = (perm.index(src_info.head[0]), src_info.head[1]) if src_info.head is not None else None
+    return replace(src_info, dim=perm.index(src_info.dim), head=head)
+
+
+def _permutation(node: fx.Node, src_info: _Info) -> list[int] | None:
+    """For a ``permute``/``transpose``: the source dim of each output dim."""
     name = node.target if node.op == "call_method" else getattr(node.target, "__name__", None)
     if node.op not in ("call_method", "call_function") or name not in _PERMUTES:
         return None
@@ -672,14 +766,143 @@ def _moved_dim(node: fx.Node, src_info: _Info) -> int | None:
         dims = rest[0] if len(rest) == 1 and isinstance(rest[0], (list, tuple)) else rest
         if len(dims) != ndim or not all(isinstance(x, int) for x in dims):
             return None
-        return [x % ndim for x in dims].index(src_info.dim)
+        return [x % ndim for x in dims]
     if len(rest) != 2 or not all(isinstance(x, int) for x in rest):
         return None
+    perm = list(range(ndim))
     a, b = rest[0] % ndim, rest[1] % ndim
-    return b if src_info.dim == a else a if src_info.dim == b else src_info.dim
+    perm[a], perm[b] = perm[b], perm[a]
+    return perm
 
 
-def _collect(gm, uf, members, locked, node_spaces, layouts, interleaved) -> list[ChannelGroup]:
+def _is_view(node: fx.Node) -> bool:
+    name = node.target if node.op == "call_method" else getattr(node.target, "__name__", "")
+    return name in ("view", "reshape")
+
+
+def _is_unbind(node: fx.Node) -> bool:
+    return (node.op == "call_method" and node.target == "unbind") or (
+        node.op == "call_function" and node.target is torch.unbind)
+
+
+def _unbind_dim(node: fx.Node, ndim: int) -> int | None:
+    dim = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim", 0)
+    return dim % ndim if isinstance(dim, int) else None
+
+
+def _drop_dim(src_info: _Info, u: int) -> _Info:
+    """An item of ``unbind(u)``: the dims after ``u`` move left."""
+    head = src_info.head
+    if head is not None:
+        head = (head[0] - (u < head[0]), head[1])
+    return replace(src_info, dim=src_info.dim - (u < src_info.dim), head=head, unbound=None)
+
+
+def _view_sizes(node: fx.Node) -> list:
+    sizes = list(node.args[1:])
+    if len(sizes) == 1 and isinstance(sizes[0], (list, tuple)):
+        sizes = list(sizes[0])
+    return sizes
+
+
+#: attributes of an attention module that hold ``num_heads * head_dim``
+_ATTN_DIM_ATTRS = ("attn_dim", "all_head_dim")
+
+
+def _split_heads(node: fx.Node, src: fx.Node, src_info: _Info, shape: tuple[int, ...], modules: dict, owners: dict):
+    """``qkv(x).reshape(B, N, [3,] H, d)``: the Linear's last dim split into ``H`` heads of ``d``.
+
+    Returns ``(info, blocks)`` with the channels on the heads dim, ``None`` when this is no such
+    split (the caller goes on), or a lock reason when it is one that breaks timm's convention."""
+    in_shape = src.meta.get("shape")
+    if (in_shape is None or src_info.parts is not None or src_info.factor != 1 or src_info.dim != len(in_shape) - 1
+            or src.op != "call_module" or not isinstance(modules.get(src.target), nn.Linear) or len(src.users) != 1):
+        return None
+    lead = len(in_shape) - 1
+    tail = shape[lead:]
+    if shape[:lead] != in_shape[:lead] or len(tail) not in (2, 3) or math.prod(tail) != in_shape[-1]:
+        return None
+    heads_n, d = tail[-2], tail[-1]
+    owner = src.target.rpartition(".")[0]
+    attn = owners.get(owner)
+    what = f"the heads of `{owner or type(attn).__name__}`"
+    if heads_n < 2 or d < 2 or attn is None or getattr(attn, "num_heads", None) != heads_n:
+        return None  # not a head split (or not a module that says how many heads it has)
+    if getattr(attn, "head_dim", None) != d or not isinstance(getattr(attn, "proj", None), nn.Linear):
+        return f"{what}: pruning them needs int `num_heads` and `head_dim` and a `proj` Linear (timm's Attention)"
+    sizes = _view_sizes(node)
+    if len(sizes) != len(shape) or any(not isinstance(v, int) for v in sizes[lead:]):
+        return f"{what}: `{node.name}` states the head sizes from other tensors"
+    blocks = tail[0] if len(tail) == 3 else 1
+    return _Info(src_info.space, dim=len(shape) - 2, head=(len(shape) - 1, d), attention=owner), blocks
+
+
+def _merge_heads(node: fx.Node, src: fx.Node, src_info: _Info, shape: tuple[int, ...], owners: dict):
+    """``x.transpose(1, 2).reshape(B, N, H * d)``: heads and head dim merged back into one dim of
+    ``H*d`` (a channel of ``factor`` d). Returns ``(info, count attribute or None)`` or a lock reason."""
+    in_shape = src.meta["shape"]
+    h, (inner, d) = src_info.dim, src_info.head
+    what = f"the heads of `{src_info.attention}`"
+    if inner != h + 1 or tuple(shape) != tuple(in_shape[:h]) + (in_shape[h] * d,) + tuple(in_shape[h + 2:]):
+        return f"{what}: `{node.name}` reshapes them other than merging heads and head dims"
+    if h != len(shape) - 1:
+        return f"{what}: merged anywhere but the last dim at `{node.name}`"
+    sizes = _view_sizes(node)
+    entry = sizes[h] if len(sizes) == len(shape) else None
+    if entry == -1:
+        return replace(src_info, factor=d, head=None), None
+    attn = owners.get(src_info.attention)
+    attr = next((a for a in _ATTN_DIM_ATTRS if isinstance(entry, int) and getattr(attn, a, None) == entry), None)
+    if attr is None:
+        return f"{what}: `{node.name}` states their merged size as {entry!r}, not -1 or the module's `attn_dim`"
+    return replace(src_info, factor=d, head=None), attr
+
+
+_SDPA = getattr(F, "scaled_dot_product_attention", None)
+_MATMULS = {operator.matmul, torch.matmul, torch.bmm}
+
+
+def _is_attention_product(node: fx.Node) -> bool:
+    return (node.op == "call_function" and (node.target in _MATMULS or node.target is _SDPA)) or (
+        node.op == "call_method" and node.target in ("matmul", "bmm"))
+
+
+def _attention_product(node: fx.Node, info: dict, uf: _UnionFind, shape: tuple[int, ...]) -> _Info | None:
+    """``q @ k.T``, ``attn @ v`` or ``scaled_dot_product_attention(q, k, v)`` over heads: the
+    heads are a batch dim of the product, so each head's output reads only that head (the spaces
+    of the operands join). Anything else (a mask, a product over the heads) gives None: locked."""
+    if node.target is _SDPA:
+        q, k, v = (list(node.args) + [node.kwargs.get(n) for n in ("query", "key", "value")])[:3]
+        extra = [a for a in node.all_input_nodes if a not in (q, k, v)]
+        ops = [q, k, v]
+    else:
+        ops, extra = list(node.args[:2]), [a for a in node.all_input_nodes if a not in node.args[:2]]
+    extra = [a for a in extra if a.meta.get("shape") is not None]  # a mask tensor; None or a flag is fine
+    if extra or not all(isinstance(a, fx.Node) and info.get(a) is not None and info[a].heads for a in ops):
+        return None
+    ndim = len(shape)
+    infos = [info[a] for a in ops]
+    if any(len(a.meta["shape"]) != ndim or i.dim >= ndim - 2 or i.dim != infos[0].dim
+           or i.attention != infos[0].attention for a, i in zip(ops, infos)):
+        return None
+    space = infos[0].space
+    for i in infos[1:]:
+        space = uf.union(space, i.space)
+    d = next(i.head[1] for i in infos if i.head is not None) if any(i.head for i in infos) else None
+    if node.target is _SDPA:
+        ok = all(i.head == (ndim - 1, d) for i in infos)
+        return replace(infos[0], space=space) if ok else None
+    a, b = infos
+    # a @ b contracts a's last dim with b's second last: the head dim goes there, or stays in b's last
+    if a.head == (ndim - 1, d) and b.head == (ndim - 2, d):
+        return replace(a, space=space, head=None)
+    if a.head is None and b.head == (ndim - 1, d):
+        return replace(b, space=space)
+    return None
+
+
+
+def _collect(gm, uf, members, locked, node_spaces, layouts, interleaved, retyped, scaled) -> list[ChannelGroup]:
     locked_roots: dict[int, str] = {}
     for space, reason in locked.items():
         locked_roots.setdefault(uf.find(space), reason)
@@ -705,6 +928,9 @@ def _collect(gm, uf, members, locked, node_spaces, layouts, interleaved) -> list
         if root in blocks and root not in locked_roots and not (m.role == "in" and m.dim == 1 and m.attr == "weight"
                                                                 and (space, m.module) in in_block):
             m = replace(m, copies=blocks[root][0])
+        if m.role == "out" and (space, m.module) in retyped:  # a qkv Linear: a head is d rows of every block
+            copies, d = retyped[(space, m.module)]
+            m = replace(m, copies=copies, factor=d)
         by_root[root].append(m)
     nodes_by_root: dict[int, list[str]] = {}
     for name, space in node_spaces:
@@ -724,10 +950,15 @@ def _collect(gm, uf, members, locked, node_spaces, layouts, interleaved) -> list
         groups.append(
             ChannelGroup(
                 id=len(groups), name=first.module, width=width, members=ms, prunable=not reason, reason=reason,
-                nodes=nodes_by_root.get(root, []), copies=ref.copies,
+                nodes=nodes_by_root.get(root, []),
+                copies=blocks[root][0] if root in blocks and root not in locked_roots else 1,
             )
         )
         group_of[root] = groups[-1]
+    for node, space in scaled:  # attention products: MACs proportional to the heads kept
+        g = group_of.get(uf.find(space))
+        if g is not None:
+            node.meta["macs_group"] = (g.id, g.width)
     # each part of a concatenation is a group (whose width follows surgery) or a fixed width
     for layout in layouts:
         layout.parts = [group_of.get(uf.find(sp), w) for sp, w in zip(layout._spaces, layout._widths)]

@@ -115,8 +115,12 @@ class StructureGraph:
         op_macs: MACs per sample of every other node that computes any (fx node name: MACs):
             attention matrix products, functional ``F.linear``/``F.conv2d``,
             ``nn.MultiheadAttention``, 1-d convs, opaque modules; counted by
-            ``torch.utils.flop_counter`` at trace time. They do not change with group widths: each
-            such op locks the channels it reads (``nestflex.graph.groups``).
+            ``torch.utils.flop_counter`` at trace time. They do not change with group widths (each
+            such op locks the channels it reads, ``nestflex.graph.groups``), except the products
+            over attention heads in :attr:`op_groups`.
+        op_groups: nodes of :attr:`op_macs` whose MACs are proportional to a group's width
+            (fx node name: ``(group id, width at trace)``): ``q @ k.T``, ``attn @ v`` and fused
+            attention over a group of heads.
     """
 
     gm: fx.GraphModule
@@ -127,6 +131,7 @@ class StructureGraph:
     opaque: dict[str, str] = field(default_factory=dict)
     unsupported: list[str] = field(default_factory=list)
     op_macs: dict[str, int] = field(default_factory=dict)
+    op_groups: dict[str, tuple[int, int]] = field(default_factory=dict)
 
     @property
     def prunable_groups(self) -> list[ChannelGroup]:
@@ -171,12 +176,16 @@ class StructureGraph:
 
     def macs(self, widths: Mapping[int, int] | None = None) -> int:
         """MACs per sample, now or with the given group widths: the conv and linear layers' (which
-        follow the widths) plus :attr:`op_macs` (which do not)."""
-        fixed = sum(self.op_macs.values())
+        follow the widths) plus :attr:`op_macs` (which do not, but for attention products over
+        heads: :attr:`op_groups`)."""
         if not widths:
-            return sum(layer.macs for layer in self.layers) + fixed
+            return sum(layer.macs for layer in self.layers) + sum(self.op_macs.values())
         shapes = self.param_shapes(widths)
-        return sum(math.prod(shapes[f"{layer.name}.weight"]) * layer.spatial for layer in self.layers) + fixed
+        ops = 0
+        for name, macs in self.op_macs.items():
+            gid, width = self.op_groups.get(name, (None, 0))
+            ops += macs // width * widths[gid] if gid in widths else macs
+        return sum(math.prod(shapes[f"{layer.name}.weight"]) * layer.spatial for layer in self.layers) + ops
 
     def params(self, widths: Mapping[int, int] | None = None) -> int:
         """Number of parameters, now or with the given group widths."""
@@ -313,11 +322,11 @@ def trace(model: nn.Module, input_shape: Sequence[int] | None = None, strict: bo
         propagate_shapes(gm, example)
     except Exception as e:
         raise GraphError(
-            f"`{type(model).__name__}` failed on an input of shape {tuple(example.shape)}: "
+            f"`{type(model).__name__}` failed on an input of shape {tuple(example.shape)}{_where(gm, e)}: "
             f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}. "
             f"HINT: pass the model's per-sample `input_shape`"
         ) from e
-    groups, unsupported = find_groups(gm)
+    groups, unsupported = find_groups(gm, model)
     layers = _layers(gm)
     op_macs = _op_macs(gm, layers)
     return StructureGraph(
@@ -329,7 +338,21 @@ def trace(model: nn.Module, input_shape: Sequence[int] | None = None, strict: bo
         opaque=opaque,
         unsupported=unsupported,
         op_macs=op_macs,
+        op_groups={n.name: n.meta["macs_group"] for n in gm.graph.nodes if n.name in op_macs and "macs_group" in n.meta},
     )
+
+
+def _where(gm: fx.GraphModule, e: Exception) -> str:
+    """`` at `features.3` (Conv2d)``: the op and layer a failed shape propagation stopped at."""
+    node = getattr(e, "nestflex_node", None)
+    if node is None:
+        return ""
+    if node.op == "call_module":
+        return f" at `{node.target}` ({type(gm.get_submodule(node.target)).__name__})"
+    op = node.target if isinstance(node.target, str) else getattr(node.target, "__name__", str(node.target))
+    stack = node.meta.get("nn_module_stack") or {}
+    inside = f" in `{next(reversed(stack.values()))[0]}`" if stack else ""
+    return f" at op `{op}` (node `{node.name}`{inside})"
 
 
 def _layers(gm: fx.GraphModule) -> list[Layer]:

@@ -58,6 +58,12 @@ def select_channels(model: nn.Module, group: ChannelGroup, indices: Indices) -> 
         done.add((m.module, m.attr, m.dim))
         module = model.get_submodule(m.module)
         old = getattr(module, m.attr)
+        if m.role == "count":  # an int the forward reads (an attention's num_heads): it follows the width
+            if old != m.size(group):
+                raise GraphError(f"`{m.module}.{m.attr}` is {old}, the graph expects {m.size(group)}. "
+                                 "HINT: re-trace the model after each surgery")
+            setattr(module, m.attr, idx.numel() * m.factor)
+            continue
         if old.shape[m.dim] != m.size(group):
             raise GraphError(
                 f"`{m.module}.{m.attr}` has {old.shape[m.dim]} entries on dim {m.dim}, the graph expects "
@@ -177,4 +183,19 @@ def resize_like(model: nn.Module, state_dict: Mapping[str, torch.Tensor]) -> lis
             module._buffers[attr] = new
         _sync_attributes(module)
         changed.append(key)
+    for owner in {k.rpartition(".")[0].rpartition(".")[0] for k in changed}:
+        _sync_heads(model.get_submodule(owner))
     return changed
+
+
+def _sync_heads(module: nn.Module) -> None:
+    """An attention whose ``proj`` was resized from a checkpoint: ``num_heads`` (and ``attn_dim``)
+    follow its inputs, ``head_dim`` each (timm's convention, the one the graph prunes heads in)."""
+    proj, head_dim = getattr(module, "proj", None), getattr(module, "head_dim", None)
+    if not isinstance(proj, nn.Linear) or not isinstance(head_dim, int) or not isinstance(
+            getattr(module, "num_heads", None), int):
+        return
+    module.num_heads = proj.in_features // head_dim
+    for attr in ("attn_dim", "all_head_dim"):
+        if isinstance(getattr(module, attr, None), int):
+            setattr(module, attr, proj.in_features)
