@@ -17,6 +17,12 @@ Reported per level: the speed-up of the plan over single-thread eager (Cappuccin
 and over default onnxruntime, each level's time fraction against its MACs fraction, before
 (eager, 1 thread) and after (the plan); the search's own time.
 
+Per exit set: the plan's configuration, each exit's latency (a sample leaving there: the stages
+and heads up to it), and early exit run on ``--exit-samples`` of the bundle's check samples at batch
+1 with the bundle's thresholds: the mean latency per sample against the largest level's (its
+*latency saving*) beside the mean MACs against the backbone's (its *MACs saving*), with the plan
+and with eager at 1 thread.
+
 Writes ``--out/summary.json`` (with the ``goals`` object) and ``--out/latency_vs_macs.png``.
 
 Example:
@@ -53,6 +59,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--test-samples", type=int, default=2000,
                    help="test images per level for the int8 accuracy check on a recipe run's test split (0: none)")
     p.add_argument("--data-dir", default="data", help="where the recipe looked for CIFAR-10 (else synthetic)")
+    p.add_argument("--exit-samples", type=int, default=300, help="check samples early exit is timed on, one by one")
     return p.parse_args(argv)
 
 
@@ -134,6 +141,46 @@ def switch_ms(bundle, plan, switches: int, cached: bool = True) -> dict[str, flo
     return {"median_ms": statistics.median(times), "max_ms": max(times)}
 
 
+def exit_savings(bundle, plan, key: str, n: int, repeats: int = 5) -> dict[str, Any]:
+    """Early exit at batch 1 on ``n`` of the bundle's check samples: mean latency per sample and mean
+    MACs, against the largest level's latency and the backbone's MACs, with ``plan`` (its entry for
+    this set and its largest level) and with eager at 1 thread (``plan=None``)."""
+    from nestflex.deploy.backends import calibration_split
+
+    x, y = calibration_split(bundle)[1]
+    x, y = x[:n], y[:n]
+    spec = bundle.spec.exit_set(key)
+    out = {}
+    for label, p in (("plan", plan), ("eager", None)):
+        if p is None:
+            torch.set_num_threads(1)
+        level = bundle.capacity(bundle.num_levels - 1, plan=p)  # sets the level's planned threads
+        prog = bundle.progressive(exit_set=key, plan=p)
+        times = {"exits": [[] for _ in range(len(x))], "level": [[] for _ in range(len(x))]}
+        exits, hits = [], 0
+        for r in range(repeats):
+            for i in range(len(x)):
+                xi = x[i:i + 1]
+                t = time.perf_counter()
+                res = prog(xi)
+                times["exits"][i].append(time.perf_counter() - t)
+                t = time.perf_counter()
+                level(xi)
+                times["level"][i].append(time.perf_counter() - t)
+                if r == 0:
+                    exits.append(int(res.exit_index[0]))
+                    hits += int(res.logits.argmax(-1)[0] == y[i])
+        ms = {k: 1e3 * statistics.mean(statistics.median(v) for v in per) for k, per in times.items()}
+        macs = statistics.mean(spec.macs[k] for k in exits)
+        out[label] = {"backend": prog.backend, "level_backend": level.backend, "mean_ms": ms["exits"],
+                      "largest_level_ms": ms["level"], "latency_saving": 1 - ms["exits"] / ms["level"],
+                      "mean_macs": macs, "macs_saving": 1 - macs / spec.backbone_macs, "accuracy": hits / len(x),
+                      "exit_share": [exits.count(k) / len(exits) for k in range(len(spec.names))]}
+    ep = plan.exits.get(key)
+    return {"exit_set": key, "samples": len(x), "thresholds": list(spec.thresholds),
+            "config": None if ep is None else ep.to_json(), **out}
+
+
 def one(path: str, args: argparse.Namespace) -> dict[str, Any]:
     bundle = load(path)
     start = time.perf_counter()
@@ -149,7 +196,7 @@ def one(path: str, args: argparse.Namespace) -> dict[str, Any]:
                      "speedup_vs_eager": lp.eager_ms / lp.latency_ms,
                      "speedup_vs_ort_default": None if default is None else default / lp.latency_ms,
                      "macs_fraction": macs[k] / macs[-1]})
-    candidates = list(plan.candidates)
+    candidates = [c for c in plan.candidates if c.get("level") is not None]  # the levels' (exit sets' apart)
     for r in rows:
         r["time_fraction_before"] = r["eager_1thread_ms"] / rows[-1]["eager_1thread_ms"]
         r["time_fraction_after"] = r["plan_ms"] / rows[-1]["plan_ms"]
@@ -173,7 +220,10 @@ def one(path: str, args: argparse.Namespace) -> dict[str, Any]:
         same_threads[str(t)] = [{"level": k, "backend": best[k][1], "speedup_vs_eager": eager[k] / best[k][0]}
                                 for k in sorted(best) if k in eager]
     uncached = switch_ms(bundle, plan, args.switches, cached=False)
-    return {"bundle": path, "levels": rows, "search_seconds": search_s, "switch": switch_ms(bundle, plan, args.switches),
+    exits = [exit_savings(bundle, plan, key, args.exit_samples) for key in bundle.exit_sets
+             if bundle.spec.samples is not None and args.exit_samples > 0]
+    return {"bundle": path, "levels": rows, "exits": exits, "search_seconds": search_s,
+            "switch": switch_ms(bundle, plan, args.switches),
             "switch_without_saved_graphs": uncached,
             "budget_points": plan.budget_points, "check_samples": plan.check_samples,
             "test": accuracy_on_test(bundle, args.test_samples, args.data_dir),
@@ -218,6 +268,15 @@ def goals_of(results: list[dict[str, Any]], budget: float = 1.0) -> dict[str, An
     before = {r["bundle"]: max(x["time_fraction_before"] / x["macs_fraction"] for x in r["levels"]) for r in results}
     frame = 1000 / 30
     switch = {r["bundle"]: r["switch"]["max_ms"] for r in results}
+    saving = {}
+    for r in results:
+        for e in r.get("exits", []):
+            m = e["plan"]
+            saving[f"{r['bundle']}:{e['exit_set']}"] = {
+                "latency_saving": round(m["latency_saving"], 4), "macs_saving": round(m["macs_saving"], 4),
+                "ratio": round(m["latency_saving"] / m["macs_saving"], 3) if m["macs_saving"] > 0 else None,
+                "eager_ratio": round(e["eager"]["latency_saving"] / e["eager"]["macs_saving"], 3)
+                if e["eager"]["macs_saving"] > 0 else None}
     return {
         "largest_level_float32": {"target": ">= 2x today's eager runtime (float32, batch 1)", "measured": largest,
                                   "met": all(v >= 2 for v in largest.values()),
@@ -230,6 +289,13 @@ def goals_of(results: list[dict[str, Any]], budget: float = 1.0) -> dict[str, An
         "switch_within_a_frame": {"target": f"a level switch within one frame period at 30 fps ({frame:.1f} ms)",
                                   "measured": switch, "met": all(v <= frame for v in switch.values()),
                                   "note": "worst switch over every ordered level pair"},
+        "early_exit_saving": {"target": "early exit's mean latency saving >= 0.8x its mean MACs saving (batch 1)",
+                              "measured": saving or None,
+                              "met": bool(saving) and all(v["ratio"] is not None and v["ratio"] >= 0.8
+                                                          for v in saving.values()),
+                              "note": "per exit set, with the plan: 1 - mean latency per sample / the largest level's "
+                                      "(planned) latency, against 1 - mean MACs / the backbone's; eager_ratio: the same "
+                                      "at 1 thread eager; None: no samples in the bundle or no exits"},
         "int8": {"target": f">= 3x today's eager runtime with int8 within {budget:g} point(s) (largest level, batch 1)",
                  "measured": int8, "met": int8_met,
                  "note": "int8 (onnxruntime QDQ, calibrated on half the bundle's samples) vs eager at 1 thread; the "

@@ -20,7 +20,8 @@ its benchmarks: magnitude (L2) group importance, ``pruning_ratio`` = ``--ratio``
 the classifier ignored, attention heads declared (``num_heads``), and passes when the pruned
 model still runs and gives logits of the same shape. Its MACs are counted by the same flop counter.
 
-``--jobs N`` checks N models at once (each child gets ``cores // N`` torch threads); every
+``--jobs N`` checks N models at once (each child gets ``--threads``, default ``cores // N``, torch
+threads); every
 finished row is appended to ``rows.jsonl`` in ``--out`` at once, and ``--resume`` skips the models
 already there, so a run cut short loses nothing.
 
@@ -61,7 +62,8 @@ TIMM_MODELS = [
 
 
 #: models whose stem needs a larger input than the default size
-MIN_SIZE = {"inception_v3": 96, "inception_v4": 96, "maxvit_t": 224}  # MaxViT: 7x7 windows in every stage
+MIN_SIZE = {"inception_v3": 96, "inception_v4": 96, "maxvit_t": 224,  # MaxViT: 7x7 windows in every stage
+            "vit_h_14": 70}  # its 14x14 patches must tile the input
 
 
 def build(zoo: str, name: str, size: int):
@@ -163,7 +165,7 @@ def _flop_macs(model, x) -> int:
     fastpath = torch.backends.mha.get_fastpath_enabled()
     torch.backends.mha.set_fastpath_enabled(False)
     try:
-        with flop_counter() as counter, torch.no_grad():
+        with flop_counter(model) as counter, torch.no_grad():
             model(x)
     finally:
         torch.backends.mha.set_fastpath_enabled(fastpath)
@@ -194,6 +196,13 @@ def check_torch_pruning(zoo: str, name: str, size: int, ratio: float) -> dict[st
     pruner = tp.pruner.MetaPruner(model, x, importance=imp_cls(p=2), pruning_ratio=ratio, ignored_layers=heads[-1:],
                                   num_heads=num_heads)
     pruner.step()
+    for m in model.modules():  # what Torch-Pruning's ViT examples do after a step: the heads' sizes follow
+        qkv = getattr(m, "qkv", None)
+        if qkv in num_heads and isinstance(getattr(m, "head_dim", None), int):
+            m.num_heads = pruner.num_heads.get(qkv, m.num_heads)
+            m.head_dim = qkv.out_features // (3 * m.num_heads)
+            if isinstance(getattr(m, "attn_dim", None), int):
+                m.attn_dim = m.num_heads * m.head_dim
     with torch.no_grad():
         out = model(x)
     if out.shape != ref.shape:
@@ -218,7 +227,7 @@ def run_child(zoo: str, name: str, size: int, ratio: float, timeout: float, tool
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
     except subprocess.TimeoutExpired:
-        return {"model": name, "ok": False, "error": f"timed out after {timeout:.0f} s"}
+        return {"model": name, "ok": False, "error": f"timed out after {timeout:.0f} s", "seconds": round(timeout, 1)}
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
     row = json.loads(lines[-1]) if lines else {"model": name, "ok": False,
                                                 "error": (proc.stderr.strip().splitlines() or ["?"])[-1][:300]}
@@ -236,6 +245,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--timeout", type=float, default=600, help="seconds per model")
     p.add_argument("--out", type=Path, help="folder for summary.json and rows.jsonl")
     p.add_argument("--jobs", type=int, default=1, help="models checked at once (default 1)")
+    p.add_argument("--threads", type=int, default=None, help="torch threads per model (default: cores // jobs)")
     p.add_argument("--resume", action="store_true", help="keep the rows already in OUT/rows.jsonl, check the rest")
     p.add_argument("--torch-pruning", action="store_true",
                    help="also prune each model with Torch-Pruning (pip install torch-pruning==1.6.1)")
@@ -290,7 +300,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 done[row["model"]] = row
     elif log.exists():
         log.unlink()
-    threads = max(1, (os.cpu_count() or 1) // a.jobs) if a.jobs > 1 else None
+    threads = a.threads or (max(1, (os.cpu_count() or 1) // a.jobs) if a.jobs > 1 else None)
     lock = threading.Lock()
 
     def one(name: str) -> dict[str, Any]:
@@ -338,6 +348,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         }
     summary["goals"] = goals(summary, rows, a.zoo)
     write_json(a.out / "summary.json", summary)
+    write_table(summary, a.out / "table.md")
     print(f"passed {summary['passed']}/{len(rows)}, pruned {len(pruned)}, median MACs left "
           f"{summary['median_macs_left']}, MACs within 1% of the flop counter on {len(exact)}")
     return summary
@@ -368,6 +379,25 @@ def goals(summary: dict[str, Any], rows: list[dict[str, Any]], zoo: str) -> dict
                                    "model that traces", "measured": f"{len(counted) - len(off)}/{len(counted)}",
                          "met": not off and bool(counted), "note": f"off: {off}" if off else ""}
     return out
+
+
+def write_table(summary: dict[str, Any], path: Path) -> None:
+    """The per-model table in Markdown, one row per model of ``summary``."""
+    tp = "torch_pruning" in summary
+    head = ["model", "passes", "prunable / groups", "MACs left", "MACs / flop counter"]
+    head += ["Torch-Pruning MACs left"] if tp else []
+    head += ["CIFAR stem"] if summary["zoo"] == "timm" else []
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in summary["rows"]:
+        cells = [f"`{r['model']}`", "yes" if r["ok"] else f"no: {(r.get('error') or '')[:90]}",
+                 f"{r.get('prunable', '-')} / {r.get('groups', '-')}", str(r.get("macs_left", "-")),
+                 str(r.get("macs_vs_flop_counter", "-"))]
+        if tp:
+            cells.append(str(r["tp_macs_left"]) if r.get("tp_ok") else f"fails: {(r.get('tp_error') or '')[:60]}")
+        if summary["zoo"] == "timm":
+            cells.append("yes" if r.get("cifar_stem") is True else "no")
+        lines.append("| " + " | ".join(c.replace("|", "/").replace("\n", " ") for c in cells) + " |")
+    path.write_text("\n".join(lines) + "\n")
 
 
 def _version(package: str) -> str | None:

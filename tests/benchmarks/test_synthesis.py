@@ -44,3 +44,12 @@ def test_synthesis_reports_the_best_float32_and_int8_configurations_with_samples
     goal = summary["goals"]["int8"]
     assert goal["met"] is False  # no test-split check outside a recipe run
     assert goal["measured"][str(tmp_path / "model.nfx")]["speedup_vs_eager"] > 0
+    # early exit on the 8 check samples, with the plan and eager: latency and MACs savings side by side
+    (ex,) = res["exits"]
+    assert ex["exit_set"] == "exits" and ex["samples"] == 8 and ex["config"]["backend"] in ("eager", "onnxruntime")
+    for side in ("plan", "eager"):
+        m = ex[side]
+        assert m["mean_ms"] > 0 and m["largest_level_ms"] > 0 and m["macs_saving"] < 1  # < 0: heads, no exit
+        assert abs(sum(m["exit_share"]) - 1) < 1e-9 and 0 <= m["accuracy"] <= 1
+    saving = summary["goals"]["early_exit_saving"]["measured"][f"{tmp_path / 'model.nfx'}:exits"]
+    assert saving["macs_saving"] == round(ex["plan"]["macs_saving"], 4)

@@ -37,3 +37,21 @@ def test_torch_pruning_column_on_a_grouped_conv_model(tmp_path):
     assert row["ok"] and row["prunable"] > 20 and row["macs_left"] < 0.7, row
     assert row["tp_ok"] and 0 < row["tp_macs_left"] < 1, row
     assert summary["torch_pruning"]["both"] == 1 and summary["torch_pruning"]["version"]
+
+
+def test_a_model_past_its_time_is_a_row_with_its_seconds():
+    bench = load_script("benchmarks/zoo_coverage.py")
+    row = bench.run_child("torchvision", "resnet18", 32, 0.3, timeout=0.01)
+    assert row["ok"] is False and "timed out" in row["error"] and row["seconds"] == 0.0
+
+
+def test_resume_keeps_the_rows_already_written_and_reports_goals(tmp_path):
+    bench = load_script("benchmarks/zoo_coverage.py")
+    done = {"model": "resnet18", "ok": True, "pruned": True, "macs_left": 0.5, "macs_vs_flop_counter": 1.0,
+            "step": "done", "seconds": 1.0}
+    (tmp_path / "rows.jsonl").write_text(json.dumps(done) + "\n" + '{"model": "cut sho')  # a line a kill cut short
+    summary = bench.main(["--zoo", "torchvision", "--models", "resnet18", "--resume", "--out", str(tmp_path)])
+    assert summary["rows"] == [done]  # not run again
+    goals = summary["goals"]
+    assert goals["passed"]["met"] and goals["passed"]["measured"] == 1 and goals["macs_exact"]["met"]
+    assert json.loads((tmp_path / "summary.json").read_text())["goals"] == goals

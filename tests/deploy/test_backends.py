@@ -122,3 +122,49 @@ def test_a_plan_for_another_bundle_is_ignored_with_a_warning(bundle):
             assert load_plan(bundle) is None
     finally:
         path.unlink()
+
+
+# exit sets in the plan (issue 23: levels *and exits*)
+
+
+def test_onnxruntime_exits_equal_the_eager_program_at_every_exit(bundle):
+    pytest.importorskip("onnxruntime")
+    from nestflex.deploy.backends import ExitsPlan
+
+    x = _x(5, seed=4)
+    eager = bundle.progressive(plan=None)
+    rt = bundle.progressive(plan=ExecutionPlan((), exits={"exits": ExitsPlan("onnxruntime", 1)}))
+    assert (eager.backend, rt.backend) == ("eager", "onnxruntime")
+    for a, b in zip(rt.all_exits(x), eager.all_exits(x)):
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=0)
+    for k in range(rt.num_exits):  # a sample leaving at k: every stage and head up to it
+        torch.testing.assert_close(rt.path(x, k), eager.all_exits(x)[k], atol=1e-4, rtol=0)
+    got, ref = rt(x, thresholds=[0.0, 0.0]), eager(x, thresholds=[0.0, 0.0])  # batched early exit, same answers
+    assert got.exit_index.tolist() == ref.exit_index.tolist()
+    torch.testing.assert_close(got.logits, ref.logits, atol=1e-4, rtol=0)
+    assert rt.resident_bytes > eager.resident_bytes  # the sessions' copies are counted
+
+
+def test_a_level_only_backend_is_refused_for_exits_with_the_fix(bundle):
+    from nestflex.deploy.backends import ExitsPlan
+
+    with pytest.raises(BackendError, match="'channels_last' runs levels, not exit sets.*`eager` or `onnxruntime`"):
+        bundle.progressive(plan=ExecutionPlan((), exits={"exits": ExitsPlan("channels_last", 1)}))
+
+
+def test_synthesize_plans_the_exits_and_the_plan_round_trips(bundle):
+    plan = synthesize(bundle, threads=[1], repeats=2)
+    ep = plan.exits["exits"]
+    assert ep.backend in ("eager", "onnxruntime") and len(ep.latency_ms) == len(ep.eager_ms) == 3
+    rows = [c for c in plan.candidates if c.get("exit_set") == "exits"]
+    assert {c["backend"] for c in rows} >= {"eager"} and all(c["agrees"] for c in rows if c["backend"] == "eager")
+    again = ExecutionPlan.from_json(json.loads(json.dumps(plan.to_json())))
+    assert again.exits == plan.exits
+    assert ExecutionPlan.from_json({"format": "nestflex-execution-plan", "levels": [{"backend": "eager"}]}).exits == {}
+    for raw, match in [({"progressive": {"backend": "eager"}}, "names exit set 'progressive'"),
+                       ({"exits": {"backend": "eager", "threads": 0}}, r"exits.exits.threads must be an int"),
+                       ({"exits": {"backend": "eager", "latency_ms": "fast"}}, "must be lists of numbers"),
+                       ([1], "`exits` must be an object")]:
+        with pytest.raises(BackendError, match=match):
+            ExecutionPlan.from_json({"format": "nestflex-execution-plan", "levels": [{"backend": "eager"}],
+                                     "exits": raw})

@@ -446,3 +446,37 @@ def test_a_residual_add_that_no_activation_follows_ends_a_block_and_cuts_exactly
     head, tail = split_model(graph, "add")
     x = torch.randn(2, 3, 8, 8)
     assert torch.equal(tail(*head(x)), model(x))
+
+
+class _Constants(nn.Module):
+    """A forward that makes a tensor constant (Swin's and MaxViT's masks), slices by a size it
+    computes (PiT's ``x[:, :tokens]``) and hands a parameter to a submodule (PiT's class token)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        self.token = nn.Parameter(torch.randn(1, 8, 1, 1))
+        self.mix = _AddToken()
+
+    def forward(self, x):
+        y = self.conv(x) * torch.tensor([2.0])
+        y = y[:, : self.token.shape[1] // 2]  # bounds from a size: not followed, so locked
+        return self.mix(y, self.token[:, :4]).mean((2, 3))
+
+
+class _AddToken(nn.Module):
+    def forward(self, y, token):
+        return y + token
+
+
+def test_tensor_constants_computed_slices_and_parameter_inputs_trace_and_count():
+    from nestflex.graph import flop_counter
+
+    model = _Constants().eval()
+    for _ in range(2):  # and again: nothing left behind in the model
+        graph = trace(model, (3, 8, 8))
+        assert not graph.prunable_groups and "slice through the channels" in graph.group("conv").reason
+    assert not hasattr(model, "_tensor_constant0")
+    with torch.no_grad(), flop_counter(model) as counter:
+        model(torch.zeros(1, 3, 8, 8))
+    assert counter.get_total_flops() == 2 * graph.macs() and model.token.requires_grad

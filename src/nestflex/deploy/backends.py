@@ -17,7 +17,10 @@ A backend turns one resident level into a function ``x -> logits``:
   bundle's labelled samples; ``onnxruntime_mixed``: the same, with the layers the bundle's
   per-layer precision plan keeps in float left in float32.
 
-An :class:`ExecutionPlan` names, per level, a backend and a thread count. :func:`synthesize`
+An :class:`ExecutionPlan` names, per level, a backend and a thread count, and per exit set
+(:class:`ExitsPlan`) one backend and thread count for its stages and heads (``eager`` or
+``onnxruntime``, on the stage and head graphs the bundle ships: a sample's path crosses them in
+order, so they share the cores the way one model does). :func:`synthesize`
 measures every candidate on this machine (batch 1, median of repeats), keeps the float32 ones whose
 logits match the eager program within ``atol`` and the int8/mixed ones within an accuracy budget
 on the other half of the samples, and writes the fastest per level;
@@ -44,7 +47,7 @@ from nestflex.deploy._registry import Registry
 from nestflex.errors import NestflexError
 
 __all__ = ["BackendError", "Backend", "register_backend", "list_backends", "get_backend", "ExecutionPlan",
-           "LevelPlan", "plan_path", "load_plan", "write_plan", "writable_plan_path", "synthesize", "quantize_level",
+           "LevelPlan", "ExitsPlan", "plan_path", "load_plan", "write_plan", "writable_plan_path", "synthesize", "quantize_level",
            "calibration_split", "tuned_dir", "float_layers"]
 
 
@@ -73,12 +76,23 @@ class Backend:
         """A function running the resident ``level`` of ``runtime`` (a CapacityRuntime)."""
         raise NotImplementedError
 
+    def prepare_exits(self, runtime: Any, threads: int) -> tuple[list[Callable], list[Callable]]:
+        """An exit set's stage and head functions (``runtime``: a
+        :class:`~nestflex.deploy.runtime.ProgressiveRuntime`), in the eager ones' conventions: a
+        stage maps its input tensors to a tuple, a head maps that tuple to logits, the final head
+        is the last stage's logits."""
+        raise BackendError(f"execution backend {self.name!r} runs levels, not exit sets. HINT: plan `eager` or "
+                           f"`onnxruntime` for exits (`nestflex tune` does)")
+
 
 class EagerBackend(Backend):
     name = "eager"
 
     def prepare(self, runtime: Any, level: int, threads: int) -> Fn:
         return runtime._eager
+
+    def prepare_exits(self, runtime: Any, threads: int) -> tuple[list[Callable], list[Callable]]:
+        return list(runtime._eager_stages), list(runtime._eager_heads)
 
 
 class ChannelsLastBackend(Backend):
@@ -118,6 +132,44 @@ class OnnxRuntimeBackend(Backend):
             return torch.from_numpy(session.run(None, {name: x.detach().contiguous().numpy()})[0])
 
         return run
+
+
+    def prepare_exits(self, runtime: Any, threads: int) -> tuple[list[Callable], list[Callable]]:
+        if self.precision != "float32":
+            return super().prepare_exits(runtime, threads)
+        bundle, kind = runtime.bundle, runtime.spec.kind
+        files = {(o.kind, o.extra.get("stage", o.extra.get("exit"))): o for o in bundle.spec.onnx
+                 if o.kind in ("stage", "exit") and o.exit_set == kind}
+        n = runtime.num_exits
+        missing = [f"{k} {i}" for k, count in (("stage", n), ("exit", n - 1)) for i in range(count) if (k, i) not in files]
+        if missing:
+            raise BackendError(f"bundle {str(bundle.path)!r} has no ONNX file for {kind} exits' {', '.join(missing)}. "
+                               f"HINT: re-export it with onnx=True, or plan `eager` for its exits")
+        tuned = tuned_dir(bundle)
+        runtime._session_bytes = 0
+
+        def open_(entry: Any) -> Any:
+            path = bundle.file(entry.file)
+            runtime._session_bytes += path.stat().st_size
+            return _session(path, threads, tuned / f"{path.stem}.optimized.onnx")
+
+        def stage(session: Any) -> Callable:
+            names = [i.name for i in session.get_inputs()]
+
+            def run(*values: torch.Tensor) -> tuple[torch.Tensor, ...]:
+                feed = {nm: v.detach().contiguous().numpy() for nm, v in zip(names, values)}
+                return tuple(torch.from_numpy(o) for o in session.run(None, feed))
+
+            return run
+
+        def head(session: Any, tap: int) -> Callable:
+            name = session.get_inputs()[0].name
+            return lambda state: torch.from_numpy(session.run(None, {name: state[tap].detach().contiguous().numpy()})[0])
+
+        stages = [stage(open_(files[("stage", k)])) for k in range(n)]
+        heads = [head(open_(files[("exit", k)]), int(files[("stage", k)].extra.get("tap_output") or 0))
+                 for k in range(n - 1)]
+        return stages, heads + [lambda state: state[0]]
 
 
 def _session(path: Path, threads: int, cache: Path) -> Any:
@@ -356,6 +408,23 @@ class LevelPlan:
 
 
 @dataclass(frozen=True)
+class ExitsPlan:
+    """One exit set's configuration (its stages and heads) and what it measured.
+
+    ``latency_ms`` / ``eager_ms``: per exit, what a sample that leaves there costs at batch 1 (the
+    stages up to it and every head on the way), with this configuration / eager at 1 thread."""
+
+    backend: str = "eager"
+    threads: int = 1
+    latency_ms: tuple[float, ...] = ()
+    eager_ms: tuple[float, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return {"backend": self.backend, "threads": self.threads, "latency_ms": list(self.latency_ms),
+                "eager_ms": list(self.eager_ms)}
+
+
+@dataclass(frozen=True)
 class ExecutionPlan:
     """Per level, the backend and threads to run it with.
 
@@ -363,10 +432,13 @@ class ExecutionPlan:
         levels: one :class:`LevelPlan` per level of the bundle.
         bundle: the manifest sha256 it was tuned for (a plan for another bundle is refused).
         machine: where it was measured (free-form).
-        candidates: every measured configuration (for the record).
+        candidates: every measured configuration (for the record); an exit set's rows have
+            ``level`` None, its key in ``exit_set`` and a latency per exit.
         budget_points: the accuracy a reduced-precision level could lose (``None``: no labelled
             samples, so only float32 configurations were candidates).
         check_samples: how many samples the accuracy was judged on.
+        exits: per exit set of the bundle (``exits``, ``flex_exits``), its :class:`ExitsPlan`; a
+            set not named runs eager.
     """
 
     levels: tuple[LevelPlan, ...]
@@ -375,11 +447,13 @@ class ExecutionPlan:
     candidates: tuple[dict[str, Any], ...] = ()
     budget_points: float | None = None
     check_samples: int = 0
+    exits: Mapping[str, ExitsPlan] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return {"format": "nestflex-execution-plan", "version": 1, "bundle": self.bundle, "machine": self.machine,
                 "budget_points": self.budget_points, "check_samples": self.check_samples,
-                "levels": [lp.to_json() for lp in self.levels], "candidates": list(self.candidates)}
+                "levels": [lp.to_json() for lp in self.levels],
+                "exits": {k: e.to_json() for k, e in self.exits.items()}, "candidates": list(self.candidates)}
 
     @classmethod
     def from_json(cls, data: Any, where: str = "plan") -> ExecutionPlan:
@@ -390,12 +464,23 @@ class ExecutionPlan:
             raise BackendError(f"{where}: `levels` must be a non-empty list, got {rows!r:.80}")
         levels = []
         for i, r in enumerate(rows):
-            if not isinstance(r, Mapping) or not isinstance(r.get("backend"), str):
-                raise BackendError(f"{where}: levels[{i}] must be an object with a `backend` name, got {r!r:.80}")
-            t = r.get("threads", 1)
-            if isinstance(t, bool) or not isinstance(t, int) or not 1 <= t <= 1024:
-                raise BackendError(f"{where}: levels[{i}].threads must be an int in [1, 1024], got {t!r}")
-            levels.append(LevelPlan(r["backend"], t, r.get("latency_ms"), r.get("eager_ms"), r.get("accuracy")))
+            backend, t = _backend_and_threads(r, f"{where}: levels[{i}]")
+            levels.append(LevelPlan(backend, t, r.get("latency_ms"), r.get("eager_ms"), r.get("accuracy")))
+        exits = {}
+        raw = data.get("exits") or {}  # plans written before exits were planned have none
+        if not isinstance(raw, Mapping):
+            raise BackendError(f"{where}: `exits` must be an object (exit set -> configuration), got {raw!r:.80}")
+        for key, r in raw.items():
+            if key not in ("exits", "flex_exits"):
+                raise BackendError(f"{where}: `exits` names exit set {key!r}; the sets are `exits` and `flex_exits`. "
+                                   f"HINT: re-run `nestflex tune BUNDLE`")
+            backend, t = _backend_and_threads(r, f"{where}: exits.{key}")
+            times = [r.get(k) or [] for k in ("latency_ms", "eager_ms")]
+            if any(not isinstance(v, list) or not all(isinstance(x, (int, float)) and not isinstance(x, bool)
+                                                      for x in v) for v in times):
+                raise BackendError(f"{where}: exits.{key}.latency_ms and eager_ms must be lists of numbers, got "
+                                   f"{times!r:.80}. HINT: re-run `nestflex tune BUNDLE`")
+            exits[key] = ExitsPlan(backend, t, tuple(times[0]), tuple(times[1]))
         budget, checked = data.get("budget_points"), data.get("check_samples", 0)
         if budget is not None and (isinstance(budget, bool) or not isinstance(budget, (int, float))
                                    or not 0 <= budget <= 100):
@@ -407,7 +492,16 @@ class ExecutionPlan:
             raise BackendError(f"{where}: `check_samples` must be an int >= 0, got {checked!r:.80}. "
                                f"HINT: re-run `nestflex tune BUNDLE`")
         return cls(tuple(levels), str(data.get("bundle", "")), dict(data.get("machine") or {}),
-                   tuple(data.get("candidates") or ()), None if budget is None else float(budget), checked)
+                   tuple(data.get("candidates") or ()), None if budget is None else float(budget), checked, exits)
+
+
+def _backend_and_threads(r: Any, where: str) -> tuple[str, int]:
+    if not isinstance(r, Mapping) or not isinstance(r.get("backend"), str):
+        raise BackendError(f"{where} must be an object with a `backend` name, got {r!r:.80}")
+    t = r.get("threads", 1)
+    if isinstance(t, bool) or not isinstance(t, int) or not 1 <= t <= 1024:
+        raise BackendError(f"{where}.threads must be an int in [1, 1024], got {t!r}")
+    return r["backend"], t
 
 
 def plan_path(bundle: Any) -> Path:
@@ -440,7 +534,7 @@ def load_plan(bundle: Any) -> ExecutionPlan | None:
     return plan
 
 
-def resolve(plan_level: LevelPlan) -> tuple[Backend, int]:
+def resolve(plan_level: LevelPlan | ExitsPlan) -> tuple[Backend, int]:
     """The backend to use for a plan entry: itself, or eager (with a warning) when its package is missing."""
     backend = get_backend(plan_level.backend)
     if not backend.available():
@@ -536,11 +630,59 @@ def synthesize(bundle: Any, *, backends: Sequence[str] | None = None, threads: S
                             + ("" if acc is None else f"  accuracy {acc:.4f} (eager {ref_acc:.4f})"))
             levels.append(LevelPlan(best[0], best[1], round(best[2], 4), None if eager_ms is None else round(eager_ms, 4),
                                     None if best[3] is None else round(best[3], 6)))
+        exits = {key: _synthesize_exits(bundle, key, names, counts, repeats, atol, check, x1, candidates, log)
+                 for key in bundle.exit_sets}
     finally:
         torch.set_num_threads(before)
     return ExecutionPlan(tuple(levels), bundle_id(bundle), machine(), tuple(candidates),
                          budget_points=budget_points if labelled is not None else None,
-                         check_samples=0 if labelled is None else int(labelled[0].shape[0]))
+                         check_samples=0 if labelled is None else int(labelled[0].shape[0]), exits=exits)
+
+
+def _synthesize_exits(bundle: Any, key: str, names: Sequence[str], counts: Sequence[int], repeats: int, atol: float,
+                      check: torch.Tensor, x1: torch.Tensor, candidates: list, log: Callable[[str], None] | None
+                      ) -> ExitsPlan:
+    """One exit set: every backend that runs exit sets x threads; a configuration passes when every
+    exit's logits match the eager program's within ``atol``, and the one whose full path (every
+    stage and head, what a sample that reaches the last exit costs) is fastest wins."""
+    from nestflex.deploy.runtime import ProgressiveRuntime
+    from nestflex.deploy.timing import median_ms
+
+    def outputs(rt: ProgressiveRuntime) -> list[torch.Tensor]:
+        return [torch.cat(z) for z in zip(*(rt.all_exits(check[i:i + 1]) for i in range(check.shape[0])))]
+
+    def path_ms(rt: ProgressiveRuntime) -> list[float]:
+        return [median_ms(lambda k=k: rt.path(x1, k), repeats, warmup=3) for k in range(rt.num_exits)]
+
+    torch.set_num_threads(1)
+    eager = ProgressiveRuntime(bundle, None, key)
+    ref, eager_ms = outputs(eager), path_ms(eager)
+    best: tuple[str, int, list[float]] | None = None
+    for name in names:
+        backend = get_backend(name)
+        if not backend.available() or backend.precision != "float32":
+            continue
+        for t in counts:
+            torch.set_num_threads(t)
+            try:
+                rt = ProgressiveRuntime(bundle, None, key, ExecutionPlan((), exits={key: ExitsPlan(name, t)}))
+                err = max(float((a - b).abs().max()) for a, b in zip(outputs(rt), ref))
+                ms = path_ms(rt)
+            except Exception as e:  # a backend that does not run exit sets (or this one) is not a candidate
+                if "runs levels, not exit sets" not in str(e):
+                    candidates.append({"level": None, "exit_set": key, "backend": name, "threads": t,
+                                       "error": f"{e}"[:200]})
+                continue
+            ok = err <= atol and math.isfinite(err)
+            candidates.append({"level": None, "exit_set": key, "backend": name, "threads": t,
+                               "latency_ms": [round(v, 4) for v in ms], "max_abs_diff": err, "agrees": ok})
+            if ok and (best is None or ms[-1] < best[2][-1]):
+                best = (name, t, ms)
+            if log is not None:
+                log(f"{key}: {name:16s} threads {t}: every exit {ms[-1]:8.3f} ms, first {ms[0]:.3f} ms  "
+                    f"max|diff| {err:.2e}")
+    name, t, ms = best if best is not None else ("eager", 1, eager_ms)
+    return ExitsPlan(name, t, tuple(round(v, 4) for v in ms), tuple(round(v, 4) for v in eager_ms))
 
 
 def _accuracy(fn: Fn, x: torch.Tensor, y: torch.Tensor, batch: int = 64) -> float:

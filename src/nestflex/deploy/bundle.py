@@ -438,7 +438,7 @@ class Bundle:
             plan = load_plan(self)
         return CapacityRuntime(self, self.num_levels - 1 if level is None else level, plan)
 
-    def progressive(self, capacity=None, exit_set: str = "exits"):
+    def progressive(self, capacity=None, exit_set: str = "exits", plan: Any = "auto"):
         """A :class:`~nestflex.deploy.runtime.ProgressiveRuntime` (batched early exit).
 
         Args:
@@ -447,13 +447,19 @@ class Bundle:
                 it is switched to the largest level.
             exit_set: which exits: ``"exits"`` or ``"progressive"`` (SPINN/SDN), ``"flex_exits"`` or
                 ``"flexdnn"`` (FlexDNN).
+            plan: an :class:`~nestflex.deploy.backends.ExecutionPlan`, ``None`` (eager), or
+                ``"auto"``: the plan ``nestflex tune`` stored beside the bundle, if there is one.
 
         Raises:
             BundleError: the bundle has no such exit set.
         """
         from nestflex.deploy.runtime import ProgressiveRuntime
 
-        return ProgressiveRuntime(self, capacity, exit_set)
+        if isinstance(plan, str) and plan == "auto":
+            from nestflex.deploy.backends import load_plan
+
+            plan = load_plan(self)
+        return ProgressiveRuntime(self, capacity, exit_set, plan)
 
     def __repr__(self) -> str:
         sets = "".join(f", {s.key}={len(s.names)}" for s in self._spec.exit_sets if s.kind != "progressive")

@@ -292,6 +292,11 @@ def _cmd_tune(args: argparse.Namespace) -> int:
              None if lp.accuracy is None else f"{100 * lp.accuracy:.2f}%"]
             for k, lp in enumerate(plan.levels)]
     print(_table(["level", "backend", "threads", "ms", "eager 1-thread ms", "speed-up", "accuracy"], rows))
+    for key, ep in plan.exits.items():  # per exit: a sample that leaves there (stages and heads up to it)
+        rows = [[k, ep.backend, ep.threads, ms, e, round(e / ms, 2) if ms else None]
+                for k, (ms, e) in enumerate(zip(ep.latency_ms, ep.eager_ms))]
+        print(f"{key}:")
+        print(_table(["exit", "backend", "threads", "ms", "eager 1-thread ms", "speed-up"], rows))
     if plan.budget_points is None:
         print("the bundle ships no samples: only float32 backends were candidates (re-export with samples for int8)")
     print(f"plan: {path}")

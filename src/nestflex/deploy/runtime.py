@@ -426,17 +426,22 @@ class ProgressiveRuntime:
         capacity: for a shared backbone, the :class:`CapacityRuntime` to run on (switched to the
             largest level); a new one if ``None``.
         exit_set: which set: ``"exits"`` / ``"progressive"`` or ``"flex_exits"`` / ``"flexdnn"``.
+        plan: an :class:`~nestflex.deploy.backends.ExecutionPlan`: its entry for this set (if any)
+            says which backend runs the stages and heads (``onnxruntime``: the bundle's stage and
+            head graphs); ``None``: eager.
 
     Attributes:
         spec: the set's :class:`~nestflex.deploy.schema.ExitSet`.
         exits: the same as a dict (its manifest form).
         exit_set: the set's key, ``"exits"`` or ``"flex_exits"``.
+        backend: the backend running the stages and heads.
 
     Raises:
         BundleError: the bundle has no such exit set.
     """
 
-    def __init__(self, bundle: Bundle, capacity: CapacityRuntime | None = None, exit_set: str = "exits") -> None:
+    def __init__(self, bundle: Bundle, capacity: CapacityRuntime | None = None, exit_set: str = "exits",
+                 plan: Any = None) -> None:
         key = EXIT_SET_KEYS.get(exit_set, exit_set)
         if key not in EXIT_SETS:
             raise BundleError(f"`exit_set` must be one of {', '.join(EXIT_SETS)} (or the kinds "
@@ -473,7 +478,18 @@ class ProgressiveRuntime:
                                   {}, 1)
         self._head_store.page(0)
         stages = cut_program(nodes, ex.taps)
-        self._stages = [self._make_stage(*s) for s in stages]
+        self._eager_stages = [self._make_stage(*s) for s in stages]
+        self._eager_heads = self._make_heads()
+        self._stages, self._heads_fns = self._eager_stages, self._eager_heads
+        self.backend, self._session_bytes = "eager", 0
+        entry = None if plan is None else plan.exits.get(key)
+        if entry is not None:
+            from nestflex.deploy.backends import resolve
+
+            backend, threads = resolve(entry)
+            self._stages, self._heads_fns = backend.prepare_exits(self, threads)
+            self.backend = backend.name
+            torch.set_num_threads(threads)
 
     @property
     def num_exits(self) -> int:
@@ -481,8 +497,9 @@ class ProgressiveRuntime:
 
     @property
     def resident_bytes(self) -> int:
-        """Weight bytes resident: backbone (the active level if shared) plus heads."""
-        return self._backbone_store.resident_bytes + self._head_store.resident_bytes
+        """Weight bytes resident: backbone (the active level if shared) plus heads, plus the
+        onnxruntime sessions' copies when the plan runs the exits there."""
+        return self._backbone_store.resident_bytes + self._head_store.resident_bytes + self._session_bytes
 
     def _make_stage(self, inputs: list[str], nodes: list[Node], outputs: list[str]) -> Callable[..., Any]:
         def run(*values: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -492,11 +509,14 @@ class ProgressiveRuntime:
 
         return run
 
-    def _head_fns(self) -> list[Callable[[tuple[torch.Tensor, ...]], torch.Tensor]]:
+    def _make_heads(self) -> list[Callable[[tuple[torch.Tensor, ...]], torch.Tensor]]:
         def head(program: Sequence[Node]) -> Callable[[tuple[torch.Tensor, ...]], torch.Tensor]:
             return lambda state: run_program(program, {program[0].name: state[0]}, self._head_store.tensors, 0)
 
         return [head(p) for p in self._heads] + [lambda state: state[0]]
+
+    def _head_fns(self) -> list[Callable[[tuple[torch.Tensor, ...]], torch.Tensor]]:
+        return self._heads_fns
 
     def _ready(self, x: torch.Tensor) -> None:
         _check_input(x, self.bundle.input_spec, "ProgressiveRuntime")
@@ -528,6 +548,19 @@ class ProgressiveRuntime:
         for stage in self._stages[: k + 1]:
             state = stage(*state)
         return self._head_fns()[k](state)
+
+    @torch.no_grad()
+    def path(self, x: torch.Tensor, k: int) -> torch.Tensor:
+        """Logits of exit ``k`` after every stage and head up to it: what a sample that leaves at
+        ``k`` costs under the policy (the heads before it were evaluated and declined)."""
+        if isinstance(k, bool) or not isinstance(k, int) or not 0 <= k < self.num_exits:
+            raise BundleError(f"`k` must be an exit index in [0, {self.num_exits - 1}], got {k!r}")
+        self._ready(x)
+        heads, state, out = self._head_fns(), (x,), x
+        for stage, head in zip(self._stages[: k + 1], heads):
+            state = stage(*state)
+            out = head(state)
+        return out
 
     @torch.no_grad()
     def __call__(

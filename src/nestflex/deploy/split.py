@@ -155,7 +155,7 @@ class SplitRuntime:
             taps = self._prog.spec.taps
             self.thresholds = list(self._prog.thresholds)
             self.confidence, self.fallback = self._prog.confidence, self._prog.fallback
-            self._heads = self._prog._head_fns()
+            self._heads = self._prog._eager_heads  # the split cuts the eager program
         else:
             self.thresholds, self.confidence, self.fallback = [], "max_prob", "most_confident"
             self._heads = [lambda state: state[0]]

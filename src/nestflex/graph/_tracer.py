@@ -11,7 +11,7 @@ from __future__ import annotations
 import copy
 import warnings
 from contextlib import contextmanager
-from typing import Iterator
+from typing import Any, Iterator
 
 import torch
 from torch import fx, nn
@@ -62,10 +62,14 @@ class _Tracer(fx.Tracer):
         return super().is_leaf_module(m, module_qualified_name)
 
 
-def _try_trace(root: nn.Module, opaque: frozenset[str]) -> fx.Graph | Exception:
+def _try_trace(root: nn.Module, opaque: frozenset[str]) -> fx.GraphModule | Exception:
     with _untouched(root):
         try:
-            return _Tracer(opaque).trace(root)
+            graph = _Tracer(opaque).trace(root)
+            # built before the model is restored: fx keeps a forward's tensor constants
+            # (`_tensor_constant0`, Swin's and MaxViT's) as attributes of the root, which the
+            # graph module copies
+            return fx.GraphModule(root, graph, class_name=type(root).__name__)
         except Exception as e:  # fx raises many types (TraceError, TypeError, NotImplementedError...)
             return e
 
@@ -127,7 +131,7 @@ def trace_module(model: nn.Module, strict: bool = False) -> tuple[fx.GraphModule
     opaque: dict[str, str] = {}
     for _ in range(64):  # each round makes at least one more module opaque
         result = _try_trace(model, frozenset(opaque))
-        if isinstance(result, fx.Graph):
+        if isinstance(result, fx.GraphModule):
             if opaque:
                 names = ", ".join(f"`{n}` ({type(model.get_submodule(n)).__name__})" for n in opaque)
                 warnings.warn(
@@ -135,7 +139,7 @@ def trace_module(model: nn.Module, strict: bool = False) -> tuple[fx.GraphModule
                     f"leave them are locked (not prunable, not split inside).",
                     stacklevel=3,
                 )
-            return fx.GraphModule(model, result, class_name=type(model).__name__), opaque
+            return result, opaque
         failing = _smallest_failing(model, frozenset(opaque))
         if not failing:
             raise GraphError(
@@ -184,7 +188,7 @@ def propagate_shapes(gm: fx.GraphModule, example: torch.Tensor) -> None:
     gm.eval()
     try:
         torch.backends.mha.set_fastpath_enabled(False)
-        with flop_counter() as counter:
+        with flop_counter(gm) as counter:
             _Recorder(gm, counter).run(example)
     finally:
         torch.backends.mha.set_fastpath_enabled(fastpath)
@@ -192,10 +196,15 @@ def propagate_shapes(gm: fx.GraphModule, example: torch.Tensor) -> None:
             m.training = mode
 
 
-def flop_counter():
+@contextmanager
+def flop_counter(module: nn.Module | None = None) -> Iterator[Any]:
     """``torch.utils.flop_counter.FlopCounterMode`` (no display) that also counts the CPU kernel of
     ``scaled_dot_product_attention``: torch registers its formula for the CUDA kernels only, so
-    fused attention on a CPU counted 0. The CPU kernel gets torch's own ``sdpa_flop_count``."""
+    fused attention on a CPU counted 0. The CPU kernel gets torch's own ``sdpa_flop_count``.
+
+    With ``module``, its parameters stop requiring grad while counting: the counter's module
+    tracker hooks the gradients of module inputs, and fails on a parameter passed into a
+    submodule under ``no_grad`` (timm's PiT hands its class token to its pooling layers)."""
     from torch.utils import flop_counter as fc
 
     mapping = {}
@@ -205,7 +214,15 @@ def flop_counter():
             return fc.sdpa_flop_count(query, key, value)
 
         mapping[op] = cpu_sdpa
-    return fc.FlopCounterMode(display=False, custom_mapping=mapping)
+    params = [p for p in module.parameters() if p.requires_grad] if module is not None else []
+    try:
+        for p in params:
+            p.requires_grad_(False)
+        with fc.FlopCounterMode(display=False, custom_mapping=mapping) as counter:
+            yield counter
+    finally:
+        for p in params:
+            p.requires_grad_(True)
 
 
 class _Recorder(fx.Interpreter):

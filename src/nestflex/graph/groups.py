@@ -637,6 +637,8 @@ def _slice(node: fx.Node, src: fx.Node, src_info: _Info, shape: tuple[int, ...],
     ch = index[1]
     if not isinstance(ch, slice) or ch.step not in (None, 1) or src_info.factor != 1:
         return None
+    if any(b is not None and not isinstance(b, int) for b in (ch.start, ch.stop)):
+        return None  # bounds computed in the forward (PiT's x[:, :num_tokens]): not followed, locked
     if ch.start in (None, 0) and isinstance(ch.stop, int) and ch.stop >= in_shape[1]:
         return src_info
     start, stop, _ = ch.indices(in_shape[1])
