@@ -17,6 +17,9 @@ Reported per level: the speed-up of the plan over single-thread eager (Cappuccin
 and over default onnxruntime, each level's time fraction against its MACs fraction, before
 (eager, 1 thread) and after (the plan); the search's own time.
 
+Per batch size in ``--batches`` above 1: the plan's choice per level at that size, its time per
+sample against eager's at one thread, and each level's time fraction against its MACs fraction.
+
 Per exit set: the plan's configuration, each exit's latency (a sample leaving there: the stages
 and heads up to it), and early exit run on ``--exit-samples`` of the bundle's check samples at batch
 1 with the bundle's thresholds: the mean latency per sample against the largest level's (its
@@ -60,6 +63,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="test images per level for the int8 accuracy check on a recipe run's test split (0: none)")
     p.add_argument("--data-dir", default="data", help="where the recipe looked for CIFAR-10 (else synthetic)")
     p.add_argument("--exit-samples", type=int, default=300, help="check samples early exit is timed on, one by one")
+    p.add_argument("--batches", type=int, nargs="+", default=[1, 8, 64],
+                   help="batch sizes every configuration is timed at (the plan's choice per size)")
     return p.parse_args(argv)
 
 
@@ -184,7 +189,8 @@ def exit_savings(bundle, plan, key: str, n: int, repeats: int = 5) -> dict[str, 
 def one(path: str, args: argparse.Namespace) -> dict[str, Any]:
     bundle = load(path)
     start = time.perf_counter()
-    plan = synthesize(bundle, threads=args.threads, repeats=args.repeats, budget_points=args.budget)
+    plan = synthesize(bundle, threads=args.threads, repeats=args.repeats, budget_points=args.budget,
+                      batches=args.batches)
     search_s = time.perf_counter() - start
     macs = [float(r["macs"]) for r in bundle.levels]
     rows = []
@@ -222,7 +228,13 @@ def one(path: str, args: argparse.Namespace) -> dict[str, Any]:
     uncached = switch_ms(bundle, plan, args.switches, cached=False)
     exits = [exit_savings(bundle, plan, key, args.exit_samples) for key in bundle.exit_sets
              if bundle.spec.samples is not None and args.exit_samples > 0]
-    return {"bundle": path, "levels": rows, "exits": exits, "search_seconds": search_s,
+    batches = [{"batch": b, "levels": [
+        {"level": k, "backend": lp.backend, "threads": lp.threads, "ms_per_sample": lp.latency_ms / b,
+         "eager_1thread_ms_per_sample": None if lp.eager_ms is None else lp.eager_ms / b,
+         "speedup_vs_eager": None if not lp.eager_ms else lp.eager_ms / lp.latency_ms,
+         "time_fraction": lp.latency_ms / lps[-1].latency_ms, "macs_fraction": macs[k] / macs[-1]}
+        for k, lp in enumerate(lps)]} for b, lps in sorted(plan.batches.items())]
+    return {"bundle": path, "levels": rows, "exits": exits, "batches": batches, "search_seconds": search_s,
             "switch": switch_ms(bundle, plan, args.switches),
             "switch_without_saved_graphs": uncached,
             "budget_points": plan.budget_points, "check_samples": plan.check_samples,

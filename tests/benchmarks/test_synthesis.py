@@ -13,10 +13,13 @@ def test_synthesis_writes_a_plan_per_level_and_goals(tmp_path):
     bench = load_script("benchmarks/synthesis.py")
     out = tmp_path / "out"
     assert bench.main(["--bundles", str(tmp_path / "model.nfx"), "--repeats", "2", "--threads", "1",
-                       "--switches", "1", "--out", str(out)]) == 0
+                       "--switches", "1", "--batches", "1", "4", "--out", str(out)]) == 0
     summary = json.loads((out / "summary.json").read_text())
     (res,) = summary["results"]
     assert [r["level"] for r in res["levels"]] == [0, 1, 2]
+    (b4,) = res["batches"]
+    assert b4["batch"] == 4 and [r["level"] for r in b4["levels"]] == [0, 1, 2]
+    assert all(r["ms_per_sample"] > 0 and r["speedup_vs_eager"] > 0 for r in b4["levels"])
     for r in res["levels"]:
         assert r["plan_ms"] > 0 and r["speedup_vs_eager"] > 0 and 0 < r["macs_fraction"] <= 1
     assert res["switch"]["max_ms"] > 0

@@ -168,3 +168,30 @@ def test_synthesize_plans_the_exits_and_the_plan_round_trips(bundle):
         with pytest.raises(BackendError, match=match):
             ExecutionPlan.from_json({"format": "nestflex-execution-plan", "levels": [{"backend": "eager"}],
                                      "exits": raw})
+
+
+def test_batch_sizes_get_their_own_choice_per_level_and_a_runtime_made_for_one_uses_it(bundle, capsys):
+    plan = synthesize(bundle, backends=["eager", "channels_last"], threads=[1], repeats=2, batches=[1, 8])
+    assert set(plan.batches) == {8} and len(plan.batches[8]) == bundle.num_levels
+    rows = [c for c in plan.candidates if c.get("level") is not None and "batch_ms" in c]
+    assert rows and all(set(c["batch_ms"]) == {"8"} for c in rows)
+    for k, lp in enumerate(plan.batches[8]):  # the fastest agreeing configuration at batch 8
+        timed = [c for c in rows if c["level"] == k and c["agrees"]]
+        assert lp.latency_ms == min(c["batch_ms"]["8"] for c in timed)
+    assert plan.for_batch(1) == plan.levels and plan.for_batch(7) == plan.levels
+    assert plan.for_batch(8) == plan.batches[8] == plan.for_batch(64)
+    custom = ExecutionPlan(tuple(LevelPlan("eager") for _ in range(bundle.num_levels)),
+                           batches={8: tuple(LevelPlan("channels_last") for _ in range(bundle.num_levels))})
+    assert bundle.capacity(0, plan=custom).backend == "eager"
+    assert bundle.capacity(0, plan=custom, batch=16).backend == "channels_last"
+    assert ExecutionPlan.from_json(json.loads(json.dumps(custom.to_json()))).batches == custom.batches
+    with pytest.raises(BackendError, match="maps a batch size >= 2 to 3 level entries"):
+        ExecutionPlan.from_json({**custom.to_json(), "batches": {"1": []}})
+    with pytest.raises(nd.BundleError, match="`batch` must be an int >= 1"):
+        bundle.capacity(0, plan=custom, batch=0)
+    with pytest.raises(BackendError, match="`batches` must be ints >= 1"):
+        synthesize(bundle, batches=[0])
+    assert main(["tune", str(bundle.path), "--threads", "1", "--repeats", "1", "--batches", "1", "4",
+                 "--backends", "eager"]) == 0
+    assert "batch 4:" in capsys.readouterr().out
+    plan_path(bundle).unlink()

@@ -162,3 +162,52 @@ def test_torchvision_vit_prunes_its_mlp_hidden_channels():
     x = torch.randn(2, 3, 16, 16, dtype=torch.float64)
     keep = {g.id: torch.randperm(g.width)[:5] for g in graph.prunable_groups}
     prune_like_masking(model, graph, keep, x)
+
+
+class _SelectiveKernel(nn.Module):
+    """timm's SelectiveKernel in miniature: two paths stacked on a new dim 1, an attention whose
+    last conv writes one block of channels per path (``view(B, 2, C // 2, 1, 1)``), softmax over
+    the paths, a weighted sum with ``torch.sum``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Conv2d(3, 8, 3, padding=1)
+        self.paths = nn.ModuleList([nn.Conv2d(8, 6, 3, padding=1), nn.Conv2d(8, 6, 3, padding=2, dilation=2)])
+        self.fc_reduce, self.fc_select = nn.Conv2d(6, 4, 1), nn.Conv2d(4, 12, 1)
+        self.out = nn.Conv2d(6, 5, 1)
+
+    def forward(self, x):
+        x = torch.relu(self.stem(x))
+        x = torch.stack([torch.relu(p(x)) for p in self.paths], dim=1)  # (N, 2, 6, H, W)
+        a = self.fc_select(torch.relu(self.fc_reduce(x.sum(1).mean((2, 3), keepdim=True))))
+        B, C, H, W = a.shape
+        a = torch.softmax(a.view(B, 2, C // 2, H, W), dim=1)
+        return self.out(torch.sum(x * a, dim=1)).mean((2, 3))
+
+
+def test_stacked_paths_and_per_path_blocks_form_one_group():
+    torch.manual_seed(0)
+    model = _SelectiveKernel().eval()
+    graph = trace(model, (3, 8, 8))
+    paths = graph.group("paths.0")
+    assert paths.prunable and paths.width == 6 and set(paths.producers) >= {"paths.0", "paths.1", "fc_select"}
+    select = next(m for m in paths.members if m.module == "fc_select" and m.attr == "weight")
+    assert select.copies == 2  # channel j is row j of both paths' blocks
+    keep = {g.id: torch.randperm(g.width)[: max(1, g.width // 2)] for g in graph.prunable_groups}
+    predicted = graph.macs({gid: len(k) for gid, k in keep.items()})
+    x = torch.randn(3, 3, 8, 8, dtype=torch.float64)
+    prune_like_masking(model.double(), graph, keep, x)
+    assert model.fc_select.out_channels == 2 * 3 and trace(model.float(), (3, 8, 8)).macs() == predicted
+
+
+def test_a_block_width_stated_as_a_constant_locks_the_layer():
+    class _Fixed(_SelectiveKernel):
+        def forward(self, x):
+            x = torch.relu(self.stem(x))
+            x = torch.stack([torch.relu(p(x)) for p in self.paths], dim=1)
+            a = self.fc_select(torch.relu(self.fc_reduce(x.sum(1).mean((2, 3), keepdim=True))))
+            a = torch.softmax(a.view(a.shape[0], 2, 6, 1, 1), dim=1)  # 6 would not follow pruning
+            return self.out(torch.sum(x * a, dim=1)).mean((2, 3))
+
+    graph = trace(_Fixed(), (3, 8, 8))
+    assert not graph.group("paths.0").prunable and not graph.group("fc_select").prunable

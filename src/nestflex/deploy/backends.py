@@ -439,6 +439,9 @@ class ExecutionPlan:
         check_samples: how many samples the accuracy was judged on.
         exits: per exit set of the bundle (``exits``, ``flex_exits``), its :class:`ExitsPlan`; a
             set not named runs eager.
+        batches: per batch size above 1 that was timed, one :class:`LevelPlan` per level (its
+            ``latency_ms`` per call at that batch): the choice for a runtime made for that batch
+            (:meth:`for_batch`); ``levels`` are batch 1's.
     """
 
     levels: tuple[LevelPlan, ...]
@@ -448,12 +451,21 @@ class ExecutionPlan:
     budget_points: float | None = None
     check_samples: int = 0
     exits: Mapping[str, ExitsPlan] = field(default_factory=dict)
+    batches: Mapping[int, tuple[LevelPlan, ...]] = field(default_factory=dict)
+
+    def for_batch(self, batch: int) -> tuple[LevelPlan, ...]:
+        """The levels' configurations for batches of ``batch``: those of the largest timed batch
+        size not above it (batch 1's ``levels`` when none is)."""
+        fits = [b for b in self.batches if b <= batch]
+        return self.batches[max(fits)] if fits else self.levels
 
     def to_json(self) -> dict[str, Any]:
         return {"format": "nestflex-execution-plan", "version": 1, "bundle": self.bundle, "machine": self.machine,
                 "budget_points": self.budget_points, "check_samples": self.check_samples,
                 "levels": [lp.to_json() for lp in self.levels],
-                "exits": {k: e.to_json() for k, e in self.exits.items()}, "candidates": list(self.candidates)}
+                "exits": {k: e.to_json() for k, e in self.exits.items()},
+                "batches": {str(b): [lp.to_json() for lp in lps] for b, lps in sorted(self.batches.items())},
+                "candidates": list(self.candidates)}
 
     @classmethod
     def from_json(cls, data: Any, where: str = "plan") -> ExecutionPlan:
@@ -481,6 +493,18 @@ class ExecutionPlan:
                 raise BackendError(f"{where}: exits.{key}.latency_ms and eager_ms must be lists of numbers, got "
                                    f"{times!r:.80}. HINT: re-run `nestflex tune BUNDLE`")
             exits[key] = ExitsPlan(backend, t, tuple(times[0]), tuple(times[1]))
+        batches = {}
+        raw = data.get("batches") or {}
+        if not isinstance(raw, Mapping):
+            raise BackendError(f"{where}: `batches` must be an object (batch size -> levels), got {raw!r:.80}")
+        for b, lps in raw.items():
+            size = int(b) if isinstance(b, str) and b.isdigit() else None
+            if size is None or size < 2 or not isinstance(lps, list) or len(lps) != len(levels):
+                raise BackendError(f"{where}: `batches` maps a batch size >= 2 to {len(levels)} level entries, got "
+                                   f"{b!r}: {lps!r:.60}. HINT: re-run `nestflex tune BUNDLE --batches ...`")
+            batches[size] = tuple(LevelPlan(*_backend_and_threads(r, f"{where}: batches.{b}[{i}]"),
+                                            r.get("latency_ms"), r.get("eager_ms"), r.get("accuracy"))
+                                  for i, r in enumerate(lps))
         budget, checked = data.get("budget_points"), data.get("check_samples", 0)
         if budget is not None and (isinstance(budget, bool) or not isinstance(budget, (int, float))
                                    or not 0 <= budget <= 100):
@@ -492,7 +516,8 @@ class ExecutionPlan:
             raise BackendError(f"{where}: `check_samples` must be an int >= 0, got {checked!r:.80}. "
                                f"HINT: re-run `nestflex tune BUNDLE`")
         return cls(tuple(levels), str(data.get("bundle", "")), dict(data.get("machine") or {}),
-                   tuple(data.get("candidates") or ()), None if budget is None else float(budget), checked, exits)
+                   tuple(data.get("candidates") or ()), None if budget is None else float(budget), checked, exits,
+                   batches)
 
 
 def _backend_and_threads(r: Any, where: str) -> tuple[str, int]:
@@ -550,7 +575,8 @@ def resolve(plan_level: LevelPlan | ExitsPlan) -> tuple[Backend, int]:
 
 def synthesize(bundle: Any, *, backends: Sequence[str] | None = None, threads: Sequence[int] | None = None,
                repeats: int = 30, atol: float = 1e-4, samples: torch.Tensor | None = None,
-               budget_points: float = 1.0, log: Callable[[str], None] | None = None) -> ExecutionPlan:
+               budget_points: float = 1.0, batches: Sequence[int] = (1,),
+               log: Callable[[str], None] | None = None) -> ExecutionPlan:
     """Measure every backend x threads for every level on this machine; keep the fastest that passes.
 
     A float32 backend passes when its logits match the eager program's within ``atol``; a reduced
@@ -567,6 +593,9 @@ def synthesize(bundle: Any, *, backends: Sequence[str] | None = None, threads: S
         samples: inputs for the agreement check (default: 8 of the bundle's check samples, else 8
             seeded normal batches of one).
         budget_points: accuracy (points) a reduced-precision configuration may lose.
+        batches: batch sizes to time every configuration at; batch 1 (always timed) gives the
+            plan's levels, each larger one its own choice per level (:attr:`ExecutionPlan.batches`:
+            what a runtime made for that batch size runs).
 
     Returns:
         the :class:`ExecutionPlan` (eager at 1 thread is always a candidate, so every level gets one).
@@ -576,6 +605,9 @@ def synthesize(bundle: Any, *, backends: Sequence[str] | None = None, threads: S
     from nestflex.deploy.timing import median_ms
     from nestflex.deploy.wire import bundle_id
 
+    sizes = sorted({1, *batches})
+    if any(isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in sizes):
+        raise BackendError(f"`batches` must be ints >= 1, got {list(batches)!r}")
     names = list(backends) if backends is not None else list_backends(available_only=True)
     counts = list(threads) if threads is not None else list(range(1, (os.cpu_count() or 1) + 1))
     if "eager" not in names:
@@ -583,10 +615,12 @@ def synthesize(bundle: Any, *, backends: Sequence[str] | None = None, threads: S
     shape = tuple(bundle.spec.input.shape)
     labelled = calibration_split(bundle)[1] if bundle.spec.samples is not None else None
     x1 = torch.randn(1, *shape, generator=torch.Generator().manual_seed(0))
+    xb = {b: torch.randn(b, *shape, generator=torch.Generator().manual_seed(b)) for b in sizes[1:]}
     check = samples if samples is not None else (
         labelled[0][:8] if labelled is not None else torch.randn(8, *shape, generator=torch.Generator().manual_seed(1)))
     before = torch.get_num_threads()
     candidates, levels = [], []
+    by_batch: dict[int, list[LevelPlan]] = {b: [] for b in sizes[1:]}
     try:
         for level in range(bundle.num_levels):
             rt = CapacityRuntime(bundle, level)
@@ -595,6 +629,8 @@ def synthesize(bundle: Any, *, backends: Sequence[str] | None = None, threads: S
             ref_acc = None if labelled is None else _accuracy(rt._eager, *labelled)
             best = None
             eager_ms = None
+            best_b: dict[int, tuple] = {}  # batch -> (backend, threads, ms per call, accuracy)
+            eager_b: dict[int, float] = {}
             for name in names:
                 backend = get_backend(name)
                 if not backend.available():
@@ -609,6 +645,7 @@ def synthesize(bundle: Any, *, backends: Sequence[str] | None = None, threads: S
                         err = float((out - ref).abs().max())
                         acc = None if exact or labelled is None else _accuracy(fn, *labelled)
                         ms = median_ms(lambda: fn(x1), repeats, warmup=3)
+                        ms_b = {b: median_ms(lambda v=v: fn(v), repeats, warmup=2) for b, v in xb.items()}
                     except Exception as e:  # a backend that cannot run this level is not a candidate
                         candidates.append({"level": level, "backend": name, "threads": t, "error": f"{e}"[:200]})
                         continue
@@ -620,23 +657,33 @@ def synthesize(bundle: Any, *, backends: Sequence[str] | None = None, threads: S
                            "max_abs_diff": err, "agrees": ok}
                     if acc is not None:
                         row.update(accuracy=round(acc, 6), eager_accuracy=round(ref_acc, 6))
+                    if ms_b:
+                        row["batch_ms"] = {str(b): round(v, 4) for b, v in ms_b.items()}
                     candidates.append(row)
                     if name == "eager" and t == 1:
                         eager_ms = ms
+                        eager_b = ms_b
                     if ok and (best is None or ms < best[2]):
                         best = (name, t, ms, ref_acc if exact else acc)
+                    for b, v in ms_b.items():
+                        if ok and (b not in best_b or v < best_b[b][2]):
+                            best_b[b] = (name, t, v, ref_acc if exact else acc)
                     if log is not None:
                         log(f"level {level}: {name:16s} threads {t}: {ms:8.3f} ms  max|diff| {err:.2e}"
                             + ("" if acc is None else f"  accuracy {acc:.4f} (eager {ref_acc:.4f})"))
             levels.append(LevelPlan(best[0], best[1], round(best[2], 4), None if eager_ms is None else round(eager_ms, 4),
                                     None if best[3] is None else round(best[3], 6)))
+            for b, (name, t, v, acc) in best_b.items():
+                by_batch[b].append(LevelPlan(name, t, round(v, 4), None if b not in eager_b else round(eager_b[b], 4),
+                                             None if acc is None else round(acc, 6)))
         exits = {key: _synthesize_exits(bundle, key, names, counts, repeats, atol, check, x1, candidates, log)
                  for key in bundle.exit_sets}
     finally:
         torch.set_num_threads(before)
     return ExecutionPlan(tuple(levels), bundle_id(bundle), machine(), tuple(candidates),
                          budget_points=budget_points if labelled is not None else None,
-                         check_samples=0 if labelled is None else int(labelled[0].shape[0]), exits=exits)
+                         check_samples=0 if labelled is None else int(labelled[0].shape[0]), exits=exits,
+                         batches={b: tuple(lps) for b, lps in by_batch.items()})
 
 
 def _synthesize_exits(bundle: Any, key: str, names: Sequence[str], counts: Sequence[int], repeats: int, atol: float,

@@ -424,11 +424,13 @@ class Bundle:
                               f"[{int(y.min())}, {int(y.max())}]. HINT: re-export the bundle")
         return x, y
 
-    def capacity(self, level: int | None = None, plan: Any = "auto"):
+    def capacity(self, level: int | None = None, plan: Any = "auto", batch: int = 1):
         """A :class:`~nestflex.deploy.runtime.CapacityRuntime` with ``level`` resident (default: the largest).
 
         ``plan``: an :class:`~nestflex.deploy.backends.ExecutionPlan`, ``None`` (eager), or
         ``"auto"``: the plan ``nestflex tune`` stored beside the bundle, if there is one.
+        ``batch``: the batch size it will mostly run; a plan tuned with ``--batches`` then gives
+        that size's configuration per level.
         """
         from nestflex.deploy.runtime import CapacityRuntime
 
@@ -436,7 +438,7 @@ class Bundle:
             from nestflex.deploy.backends import load_plan
 
             plan = load_plan(self)
-        return CapacityRuntime(self, self.num_levels - 1 if level is None else level, plan)
+        return CapacityRuntime(self, self.num_levels - 1 if level is None else level, plan, batch)
 
     def progressive(self, capacity=None, exit_set: str = "exits", plan: Any = "auto"):
         """A :class:`~nestflex.deploy.runtime.ProgressiveRuntime` (batched early exit).

@@ -284,8 +284,11 @@ def _cmd_tune(args: argparse.Namespace) -> int:
     if not 0 <= args.budget < 100:
         print(f"error: --budget is in accuracy points, in [0, 100), got {args.budget}", file=sys.stderr)
         return 2
+    if any(b < 1 for b in args.batches):
+        print(f"error: --batches are batch sizes >= 1, got {args.batches}", file=sys.stderr)
+        return 2
     plan = synthesize(bundle, backends=args.backends, threads=args.threads, repeats=args.repeats,
-                      budget_points=args.budget, log=None if args.quiet else print)
+                      budget_points=args.budget, batches=args.batches, log=None if args.quiet else print)
     path = write_plan(bundle, plan, args.out)
     rows = [[k, lp.backend, lp.threads, lp.latency_ms, lp.eager_ms,
              None if not lp.eager_ms or not lp.latency_ms else round(lp.eager_ms / lp.latency_ms, 2),
@@ -297,6 +300,12 @@ def _cmd_tune(args: argparse.Namespace) -> int:
                 for k, (ms, e) in enumerate(zip(ep.latency_ms, ep.eager_ms))]
         print(f"{key}:")
         print(_table(["exit", "backend", "threads", "ms", "eager 1-thread ms", "speed-up"], rows))
+    for b, lps in sorted(plan.batches.items()):  # bundle.capacity(level, batch=b) runs these
+        rows = [[k, lp.backend, lp.threads, lp.latency_ms, lp.eager_ms,
+                 round(lp.eager_ms / lp.latency_ms, 2) if lp.eager_ms and lp.latency_ms else None]
+                for k, lp in enumerate(lps)]
+        print(f"batch {b}:")
+        print(_table(["level", "backend", "threads", "ms per batch", "eager 1-thread ms", "speed-up"], rows))
     if plan.budget_points is None:
         print("the bundle ships no samples: only float32 backends were candidates (re-export with samples for int8)")
     print(f"plan: {path}")
@@ -343,6 +352,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("bundle")
     p.add_argument("--backends", nargs="+", default=None, help="backends to try (default: every installed one)")
     p.add_argument("--threads", type=int, nargs="+", default=None, help="thread counts (default: 1..cores)")
+    p.add_argument("--batches", type=int, nargs="+", default=[1],
+                   help="batch sizes to time (default 1); each above 1 gets its own choice per level")
     p.add_argument("--repeats", type=int, default=30)
     p.add_argument("--budget", type=float, default=1.0,
                    help="accuracy points an int8 level may lose on the bundle's check samples")

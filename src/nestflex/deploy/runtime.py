@@ -306,6 +306,9 @@ class CapacityRuntime:
     Args:
         bundle: a loaded :class:`~nestflex.deploy.bundle.Bundle`.
         level: the level to make resident first.
+        plan: an :class:`~nestflex.deploy.backends.ExecutionPlan` (``None``: eager everywhere).
+        batch: the batch size it will mostly run: the plan's choices for that size
+            (:meth:`~nestflex.deploy.backends.ExecutionPlan.for_batch`; batch 1's by default).
 
     Attributes:
         level: the resident level.
@@ -318,7 +321,7 @@ class CapacityRuntime:
         rt.set_level(1).page_in_bytes
     """
 
-    def __init__(self, bundle: Bundle, level: int, plan: Any = None) -> None:
+    def __init__(self, bundle: Bundle, level: int, plan: Any = None, batch: int = 1) -> None:
         cap = bundle.spec.capacity
         self.bundle = bundle
         self.num_levels = cap.num_levels
@@ -333,6 +336,10 @@ class CapacityRuntime:
         if plan is not None and len(plan.levels) != self.num_levels:
             raise BundleError(f"`plan` has {len(plan.levels)} levels, the bundle {self.num_levels}. HINT: run "
                               f"`nestflex tune` on this bundle")
+        if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+            raise BundleError(f"`batch` must be an int >= 1 (the batch size the runtime will run), got {batch!r}")
+        self.batch = batch
+        self._plan_levels = None if plan is None else plan.for_batch(batch)
         self.set_level(level)
 
     def level_bytes(self, level: int) -> int:
@@ -366,7 +373,7 @@ class CapacityRuntime:
             from nestflex.deploy.backends import resolve
 
             self._session_bytes = 0
-            backend, threads = resolve(self.plan.levels[level])
+            backend, threads = resolve(self._plan_levels[level])
             self._fn = backend.prepare(self, level, threads)
             self.backend = backend.name
             torch.set_num_threads(threads)

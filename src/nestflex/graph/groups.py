@@ -30,6 +30,12 @@ the last dim consumes and produces channels like a 1x1 conv: a transformer's MLP
 channels (``fc1`` -> GELU -> ``fc2``) form a group. ``LayerNorm`` and ``GroupNorm`` normalise over
 the channels (removing one changes every other's statistics), so they lock theirs.
 
+``torch.stack`` of tensors that carry the same channels ties them (like an add) and moves the
+channel dim right; ``sum``/``mean`` over other dims move it back. A layer whose output is read
+as ``k`` blocks (``fc(x).view(B, k, C // k, H, W)``, a selective kernel's per-path attention)
+holds channel ``j`` in row ``j`` of every block (:attr:`Member.copies` ``k``), so timm's
+``SelectiveKernel`` prunes its paths with the attention that weighs them.
+
 Attention heads are a unit. ``self.qkv(x).reshape(B, N, 3, H, d)`` splits a Linear's output
 into blocks (q, k, v) of ``H`` heads of ``d`` dims; the heads are followed through the permute,
 ``unbind``/indexing into q, k and v, ``scaled_dot_product_attention`` or ``q @ k.T``, softmax,
@@ -219,6 +225,7 @@ _PASS_FUNCTIONS = {
     F.relu, F.relu6, F.hardtanh, F.leaky_relu, F.gelu, F.silu, F.hardswish, F.hardsigmoid,
     F.dropout, F.max_pool2d, F.avg_pool2d, F.adaptive_avg_pool2d, F.adaptive_max_pool2d,
     torch.relu, torch.sigmoid, torch.tanh, torch.flatten, torch.reshape, F.softmax, torch.softmax,
+    torch.sum, torch.mean, torch.amax,
 }
 _PASS_METHODS = {
     "relu", "relu_", "sigmoid", "tanh", "contiguous", "clone", "float", "to", "flatten", "view",
@@ -428,6 +435,9 @@ def find_groups(gm: fx.GraphModule, root: nn.Module | None = None) -> tuple[list
         if is_join:
             info[node] = _join(node, info, uf, shape, composite) or opaque(node, f"`{node.name}`")
             continue
+        if node.op == "call_function" and target is torch.stack:
+            info[node] = _stack(node, info, uf, shape) or opaque(node, f"`{node.name}` (stack)")
+            continue
         if node.op == "call_function" and target in _CAT_FUNCTIONS:
             info[node] = _concat(node, info, uf, shape, composite) or opaque(node, f"`{node.name}` (cat)")
             continue
@@ -454,6 +464,12 @@ def find_groups(gm: fx.GraphModule, root: nn.Module | None = None) -> tuple[list
             node.op == "call_function" and (target in _PASS_FUNCTIONS or _qualname(target) in _PASS_FUNCTION_NAMES)
         ) or (node.op == "call_method" and target in _PASS_METHODS)
         if is_pass and src_info is not None and _is_view(node) and not src_info.heads:
+            blocks = _split_blocks(node, src, src_info, shape, modules)
+            if blocks is not None:
+                retyped[(src_info.space, src.target)] = (blocks, 1)
+                info[src] = None  # the layer's own output is the blocks, not one channel each
+                info[node] = src_info.at(2)
+                continue
             split = _split_heads(node, src, src_info, shape, modules, owners)
             if isinstance(split, str):
                 lock(src_info, split)
@@ -518,6 +534,12 @@ def _reshape(node: fx.Node, src: fx.Node, src_info: _Info, shape: tuple[int, ...
         return None
     if src_info.heads:  # (dropout, softmax over keys, identity q/k norms): the same shape only
         return src_info if tuple(shape) == tuple(in_shape) else None
+    if src_info.dim != 1 and tuple(shape) == tuple(in_shape):
+        return src_info  # elementwise, or a softmax over another dim (selective kernels' paths)
+    if src_info.dim != 1 and src_info.factor == 1 and src_info.parts is None:
+        kept = _reduced_dim(node, src_info.dim, len(in_shape))
+        if kept is not None:
+            return src_info.at(kept)
     if src_info.dim != 1:
         # channels last: a reshape that keeps the last dim keeps every row of channels whole
         # (row-major), whatever it does to the dims before (tokens, windows folded into dim 0)
@@ -775,6 +797,66 @@ def _permutation(node: fx.Node, src_info: _Info) -> list[int] | None:
     a, b = rest[0] % ndim, rest[1] % ndim
     perm[a], perm[b] = perm[b], perm[a]
     return perm
+
+
+def _reduced_dim(node: fx.Node, dim: int, ndim: int) -> int | None:
+    """Where channel dim ``dim`` lands after a ``mean``/``sum``/``amax`` over other dims (None:
+    not such a reduction). Callers rule out reductions over the channels first."""
+    name = node.target if node.op == "call_method" else getattr(node.target, "__name__", "")
+    dims = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim")
+    if name not in ("mean", "sum", "amax") or dims is None:
+        return None
+    dims = dims if isinstance(dims, (list, tuple)) else (dims,)
+    if not all(isinstance(d, int) for d in dims):
+        return None
+    keep = node.args[2] if len(node.args) > 2 else node.kwargs.get("keepdim", False)
+    return dim if keep else dim - sum(d % ndim < dim for d in dims)
+
+
+def _stack(node: fx.Node, info: dict, uf: _UnionFind, shape: tuple[int, ...]) -> _Info | None:
+    """``torch.stack`` of tensors with their channels on one dim: they share them (like an add),
+    and a new dim before the channels moves them right (selective kernels stack their paths)."""
+    tensors = node.args[0] if node.args else node.kwargs.get("tensors")
+    dim = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim", 0)
+    if not isinstance(tensors, (list, tuple)) or not isinstance(dim, int) or not tensors:
+        return None
+    infos = [info.get(t) if isinstance(t, fx.Node) else None for t in tensors]
+    if any(i is None or i.factor != 1 or i.parts is not None or i.heads for i in infos):
+        return None
+    if len({i.dim for i in infos}) != 1 or len({t.meta.get("shape") for t in tensors}) != 1:
+        return None
+    c, d = infos[0].dim, dim % len(shape)
+    space = infos[0].space
+    for i in infos[1:]:
+        space = uf.union(space, i.space)
+    return _Info(space, dim=c + 1 if d <= c else c)
+
+
+def _split_blocks(node: fx.Node, src: fx.Node, src_info: _Info, shape: tuple[int, ...], modules: dict) -> int | None:
+    """``fc(x).view(B, k, C // k, H, W)``: a layer's output channels read as ``k`` blocks of ``C/k``
+    (a selective kernel's per-path attention). Returns ``k``: channel ``j`` is entry ``j`` of every
+    block of the layer's rows (:attr:`Member.copies`), and sits on dim 2. None when the view is
+    not that, or states the block width as a constant (it would not follow pruning)."""
+    in_shape = src.meta.get("shape")
+    if (in_shape is None or src_info.dim != 1 or src_info.parts is not None or src_info.factor != 1
+            or src.op != "call_module" or [u for u in src.users if not _is_size_query(u)] != [node]
+            or not isinstance(modules.get(src.target), (nn.Conv2d, nn.Linear))):
+        return None
+    if isinstance(modules[src.target], nn.Conv2d) and modules[src.target].groups != 1:
+        return None
+    if (len(shape) != len(in_shape) + 1 or shape[0] != in_shape[0] or tuple(shape[3:]) != tuple(in_shape[2:])
+            or shape[1] < 2 or shape[1] * shape[2] != in_shape[1]):
+        return None
+    sizes = _view_sizes(node)
+    if len(sizes) != len(shape) or sizes[1] != shape[1]:
+        return None
+    width = sizes[2]
+    follows = width == -1 or (isinstance(width, fx.Node) and width.op == "call_function"
+                              and width.target is operator.floordiv and _size_source(width.args[0]) is not None
+                              and _size_source(width.args[0])[0] is src and _size_source(width.args[0])[1] == 1
+                              and width.args[1] == shape[1])
+    return shape[1] if follows else None
+
 
 
 def _is_view(node: fx.Node) -> bool:
