@@ -139,6 +139,21 @@ def test_batched_early_exit_equals_per_sample_and_full_evaluation(confidence, fa
     torch.testing.assert_close(batched.confidence, torch.cat([s.confidence for s in singles]))
 
 
+@pytest.mark.parametrize("fallback", ["most_confident", "final"])
+def test_one_sample_at_a_time_ties_and_float32_thresholds_as_the_batch(fallback):
+    # thresholds exactly at some samples' confidences (ties must not exit) and ones float32 rounds
+    stages, heads = _toy_network()
+    x = torch.randn(64, 8, generator=torch.Generator().manual_seed(2))
+    conf = torch.stack([get_confidence("max_prob")(z) for z in _all_logits(stages, heads, x)])
+    for thresholds in ([float(conf[k, 5]) for k in range(3)], [0.3 + 1e-9, 0.45 + 1e-9, 0.6 + 1e-9]):
+        batched = early_exit(stages, heads, x, thresholds, "max_prob", fallback)
+        singles = [early_exit(stages, heads, x[i: i + 1], thresholds, "max_prob", fallback) for i in range(len(x))]
+        assert batched.exit_index.tolist() == [s.exit_index.item() for s in singles]
+        assert batched.answer_index.tolist() == [s.answer_index.item() for s in singles]
+        torch.testing.assert_close(batched.logits, torch.cat([s.logits for s in singles]))
+        assert batched.confidence.dtype == singles[0].confidence.dtype
+
+
 def test_batched_early_exit_only_runs_the_samples_still_in():
     stages, heads = _toy_network(k_exits=3)
     seen = []

@@ -276,6 +276,8 @@ def early_exit(
     conf_fn = get_confidence(confidence)
     state: State = tuple(x) if isinstance(x, (tuple, list)) else (x,)
     n = state[0].shape[0]
+    if n == 1:
+        return _early_exit_one(stages, heads, state, thr, conf_fn, fallback)
     device = state[0].device
     active = torch.arange(n, device=device)
     exit_index = torch.full((n,), num_exits - 1, dtype=torch.long, device=device)
@@ -326,3 +328,30 @@ def early_exit(
         out_logits[active] = logits
         out_conf[active] = conf
     return ExitResult(out_logits, exit_index, answer_index, out_conf)
+
+
+def _early_exit_one(stages, heads, state: State, thr: list[float], conf_fn: ConfidenceFn, fallback: str) -> ExitResult:
+    """:func:`early_exit` for a batch of one, the way a device serves frames: the same policy on
+    Python scalars. The batched bookkeeping costs about ten small tensor ops per exit, which on a
+    small CNN served by onnxruntime is more than the stages themselves. Thresholds are compared
+    in the confidence's dtype, as the batched path and :func:`decide` compare them."""
+    num_exits = len(stages)
+    best: tuple[float, torch.Tensor, int, torch.Tensor] | None = None
+    cut: list[float] | None = None
+    for k in range(num_exits):
+        state = stages[k](*state)
+        if isinstance(state, torch.Tensor):
+            state = (state,)
+        logits = heads[k](state)
+        conf = conf_fn(logits)
+        c = float(conf[0])
+        if cut is None:
+            cut = [float(t) for t in torch.tensor(thr, dtype=conf.dtype)] if thr else []
+        if best is None or c > best[0]:  # strict: ties keep the earlier exit
+            best = (c, logits, k, conf)
+        if k < num_exits - 1 and c > cut[k]:
+            index = torch.tensor([k], device=logits.device)
+            return ExitResult(logits, index, index.clone(), conf.to(torch.get_default_dtype()))
+    _, answer_logits, answer, answer_conf = best if fallback == "most_confident" else (None, logits, num_exits - 1, conf)
+    return ExitResult(answer_logits, torch.tensor([num_exits - 1], device=logits.device),
+                      torch.tensor([answer], device=logits.device), answer_conf.to(torch.get_default_dtype()))
