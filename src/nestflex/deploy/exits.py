@@ -287,11 +287,7 @@ def early_exit(
     best_conf = best_logits = best_k = None  # per still-active sample, for the fallback
 
     for k in range(num_exits):
-        state = stages[k](*state)
-        if isinstance(state, torch.Tensor):
-            state = (state,)
-        logits = heads[k](state)
-        conf = conf_fn(logits)
+        state, logits, conf = _run_exit(stages[k], heads[k], state, conf_fn)
         if out_logits is None:
             out_logits = logits.new_zeros((n, logits.shape[-1]))
         if best_conf is None:
@@ -330,6 +326,15 @@ def early_exit(
     return ExitResult(out_logits, exit_index, answer_index, out_conf)
 
 
+def _run_exit(stage, head, state: State, conf_fn: ConfidenceFn) -> tuple[State, torch.Tensor, torch.Tensor]:
+    """One stage, its head and the head's confidence."""
+    state = stage(*state)
+    if isinstance(state, torch.Tensor):
+        state = (state,)
+    logits = head(state)
+    return state, logits, conf_fn(logits)
+
+
 def _early_exit_one(stages, heads, state: State, thr: list[float], conf_fn: ConfidenceFn, fallback: str) -> ExitResult:
     """:func:`early_exit` for a batch of one, the way a device serves frames: the same policy on
     Python scalars. The batched bookkeeping costs about ten small tensor ops per exit, which on a
@@ -339,11 +344,7 @@ def _early_exit_one(stages, heads, state: State, thr: list[float], conf_fn: Conf
     best: tuple[float, torch.Tensor, int, torch.Tensor] | None = None
     cut: list[float] | None = None
     for k in range(num_exits):
-        state = stages[k](*state)
-        if isinstance(state, torch.Tensor):
-            state = (state,)
-        logits = heads[k](state)
-        conf = conf_fn(logits)
+        state, logits, conf = _run_exit(stages[k], heads[k], state, conf_fn)
         c = float(conf[0])
         if cut is None:
             cut = [float(t) for t in torch.tensor(thr, dtype=conf.dtype)] if thr else []
