@@ -850,11 +850,10 @@ def _split_blocks(node: fx.Node, src: fx.Node, src_info: _Info, shape: tuple[int
     sizes = _view_sizes(node)
     if len(sizes) != len(shape) or sizes[1] != shape[1]:
         return None
-    width = sizes[2]
+    width = sizes[2]  # -1, or the layer's own channel count // k: both follow pruning
     follows = width == -1 or (isinstance(width, fx.Node) and width.op == "call_function"
-                              and width.target is operator.floordiv and _size_source(width.args[0]) is not None
-                              and _size_source(width.args[0])[0] is src and _size_source(width.args[0])[1] == 1
-                              and width.args[1] == shape[1])
+                              and width.target is operator.floordiv and width.args[1] == shape[1]
+                              and _size_source(width.args[0]) == (src, 1))
     return shape[1] if follows else None
 
 
