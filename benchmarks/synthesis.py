@@ -26,6 +26,9 @@ and heads up to it), and early exit run on ``--exit-samples`` of the bundle's ch
 *latency saving*) beside the mean MACs against the backbone's (its *MACs saving*), with the plan
 and with eager at 1 thread.
 
+Resident memory per level, with the plan and eager: RSS measured in a child process at each level
+minus RSS once the runtime is gone, against the largest level's weight bytes.
+
 Writes ``--out/summary.json`` (with the ``goals`` object) and ``--out/latency_vs_macs.png``.
 
 Example:
@@ -146,6 +149,65 @@ def switch_ms(bundle, plan, switches: int, cached: bool = True) -> dict[str, flo
     return {"median_ms": statistics.median(times), "max_ms": max(times)}
 
 
+def resident_memory(path: str, plan) -> dict[str, Any]:
+    """Measured resident memory per level with ``plan`` (``None``: eager) in a fresh process: RSS at
+    each level (after a pass over every level, sessions built and run; freed memory returned to
+    the OS) minus RSS once the runtime is gone, against the level's weight bytes."""
+    import json
+    import subprocess
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        plan_file = "eager"
+        if plan is not None:
+            plan_file = str(Path(tmp) / "plan.json")
+            write_json(plan_file, plan.to_json())
+        out = subprocess.run([sys.executable, __file__, "--memory-probe", path, plan_file], capture_output=True,
+                             text=True, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _memory_probe(path: str, plan_file: str) -> dict[str, Any]:
+    import ctypes
+    import gc
+    import json
+    import os
+
+    from nestflex.deploy.backends import ExecutionPlan
+
+    libc = ctypes.CDLL("libc.so.6")
+
+    def rss() -> int:
+        gc.collect()
+        libc.malloc_trim(0)
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+    bundle = load(path)
+    plan = None if plan_file == "eager" else ExecutionPlan.from_json(json.loads(Path(plan_file).read_text()))
+    x = torch.randn(1, *bundle.spec.input.shape)
+    rt = bundle.capacity(0, plan=plan)
+    for _ in range(2):  # every session built and run once: one-time library and allocator costs paid
+        for k in range(bundle.num_levels):
+            rt.set_level(k)
+            rt(x)
+    rows = []
+    for k in range(bundle.num_levels):
+        rt.set_level(k)
+        for _ in range(5):
+            rt(x)
+        rows.append({"level": k, "backend": rt.backend, "rss": rss(), "resident_bytes": rt.resident_bytes,
+                     "level_bytes": rt.level_bytes(k)})
+    del rt
+    base = rss()
+    top = rows[-1]["level_bytes"]
+    for r in rows:
+        r["rss_delta"] = r.pop("rss") - base
+        r["rss_vs_largest_level"] = r["rss_delta"] / top
+        r["accounted_vs_largest_level"] = r["resident_bytes"] / top
+    return {"base_rss": base, "largest_level_bytes": top, "levels": rows}
+
+
 def exit_savings(bundle, plan, key: str, n: int, repeats: int = 5) -> dict[str, Any]:
     """Early exit at batch 1 on ``n`` of the bundle's check samples: mean latency per sample and mean
     MACs, against the largest level's latency and the backbone's MACs, with ``plan`` (its entry for
@@ -156,12 +218,19 @@ def exit_savings(bundle, plan, key: str, n: int, repeats: int = 5) -> dict[str, 
     x, y = x[:n], y[:n]
     spec = bundle.spec.exit_set(key)
     out = {}
+    from nestflex.deploy.backends import ExecutionPlan, LevelPlan
+
+    ep = plan.exits.get(key)
     for label, p in (("plan", plan), ("eager", None)):
         if p is None:
             torch.set_num_threads(1)
         level = bundle.capacity(bundle.num_levels - 1, plan=p)  # sets the level's planned threads
+        # the backbone alone on the exits' own backend and threads: what the exits add or save there
+        same = level if p is None or ep is None else bundle.capacity(
+            bundle.num_levels - 1, plan=ExecutionPlan(tuple(LevelPlan(ep.backend, ep.threads) for _ in bundle.levels)))
         prog = bundle.progressive(exit_set=key, plan=p)
-        times = {"exits": [[] for _ in range(len(x))], "level": [[] for _ in range(len(x))]}
+        times = {"exits": [[] for _ in range(len(x))], "level": [[] for _ in range(len(x))],
+                 "same": [[] for _ in range(len(x))]}
         exits, hits = [], 0
         for r in range(repeats):
             for i in range(len(x)):
@@ -172,6 +241,9 @@ def exit_savings(bundle, plan, key: str, n: int, repeats: int = 5) -> dict[str, 
                 t = time.perf_counter()
                 level(xi)
                 times["level"][i].append(time.perf_counter() - t)
+                t = time.perf_counter()
+                same(xi)
+                times["same"][i].append(time.perf_counter() - t)
                 if r == 0:
                     exits.append(int(res.exit_index[0]))
                     hits += int(res.logits.argmax(-1)[0] == y[i])
@@ -179,9 +251,9 @@ def exit_savings(bundle, plan, key: str, n: int, repeats: int = 5) -> dict[str, 
         macs = statistics.mean(spec.macs[k] for k in exits)
         out[label] = {"backend": prog.backend, "level_backend": level.backend, "mean_ms": ms["exits"],
                       "largest_level_ms": ms["level"], "latency_saving": 1 - ms["exits"] / ms["level"],
+                      "backbone_same_backend_ms": ms["same"], "latency_saving_same_backend": 1 - ms["exits"] / ms["same"],
                       "mean_macs": macs, "macs_saving": 1 - macs / spec.backbone_macs, "accuracy": hits / len(x),
                       "exit_share": [exits.count(k) / len(exits) for k in range(len(spec.names))]}
-    ep = plan.exits.get(key)
     return {"exit_set": key, "samples": len(x), "thresholds": list(spec.thresholds),
             "config": None if ep is None else ep.to_json(), **out}
 
@@ -236,6 +308,7 @@ def one(path: str, args: argparse.Namespace) -> dict[str, Any]:
         for k, lp in enumerate(lps)]} for b, lps in sorted(plan.batches.items())]
     return {"bundle": path, "levels": rows, "exits": exits, "batches": batches, "search_seconds": search_s,
             "switch": switch_ms(bundle, plan, args.switches),
+            "memory": {"plan": resident_memory(path, plan), "eager": resident_memory(path, None)},
             "switch_without_saved_graphs": uncached,
             "budget_points": plan.budget_points, "check_samples": plan.check_samples,
             "test": accuracy_on_test(bundle, args.test_samples, args.data_dir),
@@ -280,6 +353,9 @@ def goals_of(results: list[dict[str, Any]], budget: float = 1.0) -> dict[str, An
     before = {r["bundle"]: max(x["time_fraction_before"] / x["macs_fraction"] for x in r["levels"]) for r in results}
     frame = 1000 / 30
     switch = {r["bundle"]: r["switch"]["max_ms"] for r in results}
+    memory = {r["bundle"]: {"rss": max(x["rss_vs_largest_level"] for x in r["memory"]["plan"]["levels"]),
+                            "accounted": max(x["accounted_vs_largest_level"] for x in r["memory"]["plan"]["levels"])}
+              for r in results}
     saving = {}
     for r in results:
         for e in r.get("exits", []):
@@ -287,6 +363,8 @@ def goals_of(results: list[dict[str, Any]], budget: float = 1.0) -> dict[str, An
             saving[f"{r['bundle']}:{e['exit_set']}"] = {
                 "latency_saving": round(m["latency_saving"], 4), "macs_saving": round(m["macs_saving"], 4),
                 "ratio": round(m["latency_saving"] / m["macs_saving"], 3) if m["macs_saving"] > 0 else None,
+                "ratio_same_backend": round(m["latency_saving_same_backend"] / m["macs_saving"], 3)
+                if m["macs_saving"] > 0 else None,
                 "eager_ratio": round(e["eager"]["latency_saving"] / e["eager"]["macs_saving"], 3)
                 if e["eager"]["macs_saving"] > 0 else None}
     return {
@@ -301,13 +379,20 @@ def goals_of(results: list[dict[str, Any]], budget: float = 1.0) -> dict[str, An
         "switch_within_a_frame": {"target": f"a level switch within one frame period at 30 fps ({frame:.1f} ms)",
                                   "measured": switch, "met": all(v <= frame for v in switch.values()),
                                   "note": "worst switch over every ordered level pair"},
+        "resident_memory": {"target": "resident memory within 1.1x of the largest level's weights, with the plan",
+                            "measured": memory,
+                            "met": all(max(v.values()) <= 1.1 for v in memory.values()),
+                            "note": "worst level: measured RSS growth over the process without the runtime (rss) "
+                                    "and the runtime's own account (accounted), over the largest level's weight "
+                                    "bytes; the eager figures are in results[].memory.eager"},
         "early_exit_saving": {"target": "early exit's mean latency saving >= 0.8x its mean MACs saving (batch 1)",
                               "measured": saving or None,
                               "met": bool(saving) and all(v["ratio"] is not None and v["ratio"] >= 0.8
                                                           for v in saving.values()),
                               "note": "per exit set, with the plan: 1 - mean latency per sample / the largest level's "
-                                      "(planned) latency, against 1 - mean MACs / the backbone's; eager_ratio: the same "
-                                      "at 1 thread eager; None: no samples in the bundle or no exits"},
+                                      "(planned) latency, against 1 - mean MACs / the backbone's; ratio_same_backend: "
+                                      "against the backbone alone on the exits' backend and threads; eager_ratio: the "
+                                      "same at 1 thread eager; None: no samples in the bundle or no exits"},
         "int8": {"target": f">= 3x today's eager runtime with int8 within {budget:g} point(s) (largest level, batch 1)",
                  "measured": int8, "met": int8_met,
                  "note": "int8 (onnxruntime QDQ, calibrated on half the bundle's samples) vs eager at 1 thread; the "
@@ -317,6 +402,12 @@ def goals_of(results: list[dict[str, Any]], budget: float = 1.0) -> dict[str, An
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--memory-probe"]:  # the child process of resident_memory()
+        import json
+
+        print(json.dumps(_memory_probe(argv[1], argv[2])))
+        return 0
     args = parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

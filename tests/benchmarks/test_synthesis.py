@@ -23,6 +23,12 @@ def test_synthesis_writes_a_plan_per_level_and_goals(tmp_path):
     for r in res["levels"]:
         assert r["plan_ms"] > 0 and r["speedup_vs_eager"] > 0 and 0 < r["macs_fraction"] <= 1
     assert res["switch"]["max_ms"] > 0
+    for side in ("plan", "eager"):  # resident memory measured in a child process, per level
+        mem = res["memory"][side]
+        assert [r["level"] for r in mem["levels"]] == [0, 1, 2] and mem["base_rss"] > 0
+        assert all(r["resident_bytes"] > 0 and r["level_bytes"] > 0 for r in mem["levels"])
+    assert [r["backend"] for r in res["memory"]["plan"]["levels"]] == [r["backend"] for r in res["levels"]]
+    assert summary["goals"]["resident_memory"]["measured"][str(tmp_path / "model.nfx")]["accounted"] > 0
     assert all({"target", "measured", "met", "note"} <= set(g) for g in summary["goals"].values())
     assert (out / "latency_vs_macs.png").exists()
     assert summary["goals"]["int8"]["measured"] == {str(tmp_path / "model.nfx"): None}  # no samples: no int8
@@ -53,6 +59,7 @@ def test_synthesis_reports_the_best_float32_and_int8_configurations_with_samples
     for side in ("plan", "eager"):
         m = ex[side]
         assert m["mean_ms"] > 0 and m["largest_level_ms"] > 0 and m["macs_saving"] < 1  # < 0: heads, no exit
+        assert m["backbone_same_backend_ms"] > 0
         assert abs(sum(m["exit_share"]) - 1) < 1e-9 and 0 <= m["accuracy"] <= 1
     saving = summary["goals"]["early_exit_saving"]["measured"][f"{tmp_path / 'model.nfx'}:exits"]
     assert saving["macs_saving"] == round(ex["plan"]["macs_saving"], 4)

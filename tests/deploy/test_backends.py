@@ -48,9 +48,29 @@ def test_a_level_switch_switches_the_configuration(bundle):
         rt.set_level(level)
         assert rt.backend == name
         torch.testing.assert_close(rt(x), bundle.capacity(level, plan=None)(x), atol=1e-4, rtol=0)
-    assert rt.resident_bytes > rt.level_bytes(2)  # the session's copy is counted while onnxruntime runs
     rt.set_level(0)
     assert rt.resident_bytes == rt.level_bytes(0)
+
+
+def test_an_onnxruntime_level_keeps_one_copy_and_pages_back_in_for_eager_use(bundle):
+    pytest.importorskip("onnxruntime")
+    plan = ExecutionPlan((LevelPlan("eager"), LevelPlan("onnxruntime"), LevelPlan("onnxruntime")))
+    rt = bundle.capacity(0, plan=plan)
+    x = _x(2, seed=5)
+    report = rt.set_level(2)
+    assert (report.page_in_bytes, report.page_out_bytes) == (0, rt.level_bytes(0))  # level 0's tensors go
+    assert rt._store.resident_bytes == 0  # only the session's copy is resident
+    session = get_backend("onnxruntime").model_path(bundle, 2).stat().st_size
+    assert rt.resident_bytes == session
+    torch.testing.assert_close(rt(x), bundle.capacity(2, plan=None)(x), atol=1e-4, rtol=0)
+    assert rt.set_level(1).page_in_bytes == 0
+    split = bundle.splits[0]["name"]
+    head, tail = rt.split(split)  # eager: the level's tensors page in on demand
+    torch.testing.assert_close(tail(*head(x)), bundle.capacity(1, plan=None)(x), atol=1e-5, rtol=0)
+    assert rt._store.resident_bytes == rt.level_bytes(1)
+    report = rt.set_level(0)  # back to an eager level: all of it pages in
+    assert rt.resident_bytes == rt.level_bytes(0)
+    torch.testing.assert_close(rt(x), bundle.capacity(0, plan=None)(x), atol=0, rtol=0)
 
 
 def test_synthesize_keeps_only_agreeing_configurations_and_tune_writes_beside_the_bundle(bundle, tmp_path):
@@ -142,7 +162,12 @@ def test_onnxruntime_exits_equal_the_eager_program_at_every_exit(bundle):
     got, ref = rt(x, thresholds=[0.0, 0.0]), eager(x, thresholds=[0.0, 0.0])  # batched early exit, same answers
     assert got.exit_index.tolist() == ref.exit_index.tolist()
     torch.testing.assert_close(got.logits, ref.logits, atol=1e-4, rtol=0)
-    assert rt.resident_bytes > eager.resident_bytes  # the sessions' copies are counted
+    # the sessions hold the stages and heads: no second copy in tensors (the eager heads page in on use)
+    assert rt._head_store.resident_bytes == 0 and rt.capacity.resident_bytes == 0
+    assert rt.own_bytes == rt.resident_bytes == rt._session_bytes > 0
+    state = eager._eager_stages[0](x)
+    torch.testing.assert_close(rt._eager_heads[0](state), eager._eager_heads[0](state), atol=0, rtol=0)
+    assert rt._head_store.resident_bytes == eager._head_store.resident_bytes
 
 
 def test_a_level_only_backend_is_refused_for_exits_with_the_fix(bundle):

@@ -9,10 +9,11 @@ A backend turns one resident level into a function ``x -> logits``:
   is contiguous, so oneDNN's NHWC kernels vectorise over channels); the weights are converted
   in place, so resident memory does not grow;
 * ``onnxruntime``: the level's ONNX file (shipped in every bundle) in an onnxruntime session with
-  all graph optimisations; the session holds its own copy of the level's weights while the
-  level is active, so resident memory is the paged weights plus the session's (reported by
-  :meth:`~nestflex.deploy.runtime.CapacityRuntime.resident_bytes`); the optimised graph is saved
-  beside the bundle the first time, so later level switches skip the graph optimiser;
+  all graph optimisations; the session holds its own copy of the level's weights, so the
+  runtime releases its paged tensors while the level runs there (resident memory is the
+  session's, :meth:`~nestflex.deploy.runtime.CapacityRuntime.resident_bytes`; an eager use such
+  as a split pages them in again); the optimised graph is saved beside the bundle the first
+  time, so later level switches skip the graph optimiser;
 * ``onnxruntime_int8``: the level's graph statically quantised (QDQ), calibrated on half the
   bundle's labelled samples; ``onnxruntime_mixed``: the same, with the layers the bundle's
   per-layer precision plan keeps in float left in float32.
@@ -64,6 +65,7 @@ class Backend:
     name: str = ""
     package: str | None = None  # the pip package it needs, for the fallback warning
     precision: str = "float32"  # float32 backends must match the eager program; others the accuracy budget
+    own_weights: bool = False  # runs from its own copy of the weights (the runtime's paged tensors are released)
 
     def available(self) -> bool:
         if self.package is None:
@@ -113,6 +115,7 @@ class ChannelsLastBackend(Backend):
 class OnnxRuntimeBackend(Backend):
     name = "onnxruntime"
     package = "onnxruntime"
+    own_weights = True
 
     def model_path(self, bundle: Any, level: int) -> Path:
         """The ONNX file this backend runs for ``level``: the one the bundle ships."""

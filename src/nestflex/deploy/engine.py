@@ -177,7 +177,7 @@ class _App:
 
     @property
     def heads_bytes(self) -> int:
-        return self.progressive._head_store.resident_bytes if self.progressive is not None else 0
+        return self.progressive.own_bytes if self.progressive is not None else 0
 
     @property
     def resident_bytes(self) -> int:

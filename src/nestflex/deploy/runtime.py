@@ -225,7 +225,12 @@ def _delta_boxes(inter: Sequence[int], new: Sequence[int]) -> list[tuple[slice, 
 
 
 class _Store:
-    """The tensors one level uses, read from the bundle's safetensors file on demand."""
+    """The tensors one level uses, read from the bundle's safetensors file on demand.
+
+    :meth:`release` drops every tensor but remembers the level: a level that runs elsewhere (an
+    onnxruntime session holds its own copy) keeps nothing here, and the first eager use
+    (:attr:`tensors`: a split, an eager exit head) pages the level in again.
+    """
 
     def __init__(self, bundle: Bundle, names: Sequence[str], regions: Mapping[str, Sequence[Region]], levels: int) -> None:
         from safetensors import safe_open
@@ -235,8 +240,23 @@ class _Store:
         self.dtypes = {n: getattr(torch, table[n].dtype) for n in names}
         self.regions = {n: [None if r is None else list(r) for r in regions[n]] if n in regions
                         else [list(table[n].shape)] * levels for n in names}
-        self.tensors: dict[str, torch.Tensor] = {}
-        self.level: int | None = None
+        self._tensors: dict[str, torch.Tensor] = {}
+        self.level: int | None = None  # the level the resident tensors hold
+        self.wanted: int | None = None  # the level asked for (differs after release())
+
+    @property
+    def tensors(self) -> dict[str, torch.Tensor]:
+        """The wanted level's tensors, paged in first if they were released."""
+        if self.wanted is not None and self.level != self.wanted:
+            self.page(self.wanted)
+        return self._tensors
+
+    def release(self, level: int) -> int:
+        """Drop every resident tensor (bytes released), keeping ``level`` as the one to page in on demand."""
+        freed = self.resident_bytes
+        self._tensors.clear()
+        self.level, self.wanted = None, level
+        return freed
 
     def level_bytes(self, level: int) -> int:
         total = 0
@@ -250,23 +270,24 @@ class _Store:
 
     @property
     def resident_bytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in self.tensors.values())
+        return sum(t.numel() * t.element_size() for t in self._tensors.values())
 
     def page(self, level: int) -> tuple[int, int]:
         page_in = page_out = 0
+        tensors = self._tensors
         for name, regs in self.regions.items():
-            old = self.tensors.get(name)
+            old = tensors.get(name)
             new_shape = regs[level]
             size = self.dtypes[name].itemsize
             if new_shape is None:
                 if old is not None:
                     page_out += old.numel() * size
-                    del self.tensors[name]
+                    del tensors[name]
                 continue
             if old is not None and list(old.shape) == new_shape:
                 continue
             if not new_shape:  # a scalar
-                self.tensors[name] = self.file.get_tensor(name)
+                tensors[name] = self.file.get_tensor(name)
                 page_in += size
                 continue
             inter = [min(a, b) for a, b in zip(old.shape, new_shape)] if old is not None else [0] * len(new_shape)
@@ -287,8 +308,8 @@ class _Store:
                 for s in inter:
                     kept *= s
                 page_out += (old.numel() - kept) * size
-            self.tensors[name] = fresh
-        self.level = level
+            tensors[name] = fresh
+        self.level = self.wanted = level
         return page_in, page_out
 
 
@@ -349,7 +370,9 @@ class CapacityRuntime:
 
     @property
     def resident_bytes(self) -> int:
-        """Weight bytes resident now (the paged tensors, plus an onnxruntime session's copy if one is active)."""
+        """Weight bytes resident now: the paged tensors, or the onnxruntime session's copy when the
+        level runs in one (its paged tensors are then released, and paged in again only if something
+        runs the level eagerly, e.g. :meth:`split`)."""
         return self._store.resident_bytes + self._session_bytes
 
     def _check_level(self, level: int) -> None:
@@ -368,12 +391,19 @@ class CapacityRuntime:
         """
         self._check_level(level)
         start = time.perf_counter()
-        page_in, page_out = self._store.page(level)
+        backend = None
         if self.plan is not None:  # the level's execution configuration switches with it
             from nestflex.deploy.backends import resolve
 
-            self._session_bytes = 0
             backend, threads = resolve(self._plan_levels[level])
+            # the old level's session goes first: its memory, and its idle threads, which spin for a
+            # while after each run and would take the cores this switch needs
+            self._fn, self._session_bytes = self._eager, 0
+        if backend is not None and backend.own_weights:  # the session holds the level: page nothing in
+            page_in, page_out = 0, self._store.release(level)
+        else:
+            page_in, page_out = self._store.page(level)
+        if backend is not None:
             self._fn = backend.prepare(self, level, threads)
             self.backend = backend.name
             torch.set_num_threads(threads)
@@ -497,6 +527,10 @@ class ProgressiveRuntime:
             self._stages, self._heads_fns = backend.prepare_exits(self, threads)
             self.backend = backend.name
             torch.set_num_threads(threads)
+            if backend.own_weights:  # the sessions hold the stages and heads: keep no second copy
+                self._head_store.release(0)
+                if capacity is None:  # a backbone the caller does not also run
+                    self._backbone_store.release(self._level)
 
     @property
     def num_exits(self) -> int:
@@ -506,7 +540,14 @@ class ProgressiveRuntime:
     def resident_bytes(self) -> int:
         """Weight bytes resident: backbone (the active level if shared) plus heads, plus the
         onnxruntime sessions' copies when the plan runs the exits there."""
-        return self._backbone_store.resident_bytes + self._head_store.resident_bytes + self._session_bytes
+        return self._backbone_store.resident_bytes + self.own_bytes
+
+    @property
+    def own_bytes(self) -> int:
+        """Weight bytes this runtime holds beyond a shared backbone's: the heads (paged, or in the
+        onnxruntime sessions with the stages), and an own backbone."""
+        own = 0 if self.capacity is not None else self._backbone_store.resident_bytes
+        return own + self._head_store.resident_bytes + self._session_bytes
 
     def _make_stage(self, inputs: list[str], nodes: list[Node], outputs: list[str]) -> Callable[..., Any]:
         def run(*values: torch.Tensor) -> tuple[torch.Tensor, ...]:
