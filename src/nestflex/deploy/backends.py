@@ -45,6 +45,7 @@ from typing import Any, Callable, Mapping, Sequence
 import torch
 
 from nestflex.deploy._registry import Registry
+from nestflex.deploy.fused_exits import FUSED_CONFIDENCES, fuse_exits
 from nestflex.errors import NestflexError
 
 __all__ = ["BackendError", "Backend", "register_backend", "list_backends", "get_backend", "ExecutionPlan",
@@ -150,29 +151,87 @@ class OnnxRuntimeBackend(Backend):
                                f"HINT: re-export it with onnx=True, or plan `eager` for its exits")
         tuned = tuned_dir(bundle)
         runtime._session_bytes = 0
+        taps = [int(files[("stage", k)].extra.get("tap_output") or 0) for k in range(n - 1)]
 
-        def open_(entry: Any) -> Any:
-            path = bundle.file(entry.file)
+        def open_(path: Path) -> Any:
             runtime._session_bytes += path.stat().st_size
             return _session(path, threads, tuned / f"{path.stem}.optimized.onnx")
 
-        def stage(session: Any) -> Callable:
-            names = [i.name for i in session.get_inputs()]
+        def lazy(entry: Any) -> Callable[[], Any]:
+            """The entry's session, opened on first use: with the fused graph serving single
+            frames, the per-stage sessions (batches, single exits) cost memory only once used."""
+            opened: list[Any] = []
 
+            def get() -> Any:
+                if not opened:
+                    opened.append(open_(bundle.file(entry.file)))
+                return opened[0]
+
+            return get
+
+        def stage(session: Callable[[], Any]) -> Callable:
             def run(*values: torch.Tensor) -> tuple[torch.Tensor, ...]:
-                feed = {nm: v.detach().contiguous().numpy() for nm, v in zip(names, values)}
-                return tuple(torch.from_numpy(o) for o in session.run(None, feed))
+                s = session()
+                feed = {i.name: v.detach().contiguous().numpy() for i, v in zip(s.get_inputs(), values)}
+                return tuple(torch.from_numpy(o) for o in s.run(None, feed))
 
             return run
 
-        def head(session: Any, tap: int) -> Callable:
-            name = session.get_inputs()[0].name
-            return lambda state: torch.from_numpy(session.run(None, {name: state[tap].detach().contiguous().numpy()})[0])
+        def head(session: Callable[[], Any], tap: int) -> Callable:
+            def run(state: tuple[torch.Tensor, ...]) -> torch.Tensor:
+                s = session()
+                return torch.from_numpy(s.run(None, {s.get_inputs()[0].name: state[tap].detach().contiguous().numpy()})[0])
 
-        stages = [stage(open_(files[("stage", k)])) for k in range(n)]
-        heads = [head(open_(files[("exit", k)]), int(files[("stage", k)].extra.get("tap_output") or 0))
-                 for k in range(n - 1)]
+            return run
+
+        runtime._fused = None
+        if runtime.confidence in FUSED_CONFIDENCES:
+            try:
+                path = fused_exits_path(bundle, runtime.exit_set, runtime.confidence, runtime.fallback,
+                                        [bundle.file(files[("stage", k)].file) for k in range(n)],
+                                        [bundle.file(files[("exit", k)].file) for k in range(n - 1)], taps)
+                runtime._fused = _fused_call(open_(path))
+            except Exception as e:  # an optimisation, not a requirement: the stages still run one by one
+                warnings.warn(f"{runtime.exit_set} of {str(bundle.path)!r}: the fused early-exit graph could not "
+                              f"be built ({type(e).__name__}: {str(e)[:200]}); single frames run stage by stage",
+                              stacklevel=3)
+        stages = [stage(lazy(files[("stage", k)])) for k in range(n)]
+        heads = [head(lazy(files[("exit", k)]), taps[k]) for k in range(n - 1)]
         return stages, heads + [lambda state: state[0]]
+
+
+def _fused_call(session: Any) -> Callable[[torch.Tensor, Sequence[float]], Any]:
+    """``fn(x (1, ...), thresholds) -> ExitResult`` over a fused early-exit session."""
+    import numpy as np
+
+    from nestflex.deploy.exits import ExitResult
+
+    def run(x: torch.Tensor, thresholds: Sequence[float]) -> ExitResult:
+        thr = np.asarray(thresholds if thresholds else [1.0], dtype=np.float32)
+        logits, index, answer, conf = session.run(None, {"input": x.detach().contiguous().numpy(), "thresholds": thr})
+        return ExitResult(torch.from_numpy(logits), torch.from_numpy(index), torch.from_numpy(answer),
+                          torch.from_numpy(conf).to(torch.get_default_dtype()))
+
+    return run
+
+
+def fused_exits_path(bundle: Any, key: str, confidence: str, fallback: str, stages: Sequence[Path],
+                     heads: Sequence[Path], taps: Sequence[int]) -> Path:
+    """The fused early-exit graph of exit set ``key`` (:mod:`nestflex.deploy.fused_exits`): from the
+    folder beside the bundle, or built now (a fraction of a second) and kept there; the temp
+    folder when the bundle's folder cannot be written."""
+    import tempfile
+
+    name = f"{key}.fused-{confidence}-{fallback}.onnx"
+    target = tuned_dir(bundle) / name
+    if target.is_file():
+        return target
+    try:
+        return fuse_exits(stages, heads, taps, bundle.spec.num_classes, confidence, fallback, target)
+    except OSError:
+        target = Path(tempfile.gettempdir()) / "nestflex-tuned" / tuned_dir(bundle).name / name
+        return target if target.is_file() else fuse_exits(stages, heads, taps, bundle.spec.num_classes, confidence,
+                                                          fallback, target)
 
 
 def _session(path: Path, threads: int, cache: Path) -> Any:
@@ -414,8 +473,9 @@ class LevelPlan:
 class ExitsPlan:
     """One exit set's configuration (its stages and heads) and what it measured.
 
-    ``latency_ms`` / ``eager_ms``: per exit, what a sample that leaves there costs at batch 1 (the
-    stages up to it and every head on the way), with this configuration / eager at 1 thread."""
+    ``latency_ms`` / ``eager_ms``: per exit, what one frame that leaves there costs (the early-exit
+    call: the stages up to it, every head on the way and the policy), with this configuration /
+    eager at 1 thread."""
 
     backend: str = "eager"
     threads: int = 1
@@ -693,20 +753,30 @@ def _synthesize_exits(bundle: Any, key: str, names: Sequence[str], counts: Seque
                       check: torch.Tensor, x1: torch.Tensor, candidates: list, log: Callable[[str], None] | None
                       ) -> ExitsPlan:
     """One exit set: every backend that runs exit sets x threads; a configuration passes when every
-    exit's logits match the eager program's within ``atol``, and the one whose full path (every
-    stage and head, what a sample that reaches the last exit costs) is fastest wins."""
+    exit's logits, and every check sample's early-exit answer, match the eager program's within
+    ``atol``, and the one whose full path (a frame that reaches the last exit) is fastest wins."""
     from nestflex.deploy.runtime import ProgressiveRuntime
     from nestflex.deploy.timing import median_ms
 
     def outputs(rt: ProgressiveRuntime) -> list[torch.Tensor]:
         return [torch.cat(z) for z in zip(*(rt.all_exits(check[i:i + 1]) for i in range(check.shape[0])))]
 
+    def answers(rt: ProgressiveRuntime) -> list[Any]:
+        return [rt(check[i:i + 1]) for i in range(check.shape[0])]
+
     def path_ms(rt: ProgressiveRuntime) -> list[float]:
-        return [median_ms(lambda k=k: rt.path(x1, k), repeats, warmup=3) for k in range(rt.num_exits)]
+        """Per exit, one frame's early-exit call when it leaves there (the other thresholds at 1)."""
+        early = rt.num_exits - 1
+        forced = [[0.0 if j == k else 1.0 for j in range(early)] for k in range(rt.num_exits)]
+        return [median_ms(lambda t=t: rt(x1, thresholds=t), repeats, warmup=3) for t in forced]
+
+    def answer_err(got: list[Any], want: list[Any]) -> float:
+        return max((float((a.logits - b.logits).abs().max()) if a.exit_index.tolist() == b.exit_index.tolist()
+                    else math.inf for a, b in zip(got, want)), default=0.0)
 
     torch.set_num_threads(1)
     eager = ProgressiveRuntime(bundle, None, key)
-    ref, eager_ms = outputs(eager), path_ms(eager)
+    ref, ref_answers, eager_ms = outputs(eager), answers(eager), path_ms(eager)
     best: tuple[str, int, list[float]] | None = None
     for name in names:
         backend = get_backend(name)
@@ -716,7 +786,8 @@ def _synthesize_exits(bundle: Any, key: str, names: Sequence[str], counts: Seque
             torch.set_num_threads(t)
             try:
                 rt = ProgressiveRuntime(bundle, None, key, ExecutionPlan((), exits={key: ExitsPlan(name, t)}))
-                err = max(float((a - b).abs().max()) for a, b in zip(outputs(rt), ref))
+                err = max(max(float((a - b).abs().max()) for a, b in zip(outputs(rt), ref)),
+                          answer_err(answers(rt), ref_answers))  # the one-frame path (fused) too
                 ms = path_ms(rt)
             except Exception as e:  # a backend that does not run exit sets (or this one) is not a candidate
                 if "runs levels, not exit sets" not in str(e):

@@ -39,7 +39,7 @@ import torch
 import torch.nn.functional as F
 
 from nestflex.deploy.bundle import EXIT_SETS, Bundle, BundleError
-from nestflex.deploy.exits import ConfidenceFn, ExitResult, early_exit
+from nestflex.deploy.exits import ConfidenceFn, ExitResult, check_thresholds, early_exit
 from nestflex.deploy.schema import EXIT_SET_KEYS, ExitSet, Program, ProgramNode
 
 __all__ = ["OPS", "MAX_ACTIVATION_ELEMENTS", "PagingReport", "CapacityRuntime", "ProgressiveRuntime", "run_program", "cut_program",
@@ -519,6 +519,7 @@ class ProgressiveRuntime:
         self._eager_heads = self._make_heads()
         self._stages, self._heads_fns = self._eager_stages, self._eager_heads
         self.backend, self._session_bytes = "eager", 0
+        self._fused = None  # the backend's one-call early exit for a single sample, if it has one
         entry = None if plan is None else plan.exits.get(key)
         if entry is not None:
             from nestflex.deploy.backends import resolve
@@ -620,15 +621,21 @@ class ProgressiveRuntime:
     ) -> ExitResult:
         """Batched early exit (:func:`nestflex.deploy.exits.early_exit`): exited samples leave the batch.
 
+        A single frame on an onnxruntime exit plan runs the whole policy as one fused graph
+        (:mod:`nestflex.deploy.fused_exits`) when the set's own confidence and fallback apply.
+
         Args:
             x: normalised input batch.
             thresholds, confidence, fallback: override the bundle's calibrated values.
         """
         self._ready(x)
-        return early_exit(self._stages, self._head_fns(), x,
-                          self.thresholds if thresholds is None else thresholds,
-                          self.confidence if confidence is None else confidence,
-                          self.fallback if fallback is None else fallback)
+        thresholds = self.thresholds if thresholds is None else thresholds
+        confidence = self.confidence if confidence is None else confidence
+        fallback = self.fallback if fallback is None else fallback
+        if (self._fused is not None and x.shape[0] == 1 and confidence == self.confidence
+                and fallback == self.fallback):  # one frame: the whole policy in one session call
+            return self._fused(x, check_thresholds(thresholds, self.num_exits - 1))
+        return early_exit(self._stages, self._head_fns(), x, thresholds, confidence, fallback)
 
 
 # --------------------------------------------------------------------------------------------

@@ -1,0 +1,157 @@
+"""An exit set's whole batch-1 early-exit policy as one ONNX graph (one onnxruntime call per frame).
+
+Run stage by stage, early exit costs a session call per stage and per head; on a small CNN at
+batch 1 those calls cost more than the stages compute (docs/synthesis.md). Here the bundle's
+stage and head graphs are chained with ONNX ``If`` nodes: stage ``k``, head ``k``, the head's
+confidence, and ``If confidence > thresholds[k]`` whose ``then`` branch answers with exit ``k``
+and whose ``else`` branch holds everything after it (each branch carries its own stages'
+weights). The last branch applies the fallback over every exit's confidence, which nested
+branches read from the enclosing scopes. A sample's call runs exactly the stages and heads up
+to where it leaves, in one ``run``.
+
+Inputs: ``input`` (one sample, the bundle's input shape) and ``thresholds`` (float32, one per
+early exit; compared in float32 as the torch policy compares them). Outputs: ``logits`` (1, C),
+``exit_index``, ``answer_index`` (int64, (1,)) and ``confidence`` (float32, (1,)): the fields
+of :class:`~nestflex.deploy.exits.ExitResult`.
+
+Only the two built-in confidences (``max_prob``, ``entropy``) have a graph form; a registered
+custom one runs stage by stage.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any, Sequence
+
+__all__ = ["FUSED_CONFIDENCES", "fuse_exits"]
+
+#: Confidence measures the fused graph can compute.
+FUSED_CONFIDENCES: tuple[str, ...] = ("max_prob", "entropy")
+
+_OUTPUTS = ("logits", "exit_index", "answer_index", "confidence")
+
+
+def fuse_exits(stages: Sequence[Path], heads: Sequence[Path], taps: Sequence[int], num_classes: int,
+               confidence: str, fallback: str, dst: Path) -> Path:
+    """Write the fused early-exit graph of ``stages`` (K ONNX files, the last one ending in the
+    final logits) and ``heads`` (K - 1 files, head ``k`` reading stage ``k``'s output ``taps[k]``)
+    to ``dst`` (atomically) and return it."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    if confidence not in FUSED_CONFIDENCES:
+        raise ValueError(f"no graph form for the confidence {confidence!r}; fused: {', '.join(FUSED_CONFIDENCES)}")
+    models = [onnx.load(str(p)) for p in stages]
+    head_models = [onnx.load(str(p)) for p in heads]
+    opset = max(o.version for m in models + head_models for o in m.opset_import if o.domain in ("", "ai.onnx"))
+    num = len(models)
+
+    def embed(model: Any, prefix: str, feeds: Sequence[str]) -> tuple[list, list, list[str]]:
+        """``model``'s nodes and initializers with every name prefixed, its inputs wired to ``feeds``;
+        returns (nodes, initializers, output names)."""
+        g = model.graph
+        rename = {i.name: f for i, f in zip(g.input, feeds)}
+        for init in g.initializer:
+            rename[init.name] = prefix + init.name
+        for node in g.node:
+            for o in node.output:
+                if o:
+                    rename[o] = prefix + o
+        nodes = []
+        for node in g.node:
+            n = onnx.NodeProto()
+            n.CopyFrom(node)
+            n.name = prefix + (node.name or node.op_type)
+            n.input[:] = [rename.get(i, i) if i else i for i in node.input]
+            n.output[:] = [rename[o] if o else o for o in node.output]
+            nodes.append(n)
+        inits = []
+        for init in g.initializer:
+            t = onnx.TensorProto()
+            t.CopyFrom(init)
+            t.name = rename[init.name]
+            inits.append(t)
+        return nodes, inits, [rename[o.name] for o in g.output]
+
+    def conf_nodes(logits: str, out: str, p: str) -> list:
+        if confidence == "max_prob":
+            return [helper.make_node("Softmax", [logits], [p + "prob"], axis=-1),
+                    helper.make_node("ReduceMax", [p + "prob"], [out], axes=[-1], keepdims=0)
+                    if opset < 18 else helper.make_node("ReduceMax", [p + "prob", "axis_last"], [out], keepdims=0)]
+        return [helper.make_node("LogSoftmax", [logits], [p + "logp"], axis=-1),
+                helper.make_node("Exp", [p + "logp"], [p + "prob"]),
+                helper.make_node("Mul", [p + "prob", p + "logp"], [p + "plogp"]),
+                helper.make_node("ReduceSum", [p + "plogp", "axis_last"], [p + "negent"], keepdims=0),
+                helper.make_node("Mul", [p + "negent", "inv_log_classes"], [p + "scaled"]),
+                helper.make_node("Add", [p + "scaled", "one"], [p + "raw"]),
+                helper.make_node("Clip", [p + "raw", "zero", "one"], [out])]
+
+    def outputs_of(prefix: str) -> list:
+        return [helper.make_tensor_value_info(prefix + "logits", TensorProto.FLOAT, [1, num_classes]),
+                helper.make_tensor_value_info(prefix + "exit_index", TensorProto.INT64, [1]),
+                helper.make_tensor_value_info(prefix + "answer_index", TensorProto.INT64, [1]),
+                helper.make_tensor_value_info(prefix + "confidence", TensorProto.FLOAT, [1])]
+
+    def identity_outputs(prefix: str, logits: str, index: str, answer: str, conf: str) -> list:
+        return [helper.make_node("Identity", [src], [prefix + name])
+                for src, name in zip((logits, index, answer, conf), _OUTPUTS)]
+
+    def block(k: int, feeds: Sequence[str], prefix: str) -> tuple[list, list]:
+        """Nodes and initializers from stage ``k`` on, writing ``prefix + output`` names."""
+        nodes, inits, outs = embed(models[k], f"s{k}/", feeds)
+        logits = outs[-1] if k == num - 1 else None
+        if k < num - 1:
+            head_nodes, head_inits, head_outs = embed(head_models[k], f"h{k}/", [outs[taps[k]]])
+            nodes += head_nodes
+            inits += head_inits
+            logits = head_outs[0]
+        conf = f"c{k}/confidence"
+        nodes += conf_nodes(logits, conf, f"c{k}/")
+        nodes.append(helper.make_node("Identity", [logits], [f"z{k}"]))  # read by the fallback, deeper down
+        nodes.append(helper.make_node("Identity", [conf], [f"conf{k}"]))
+        if k == num - 1:  # nothing passed: the fallback answers
+            if fallback == "most_confident" and num > 1:
+                nodes += [helper.make_node("Concat", [f"conf{i}" for i in range(num)], ["all_conf"], axis=0),
+                          helper.make_node("ArgMax", ["all_conf"], ["best"], axis=0, keepdims=1),  # first of ties
+                          helper.make_node("Concat", [f"z{i}" for i in range(num)], ["all_logits"], axis=0),
+                          helper.make_node("Gather", ["all_logits", "best"], ["best_logits"], axis=0),
+                          helper.make_node("Gather", ["all_conf", "best"], ["best_conf"], axis=0)]
+                nodes += identity_outputs(prefix, "best_logits", "last_index", "best", "best_conf")
+            else:
+                nodes += identity_outputs(prefix, logits, "last_index", "last_index", conf)
+            return nodes, inits
+        nodes += [helper.make_node("Gather", ["thresholds", f"k{k}"], [f"t{k}"], axis=0),
+                  helper.make_node("Greater", [conf, f"t{k}"], [f"leave{k}"])]
+        then = helper.make_graph(identity_outputs(f"then{k}/", logits, f"k{k}", f"k{k}", conf),
+                                 f"exit_{k}", [], outputs_of(f"then{k}/"))
+        else_nodes, else_inits = block(k + 1, outs, f"else{k}/")
+        orelse = helper.make_graph(else_nodes, f"after_exit_{k}", [], outputs_of(f"else{k}/"), else_inits)
+        nodes.append(helper.make_node("If", [f"leave{k}"], [prefix + o for o in _OUTPUTS],
+                                      then_branch=then, else_branch=orelse))
+        return nodes, inits
+
+    nodes, inits = block(0, ["input"], "")
+    consts = [helper.make_tensor(f"k{k}", TensorProto.INT64, [1], [k]) for k in range(num - 1)]
+    consts.append(helper.make_tensor("last_index", TensorProto.INT64, [1], [num - 1]))
+    if confidence == "entropy" or opset >= 18:
+        consts.append(helper.make_tensor("axis_last", TensorProto.INT64, [1], [-1]))
+    if confidence == "entropy":
+        consts += [helper.make_tensor("zero", TensorProto.FLOAT, [], [0.0]),
+                   helper.make_tensor("one", TensorProto.FLOAT, [], [1.0]),
+                   helper.make_tensor("inv_log_classes", TensorProto.FLOAT, [], [1.0 / math.log(max(num_classes, 2))])]
+    shape = [d.dim_value or 1 for d in models[0].graph.input[0].type.tensor_type.shape.dim]
+    graph = helper.make_graph(
+        nodes, "nestflex_fused_exits",
+        [helper.make_tensor_value_info("input", TensorProto.FLOAT, [1, *shape[1:]]),
+         helper.make_tensor_value_info("thresholds", TensorProto.FLOAT, [max(num - 1, 1)])],
+        outputs_of(""), consts + inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)],
+                              producer_name="nestflex.fused_exits")
+    model.ir_version = min(model.ir_version, max(m.ir_version for m in models))
+    onnx.checker.check_model(model)
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dst.with_name(f".{dst.name}.tmp")
+    onnx.save(model, str(tmp))
+    tmp.replace(dst)
+    return dst

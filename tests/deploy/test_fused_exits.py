@@ -1,0 +1,119 @@
+"""The fused early-exit graph (issue 23): one onnxruntime call per frame gives the torch policy's
+answers for every exit, confidence and fallback; the per-stage sessions open only when used."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import nestflex.deploy as nd
+from nestflex.deploy.backends import ExecutionPlan, ExitsPlan, _fused_call, _session, fused_exits_path, tuned_dir
+from nestflex.deploy.exits import apply_policy, register_confidence
+from tests.export.bundles import write_bundle
+
+pytest.importorskip("onnxruntime")
+
+
+@pytest.fixture(scope="module")
+def bundle(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("fused")
+    write_bundle(tmp)
+    return nd.load(tmp / "model.nfx")
+
+
+def _plan():
+    return ExecutionPlan((), exits={"exits": ExitsPlan("onnxruntime", 1)})
+
+
+def _frames(n=12):
+    return torch.randn(n, 3, 32, 32, generator=torch.Generator().manual_seed(7)) * 3
+
+
+def _fused(bundle, confidence, fallback):
+    files = {(o.kind, o.extra.get("stage", o.extra.get("exit"))): o for o in bundle.spec.onnx
+             if o.kind in ("stage", "exit") and o.exit_set == "progressive"}
+    n = len(bundle.spec.exit_set("exits").names)
+    path = fused_exits_path(bundle, "exits", confidence, fallback, [bundle.file(files[("stage", k)].file) for k in range(n)],
+                            [bundle.file(files[("exit", k)].file) for k in range(n - 1)],
+                            [int(files[("stage", k)].extra.get("tap_output") or 0) for k in range(n - 1)])
+    return path, _fused_call(_session(path, 1, tuned_dir(bundle) / f"{path.stem}.optimized.onnx"))
+
+
+@pytest.mark.parametrize("confidence", ["max_prob", "entropy"])
+@pytest.mark.parametrize("fallback", ["most_confident", "final"])
+def test_the_fused_graph_gives_the_policy_answer_for_every_frame_and_threshold(bundle, confidence, fallback):
+    eager = bundle.progressive(plan=None)
+    path, fused = _fused(bundle, confidence, fallback)
+    assert path.parent == tuned_dir(bundle)  # kept beside the bundle, never in it
+    frames = _frames()
+    # every exit forced, nothing passing (the fallback), everything passing, and values in between
+    settings = [[0.0, 1.0], [1.0, 0.0], [1.0, 1.0], [0.0, 0.0], [0.3, 0.6], [0.6, 0.3], [0.5, 0.5]]
+    exits_seen = set()
+    for thr in settings:
+        for i in range(frames.shape[0]):
+            x = frames[i:i + 1]
+            want = apply_policy(eager.all_exits(x), thr, confidence, fallback)
+            got = fused(x, thr)
+            assert got.exit_index.tolist() == want.exit_index.tolist(), (thr, i)
+            assert got.answer_index.tolist() == want.answer_index.tolist(), (thr, i)
+            torch.testing.assert_close(got.logits, want.logits, atol=1e-4, rtol=0)
+            torch.testing.assert_close(got.confidence, want.confidence.float(), atol=1e-5, rtol=0)
+            exits_seen.add((int(got.exit_index), int(got.answer_index)))
+    assert {e for e, _ in exits_seen} == {0, 1, 2}  # the settings reach every exit
+    if fallback == "most_confident":
+        assert any(e != a for e, a in exits_seen)  # and the fallback answered from an earlier exit
+
+
+def test_an_onnxruntime_exit_plan_serves_one_frame_in_one_call_and_opens_stages_on_use(bundle, monkeypatch):
+    rt = bundle.progressive(plan=_plan())
+    eager = bundle.progressive(plan=None)
+    assert rt._fused is not None
+    fused_bytes = rt._session_bytes  # only the fused graph is open so far
+    frames = _frames(6)
+    for i in range(frames.shape[0]):
+        got, want = rt(frames[i:i + 1], thresholds=[0.4, 0.5]), eager(frames[i:i + 1], thresholds=[0.4, 0.5])
+        assert got.exit_index.tolist() == want.exit_index.tolist()
+        torch.testing.assert_close(got.logits, want.logits, atol=1e-4, rtol=0)
+    assert rt._session_bytes == fused_bytes
+    batch = rt(frames, thresholds=[0.4, 0.5])  # a batch runs stage by stage: those sessions open now
+    assert rt._session_bytes > fused_bytes
+    assert batch.exit_index.tolist() == eager(frames, thresholds=[0.4, 0.5]).exit_index.tolist()
+    calls = []
+    monkeypatch.setattr(rt, "_fused", lambda *a: calls.append(a))
+    rt(frames[:1], fallback="final" if rt.fallback != "final" else "most_confident")  # another policy: stage by stage
+    rt(frames[:1], confidence=lambda z: torch.softmax(z, -1).amax(-1))
+    assert calls == []
+
+
+def test_a_custom_confidence_set_runs_stage_by_stage(bundle, monkeypatch):
+    import nestflex.deploy.exits as exits_module
+    from nestflex.deploy.backends import get_backend
+
+    # the registry is global: work on a copy so other tests' pinned name lists stay as they are
+    monkeypatch.setattr(exits_module._CONFIDENCES, "_entries", dict(exits_module._CONFIDENCES._entries))
+    register_confidence("test_fused_top2", overwrite=True)(
+        lambda z: torch.softmax(z, -1).topk(2, dim=-1).values.sum(-1).clamp(0, 1))
+    rt = bundle.progressive(plan=None)
+    rt.confidence = "test_fused_top2"  # a set calibrated with a registered measure the graph cannot compute
+    rt._stages, rt._heads_fns = get_backend("onnxruntime").prepare_exits(rt, 1)
+    assert rt._fused is None
+    x = _frames(4)
+    for i in range(4):
+        want = apply_policy(bundle.progressive(plan=None).all_exits(x[i:i + 1]), [0.9, 0.9], "test_fused_top2",
+                            rt.fallback)
+        assert rt(x[i:i + 1], thresholds=[0.9, 0.9]).exit_index.tolist() == want.exit_index.tolist()
+
+
+def test_a_graph_that_cannot_be_fused_warns_and_runs_stage_by_stage(bundle, monkeypatch):
+    import nestflex.deploy.backends as backends
+
+    def broken(*args, **kwargs):
+        raise ValueError("no graph form")
+
+    monkeypatch.setattr(backends, "fused_exits_path", broken)
+    with pytest.warns(UserWarning, match="fused early-exit graph could not be built.*no graph form"):
+        rt = bundle.progressive(plan=_plan())
+    assert rt._fused is None
+    x = _frames(1)
+    assert rt(x, thresholds=[0.5, 0.5]).exit_index.tolist() == \
+        bundle.progressive(plan=None)(x, thresholds=[0.5, 0.5]).exit_index.tolist()
