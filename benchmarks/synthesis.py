@@ -309,7 +309,32 @@ def one(path: str, args: argparse.Namespace) -> dict[str, Any]:
             "switch_without_saved_graphs": uncached,
             "budget_points": plan.budget_points, "check_samples": plan.check_samples,
             "test": accuracy_on_test(bundle, args.test_samples, args.data_dir),
-            "candidates": candidates, "best_at_same_threads": same_threads, "fixed_cost": r_fit}
+            "candidates": candidates, "best_at_same_threads": same_threads, "fixed_cost": r_fit,
+            "time_fractions": time_fractions(candidates, macs)}
+
+
+def time_fractions(candidates: list[dict[str, Any]], macs: list[float]) -> list[dict[str, Any]]:
+    """Per backend, thread count and batch size, every level's time fraction of the largest level
+    on that same configuration, and the worst (time fraction / MACs fraction): whether a backend
+    turns MACs into time, apart from which backend the plan picks per level."""
+    rows = []
+    for name, t in sorted({(c["backend"], c["threads"]) for c in candidates if "latency_ms" in c}):
+        per = {c["level"]: c for c in candidates if c["backend"] == name and c["threads"] == t and "latency_ms" in c}
+        if sorted(per) != list(range(len(macs))):
+            continue
+        sizes = {"1": {k: c["latency_ms"] for k, c in per.items()}}
+        for b in sorted({b for c in per.values() for b in c.get("batch_ms", {})}, key=int):
+            if all(b in c.get("batch_ms", {}) for c in per.values()):
+                sizes[b] = {k: c["batch_ms"][b] for k, c in per.items()}
+        for b, ms in sizes.items():
+            top = ms[len(macs) - 1]
+            frac = [ms[k] / top for k in range(len(macs))]
+            rows.append({"backend": name, "threads": t, "batch": int(b), "time_fraction": frac, "largest_ms": top,
+                         "worst_ratio": max(f / (m / macs[-1]) for f, m in zip(frac, macs))})
+    eager = {x["batch"]: x["largest_ms"] for x in rows if x["backend"] == "eager" and x["threads"] == 1}
+    for x in rows:  # the issue's speed goal: >= 2x eager at one thread; a slow backend follows MACs for free
+        x["fast"] = x["batch"] in eager and x["largest_ms"] <= eager[x["batch"]] / 2
+    return rows
 
 
 def fixed_cost(candidates: list[dict[str, Any]], macs: list[float]) -> list[dict[str, Any]]:
@@ -368,6 +393,8 @@ def goals_of(results: list[dict[str, Any]], budget: float = 1.0) -> dict[str, An
                                   and v["test_drop_points"] is not None and v["test_drop_points"] <= budget
                                   for v in int8.values())
     ratio = {r["bundle"]: max(x["time_fraction_after"] / x["macs_fraction"] for x in r["levels"]) for r in results}
+    best_config = {r["bundle"]: min((x for x in r["time_fractions"] if x["fast"]), key=lambda x: x["worst_ratio"],
+                                    default=None) for r in results}
     before = {r["bundle"]: max(x["time_fraction_before"] / x["macs_fraction"] for x in r["levels"]) for r in results}
     frame = 1000 / 30
     switch = {r["bundle"]: r["switch"]["max_ms"] for r in results}
@@ -391,10 +418,15 @@ def goals_of(results: list[dict[str, Any]], budget: float = 1.0) -> dict[str, An
                                   "note": "best float32 configuration vs eager at 1 thread; it may use more threads "
                                           "(the per-thread comparison is best_at_same_threads)"},
         "time_follows_macs": {"target": "each level's time fraction within 1.3x of its MACs fraction",
-                              "measured": {"after": ratio, "before": before},
+                              "measured": {"after": ratio, "before": before, "best_single_configuration": {
+                                  k: None if v is None else {x: v[x] for x in ("backend", "threads", "batch", "worst_ratio")}
+                                  for k, v in best_config.items()}},
                               "met": all(v <= 1.3 for v in ratio.values()),
-                              "note": "worst level's (time fraction / MACs fraction); why: results[].fixed_cost "
-                                      "(per backend, the fitted latency a call costs whatever the width)"},
+                              "note": "worst level's (time fraction / MACs fraction), judged on the plan at batch 1 "
+                                      "(after; before: eager at 1 thread); best_single_configuration: the one backend, "
+                                      "thread count and batch size (results[].time_fractions) at least 2x faster "
+                                      "than eager at one thread on the largest level whose levels come closest; why not: results[].fixed_cost (per backend, the fitted latency a call "
+                                      "costs whatever the width)"},
         "switch_within_a_frame": {"target": f"a level switch within one frame period at 30 fps ({frame:.1f} ms)",
                                   "measured": switch, "met": all(v <= frame for v in switch.values()),
                                   "note": "worst switch over every ordered level pair"},

@@ -29,6 +29,13 @@ def test_synthesis_writes_a_plan_per_level_and_goals(tmp_path):
         assert all(r["resident_bytes"] > 0 and r["level_bytes"] > 0 for r in mem["levels"])
     assert [r["backend"] for r in res["memory"]["plan"]["levels"]] == [r["backend"] for r in res["levels"]]
     assert summary["goals"]["resident_memory"]["measured"][str(tmp_path / "model.nfx")]["accounted"] > 0
+    # per configuration and batch size: every level's time against the largest level's on that configuration
+    rows = {(r["backend"], r["threads"], r["batch"]): r for r in res["time_fractions"]}
+    assert {("eager", 1, 1), ("eager", 1, 4)} <= set(rows)
+    assert all(r["time_fraction"][-1] == 1 and r["worst_ratio"] >= 1 for r in rows.values())
+    assert rows[("eager", 1, 1)]["fast"] is False  # eager is the baseline, not 2x itself
+    assert "best_single_configuration" in summary["goals"]["time_follows_macs"]["measured"]
+    assert {"backend", "fixed_ms", "ms_per_gmac"} <= set(res["fixed_cost"][0])
     assert all({"target", "measured", "met", "note"} <= set(g) for g in summary["goals"].values())
     assert (out / "latency_vs_macs.png").exists()
     assert summary["goals"]["int8"]["measured"] == {str(tmp_path / "model.nfx"): None}  # no samples: no int8
