@@ -16,7 +16,10 @@ A backend turns one resident level into a function ``x -> logits``:
   time, so later level switches skip the graph optimiser;
 * ``onnxruntime_int8``: the level's graph statically quantised (QDQ), calibrated on half the
   bundle's labelled samples; ``onnxruntime_mixed``: the same, with the layers the bundle's
-  per-layer precision plan keeps in float left in float32.
+  per-layer precision plan keeps in float left in float32;
+* ``onnxruntime_pad8``, ``onnxruntime_int8_pad8``, ``onnxruntime_mixed_pad8``: the same on the
+  level with its widths zero-padded to a multiple of 8 (:mod:`nestflex.deploy.padding`: same
+  logits, onnxruntime's blocked kernels instead of the odd-width fallbacks).
 
 An :class:`ExecutionPlan` names, per level, a backend and a thread count, and per exit set
 (:class:`ExitsPlan`) one backend and thread count for its stages and heads (``eager`` or
@@ -46,6 +49,7 @@ import torch
 
 from nestflex.deploy._registry import Registry
 from nestflex.deploy.fused_exits import FUSED_CONFIDENCES, fuse_exits
+from nestflex.deploy.padding import pad_channels
 from nestflex.errors import NestflexError
 
 __all__ = ["BackendError", "Backend", "register_backend", "list_backends", "get_backend", "ExecutionPlan",
@@ -117,6 +121,7 @@ class OnnxRuntimeBackend(Backend):
     name = "onnxruntime"
     package = "onnxruntime"
     own_weights = True
+    pad_to = 1  # >1: the level's widths zero-padded to this multiple (pad_level)
 
     def model_path(self, bundle: Any, level: int) -> Path:
         """The ONNX file this backend runs for ``level``: the one the bundle ships."""
@@ -139,7 +144,7 @@ class OnnxRuntimeBackend(Backend):
 
 
     def prepare_exits(self, runtime: Any, threads: int) -> tuple[list[Callable], list[Callable]]:
-        if self.precision != "float32":
+        if self.precision != "float32" or self.pad_to > 1:
             return super().prepare_exits(runtime, threads)
         bundle, kind = runtime.bundle, runtime.spec.kind
         files = {(o.kind, o.extra.get("stage", o.extra.get("exit"))): o for o in bundle.spec.onnx
@@ -220,18 +225,8 @@ def fused_exits_path(bundle: Any, key: str, confidence: str, fallback: str, stag
     """The fused early-exit graph of exit set ``key`` (:mod:`nestflex.deploy.fused_exits`): from the
     folder beside the bundle, or built now (a fraction of a second) and kept there; the temp
     folder when the bundle's folder cannot be written."""
-    import tempfile
-
-    name = f"{key}.fused-{confidence}-{fallback}.onnx"
-    target = tuned_dir(bundle) / name
-    if target.is_file():
-        return target
-    try:
-        return fuse_exits(stages, heads, taps, bundle.spec.num_classes, confidence, fallback, target)
-    except OSError:
-        target = Path(tempfile.gettempdir()) / "nestflex-tuned" / tuned_dir(bundle).name / name
-        return target if target.is_file() else fuse_exits(stages, heads, taps, bundle.spec.num_classes, confidence,
-                                                          fallback, target)
+    return _built(bundle, f"{key}.fused-{confidence}-{fallback}.onnx",
+                  lambda target: fuse_exits(stages, heads, taps, bundle.spec.num_classes, confidence, fallback, target))
 
 
 def _session(path: Path, threads: int, cache: Path) -> Any:
@@ -300,6 +295,39 @@ class OnnxRuntimeMixedBackend(OnnxRuntimeInt8Backend):
         return quantize_level(bundle, level, keep_float=float_layers(bundle))
 
 
+class OnnxRuntimePaddedBackend(OnnxRuntimeBackend):
+    """``onnxruntime`` on the level with its widths zero-padded to a multiple of 8
+    (:mod:`nestflex.deploy.padding`): the same logits, more MACs, onnxruntime's blocked kernels
+    instead of the odd-width fallbacks. A level whose graph the padding does not support is not a
+    candidate."""
+
+    name = "onnxruntime_pad8"
+    pad_to = 8
+
+    def model_path(self, bundle: Any, level: int) -> Path:
+        return pad_level(bundle, level, self.pad_to)
+
+
+class OnnxRuntimeInt8PaddedBackend(OnnxRuntimeInt8Backend):
+    """``onnxruntime_int8`` on the padded level (see :class:`OnnxRuntimePaddedBackend`)."""
+
+    name = "onnxruntime_int8_pad8"
+    pad_to = 8
+
+    def model_path(self, bundle: Any, level: int) -> Path:
+        return quantize_level(bundle, level, pad_to=self.pad_to)
+
+
+class OnnxRuntimeMixedPaddedBackend(OnnxRuntimeMixedBackend):
+    """``onnxruntime_mixed`` on the padded level (see :class:`OnnxRuntimePaddedBackend`)."""
+
+    name = "onnxruntime_mixed_pad8"
+    pad_to = 8
+
+    def model_path(self, bundle: Any, level: int) -> Path:
+        return quantize_level(bundle, level, keep_float=float_layers(bundle), pad_to=self.pad_to)
+
+
 def float_layers(bundle: Any) -> tuple[str, ...]:
     """The layers the bundle's precision plan does not assign to int8 (float32, bfloat16: onnxruntime
     runs both as float32 here).
@@ -319,7 +347,8 @@ _BACKENDS: Registry[Backend] = Registry("execution backend", BackendError, accep
                                         callable_entries=False,
                                         register_hint="register your own with register_backend(backend)")
 for _b in (EagerBackend(), ChannelsLastBackend(), OnnxRuntimeBackend(), OnnxRuntimeInt8Backend(),
-           OnnxRuntimeMixedBackend()):
+           OnnxRuntimeMixedBackend(), OnnxRuntimePaddedBackend(), OnnxRuntimeInt8PaddedBackend(),
+           OnnxRuntimeMixedPaddedBackend()):
     _BACKENDS.register(_b.name, _b)
 
 
@@ -366,38 +395,62 @@ def calibration_split(bundle: Any) -> tuple[tuple[torch.Tensor, torch.Tensor], t
     return (x[:half], y[:half]), (x[half:], y[half:])
 
 
-def quantize_level(bundle: Any, level: int, keep_float: Sequence[str] = ()) -> Path:
-    """The int8 (QDQ) graph of ``level``: from the cache beside the bundle, or built now and cached.
-
-    ``keep_float``: layer names (``features.conv1``) whose operators stay float32 (a mixed plan).
-    Building takes well under a second for the recipe's levels; a bundle folder that cannot be
-    written beside gets a cache in the temp folder instead.
-    """
-    import hashlib
+def _built(bundle: Any, name: str, build: Callable[[Path], Any]) -> Path:
+    """The file ``name`` in the bundle's tuned folder: from there, or written now by ``build(target)``
+    (which writes atomically); the temp folder when the bundle's folder cannot be written."""
     import tempfile
 
-    src = OnnxRuntimeBackend().model_path(bundle, level)
-    tag = "int8" if not keep_float else "mixed-" + hashlib.sha256("\n".join(keep_float).encode()).hexdigest()[:8]
-    target = tuned_dir(bundle) / f"level_{level}.{tag}.onnx"
+    target = tuned_dir(bundle) / name
     if target.is_file():
         return target
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
-        work = Path(tempfile.mkdtemp(dir=target.parent, prefix=".int8-"))
+        if not os.access(target.parent, os.W_OK):
+            raise PermissionError(str(target.parent))
     except OSError:
-        target = Path(tempfile.gettempdir()) / "nestflex-tuned" / tuned_dir(bundle).name / target.name
+        target = Path(tempfile.gettempdir()) / "nestflex-tuned" / tuned_dir(bundle).name / name
         if target.is_file():
             return target
         target.parent.mkdir(parents=True, exist_ok=True)
-        work = Path(tempfile.mkdtemp(dir=target.parent, prefix=".int8-"))
-    try:
-        _quantize(src, work / "model.onnx", calibration_split(bundle)[0][0], work, keep_float)
-        os.replace(work / "model.onnx", target)  # atomic: a reader sees the whole file or none
-    finally:
-        import shutil
-
-        shutil.rmtree(work, ignore_errors=True)
+    build(target)
     return target
+
+
+def quantize_level(bundle: Any, level: int, keep_float: Sequence[str] = (), pad_to: int = 1) -> Path:
+    """The int8 (QDQ) graph of ``level``: from the cache beside the bundle, or built now and cached.
+
+    ``keep_float``: layer names (``features.conv1``) whose operators stay float32 (a mixed plan).
+    ``pad_to``: quantise the level with its widths zero-padded to this multiple (:func:`pad_level`).
+    Building takes well under a second for the recipe's levels; a bundle folder that cannot be
+    written beside gets a cache in the temp folder instead.
+    """
+    import hashlib
+    import shutil
+    import tempfile
+
+    src = OnnxRuntimeBackend().model_path(bundle, level) if pad_to == 1 else pad_level(bundle, level, pad_to)
+    tag = "int8" if not keep_float else "mixed-" + hashlib.sha256("\n".join(keep_float).encode()).hexdigest()[:8]
+
+    def build(target: Path) -> None:
+        work = Path(tempfile.mkdtemp(dir=target.parent, prefix=".int8-"))
+        try:
+            _quantize(src, work / "model.onnx", calibration_split(bundle)[0][0], work, keep_float)
+            os.replace(work / "model.onnx", target)  # atomic: a reader sees the whole file or none
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+
+    return _built(bundle, f"level_{level}{'' if pad_to == 1 else f'.pad{pad_to}'}.{tag}.onnx", build)
+
+
+def pad_level(bundle: Any, level: int, multiple: int) -> Path:
+    """The level's ONNX graph with its widths zero-padded to ``multiple`` (:mod:`nestflex.deploy.padding`),
+    cached beside the bundle.
+
+    Raises:
+        PaddingError: the graph has an operator the padding does not support.
+    """
+    src = OnnxRuntimeBackend().model_path(bundle, level)
+    return _built(bundle, f"level_{level}.pad{multiple}.onnx", lambda target: pad_channels(src, target, multiple))
 
 
 def _quantize(src: Path, dst: Path, inputs: torch.Tensor, work: Path, keep_float: Sequence[str] = ()) -> None:
