@@ -94,6 +94,7 @@ def test_per_channel_ops_residual_adds_and_flatten_pad_through(tmp_path):
     (lambda m, x: torch.cat([m.a(x), m.b(x)], 1), "Concat"),
     (lambda m, x: m.g(m.a(x)), "grouped Conv"),
     (lambda m, x: m.a(x).permute(0, 2, 3, 1), "Transpose"),
+    (lambda m, x: m.a(x) / m.b(x), "Div"),  # 0 / 0 in the padded channels
 ])
 def test_a_graph_it_cannot_pad_is_refused_by_name(tmp_path, body, op):
     class Net(nn.Module):
@@ -111,3 +112,20 @@ def test_a_graph_it_cannot_pad_is_refused_by_name(tmp_path, body, op):
     assert not (tmp_path / "padded.onnx").exists()
     with pytest.raises(PaddingError, match="`multiple` must be an int >= 2"):
         pad_channels(src, tmp_path / "padded.onnx", 1)
+
+
+def test_a_level_that_cannot_be_prepared_leaves_the_old_level_running(bundle, monkeypatch):
+    import nestflex.deploy.backends as backends
+
+    plan = ExecutionPlan((LevelPlan("eager"), LevelPlan("onnxruntime_pad8"), LevelPlan("onnxruntime_pad8")))
+    rt = bundle.capacity(0, plan=plan)
+    x = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(3))
+
+    def refuse(*args, **kwargs):
+        raise PaddingError("Concat 'cat' reads a padded tensor")
+
+    monkeypatch.setattr(backends, "pad_level", refuse)
+    with pytest.raises(PaddingError, match="Concat"):
+        rt.set_level(2)
+    assert rt.level == 0 and rt.backend == "eager"
+    torch.testing.assert_close(rt(x), bundle.capacity(0, plan=None)(x), atol=0, rtol=0)

@@ -159,17 +159,23 @@ class OnnxRuntimeBackend(Backend):
         taps = [int(files[("stage", k)].extra.get("tap_output") or 0) for k in range(n - 1)]
 
         def open_(path: Path) -> Any:
-            runtime._session_bytes += path.stat().st_size
-            return _session(path, threads, tuned / f"{path.stem}.optimized.onnx")
+            session = _session(path, threads, tuned / f"{path.stem}.optimized.onnx")
+            runtime._session_bytes += path.stat().st_size  # counted once it is open
+            return session
 
         def lazy(entry: Any) -> Callable[[], Any]:
             """The entry's session, opened on first use: with the fused graph serving single
             frames, the per-stage sessions (batches, single exits) cost memory only once used."""
+            import threading
+
             opened: list[Any] = []
+            lock = threading.Lock()
 
             def get() -> Any:
                 if not opened:
-                    opened.append(open_(bundle.file(entry.file)))
+                    with lock:  # one session per entry, even when two threads ask first
+                        if not opened:
+                            opened.append(open_(bundle.file(entry.file)))
                 return opened[0]
 
             return get
@@ -428,10 +434,10 @@ def quantize_level(bundle: Any, level: int, keep_float: Sequence[str] = (), pad_
     import shutil
     import tempfile
 
-    src = OnnxRuntimeBackend().model_path(bundle, level) if pad_to == 1 else pad_level(bundle, level, pad_to)
     tag = "int8" if not keep_float else "mixed-" + hashlib.sha256("\n".join(keep_float).encode()).hexdigest()[:8]
 
     def build(target: Path) -> None:
+        src = OnnxRuntimeBackend().model_path(bundle, level) if pad_to == 1 else pad_level(bundle, level, pad_to)
         work = Path(tempfile.mkdtemp(dir=target.parent, prefix=".int8-"))
         try:
             _quantize(src, work / "model.onnx", calibration_split(bundle)[0][0], work, keep_float)

@@ -24,6 +24,8 @@ import math
 from pathlib import Path
 from typing import Any, Sequence
 
+from nestflex.deploy.padding import _save_atomic
+
 __all__ = ["FUSED_CONFIDENCES", "fuse_exits"]
 
 #: Confidence measures the fused graph can compute.
@@ -83,7 +85,7 @@ def fuse_exits(stages: Sequence[Path], heads: Sequence[Path], taps: Sequence[int
                 helper.make_node("Exp", [p + "logp"], [p + "prob"]),
                 helper.make_node("Mul", [p + "prob", p + "logp"], [p + "plogp"]),
                 helper.make_node("ReduceSum", [p + "plogp", "axis_last"], [p + "negent"], keepdims=0),
-                helper.make_node("Mul", [p + "negent", "inv_log_classes"], [p + "scaled"]),
+                helper.make_node("Div", [p + "negent", "log_classes"], [p + "scaled"]),  # as torch: / log C
                 helper.make_node("Add", [p + "scaled", "one"], [p + "raw"]),
                 helper.make_node("Clip", [p + "raw", "zero", "one"], [out])]
 
@@ -100,7 +102,7 @@ def fuse_exits(stages: Sequence[Path], heads: Sequence[Path], taps: Sequence[int
     def block(k: int, feeds: Sequence[str], prefix: str) -> tuple[list, list]:
         """Nodes and initializers from stage ``k`` on, writing ``prefix + output`` names."""
         nodes, inits, outs = embed(models[k], f"s{k}/", feeds)
-        logits = outs[-1] if k == num - 1 else None
+        logits = outs[0] if k == num - 1 else None  # the final exit: the last stage's first output, as stage by stage
         if k < num - 1:
             head_nodes, head_inits, head_outs = embed(head_models[k], f"h{k}/", [outs[taps[k]]])
             nodes += head_nodes
@@ -139,7 +141,7 @@ def fuse_exits(stages: Sequence[Path], heads: Sequence[Path], taps: Sequence[int
     if confidence == "entropy":
         consts += [helper.make_tensor("zero", TensorProto.FLOAT, [], [0.0]),
                    helper.make_tensor("one", TensorProto.FLOAT, [], [1.0]),
-                   helper.make_tensor("inv_log_classes", TensorProto.FLOAT, [], [1.0 / math.log(max(num_classes, 2))])]
+                   helper.make_tensor("log_classes", TensorProto.FLOAT, [], [math.log(max(num_classes, 2))])]
     shape = [d.dim_value or 1 for d in models[0].graph.input[0].type.tensor_type.shape.dim]
     graph = helper.make_graph(
         nodes, "nestflex_fused_exits",
@@ -150,8 +152,5 @@ def fuse_exits(stages: Sequence[Path], heads: Sequence[Path], taps: Sequence[int
                               producer_name="nestflex.fused_exits")
     model.ir_version = min(model.ir_version, max(m.ir_version for m in models))
     onnx.checker.check_model(model)
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dst.with_name(f".{dst.name}.tmp")
-    onnx.save(model, str(tmp))
-    tmp.replace(dst)
+    _save_atomic(onnx, model, dst)
     return dst

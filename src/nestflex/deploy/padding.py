@@ -150,6 +150,8 @@ def pad_channels(src: Path, dst: Path, multiple: int = 8) -> dict[str, Any]:
                     i not in inits or array(i).size != 1 for i in others):
                 raise PaddingError(f"{op} {node.name!r} mixes a padded tensor with one that is not (or padded "
                                    f"differently)")
+            if op == "Div" and (node.input[1] in pad or float(array(node.input[1]).reshape(())) == 0):
+                raise PaddingError(f"Div {node.name!r} divides by a padded tensor (0 / 0 in the padding)")
             pad[node.output[0]] = pad[padded_in[0]]
         elif op == "Flatten" and attr(node, "axis", 1) == 1:
             shape = shapes.get(node.input[0], [])
@@ -169,8 +171,20 @@ def pad_channels(src: Path, dst: Path, multiple: int = 8) -> dict[str, Any]:
         raise PaddingError(f"graph output {leaked[0]!r} would be padded")
     for v in list(g.value_info):  # the inferred shapes are stale now; onnxruntime infers its own
         g.value_info.remove(v)
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dst.with_name(f".{dst.name}.tmp")
-    onnx.save(model, str(tmp))
-    tmp.replace(dst)
+    _save_atomic(onnx, model, dst)
     return {"padded": len(widths), "widths": widths}
+
+
+def _save_atomic(onnx: Any, model: Any, dst: Path) -> None:
+    """Save ``model`` to ``dst`` through a temp file of this process and thread: concurrent builders
+    of the same file each write their own and the last rename wins, whole."""
+    import os
+    import threading
+
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dst.with_name(f".{dst.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    try:
+        onnx.save(model, str(tmp))
+        os.replace(tmp, dst)
+    finally:
+        tmp.unlink(missing_ok=True)

@@ -404,11 +404,17 @@ class CapacityRuntime:
         else:
             page_in, page_out = self._store.page(level)
         if backend is not None:
-            self._fn = backend.prepare(self, level, threads)
+            try:
+                self._fn = backend.prepare(self, level, threads)
+            except Exception:  # keep serving the old level, eagerly, rather than a half-switched one
+                self._fn, self.backend, self._session_bytes = self._eager, "eager", 0
+                if self.level is not None:
+                    self._store.page(self.level)
+                raise
             self.backend = backend.name
             torch.set_num_threads(threads)
         seconds = time.perf_counter() - start
-        self.last_report = PagingReport(self.level, level, page_in, page_out, seconds, self._store.resident_bytes)
+        self.last_report = PagingReport(self.level, level, page_in, page_out, seconds, self.resident_bytes)
         self.level = level
         return self.last_report
 
@@ -530,7 +536,7 @@ class ProgressiveRuntime:
             torch.set_num_threads(threads)
             if backend.own_weights:  # the sessions hold the stages and heads: keep no second copy
                 self._head_store.release(0)
-                if capacity is None:  # a backbone the caller does not also run
+                if self.capacity is None or capacity is None:  # an own backbone, or one the caller does not run
                     self._backbone_store.release(self._level)
 
     @property
