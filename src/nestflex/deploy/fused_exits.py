@@ -24,7 +24,7 @@ import math
 from pathlib import Path
 from typing import Any, Sequence
 
-from nestflex.deploy.padding import _save_atomic
+from nestflex._io import atomic_write_bytes
 
 __all__ = ["FUSED_CONFIDENCES", "fuse_exits"]
 
@@ -152,5 +152,5 @@ def fuse_exits(stages: Sequence[Path], heads: Sequence[Path], taps: Sequence[int
                               producer_name="nestflex.fused_exits")
     model.ir_version = min(model.ir_version, max(m.ir_version for m in models))
     onnx.checker.check_model(model)
-    _save_atomic(onnx, model, dst)
+    atomic_write_bytes(dst, model.SerializeToString())
     return dst

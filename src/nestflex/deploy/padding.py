@@ -20,6 +20,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from nestflex._io import atomic_write_bytes
 from nestflex.errors import NestflexError
 
 __all__ = ["PaddingError", "pad_channels"]
@@ -171,20 +172,6 @@ def pad_channels(src: Path, dst: Path, multiple: int = 8) -> dict[str, Any]:
         raise PaddingError(f"graph output {leaked[0]!r} would be padded")
     for v in list(g.value_info):  # the inferred shapes are stale now; onnxruntime infers its own
         g.value_info.remove(v)
-    _save_atomic(onnx, model, dst)
+    atomic_write_bytes(dst, model.SerializeToString())
     return {"padded": len(widths), "widths": widths}
 
-
-def _save_atomic(onnx: Any, model: Any, dst: Path) -> None:
-    """Save ``model`` to ``dst`` through a temp file of this process and thread: concurrent builders
-    of the same file each write their own and the last rename wins, whole."""
-    import os
-    import threading
-
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dst.with_name(f".{dst.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-    try:
-        onnx.save(model, str(tmp))
-        os.replace(tmp, dst)
-    finally:
-        tmp.unlink(missing_ok=True)
