@@ -215,15 +215,15 @@ def _memory_probe(path: str, plan_file: str) -> dict[str, Any]:
 def exit_savings(bundle, plan, key: str, n: int, repeats: int = 5) -> dict[str, Any]:
     """Early exit at batch 1 on ``n`` of the bundle's check samples: mean latency per sample and mean
     MACs, against the largest level's latency and the backbone's MACs, with ``plan`` (its entry for
-    this set and its largest level) and with eager at 1 thread (``plan=None``)."""
-    from nestflex.deploy.backends import calibration_split
+    this set, the exits it keeps, and its largest level), with the plan's configuration but every
+    exit (``plan_every_exit``, timed in the same passes: what the time-aware exit choice gives), and
+    with eager at 1 thread (``plan=None``)."""
+    from nestflex.deploy.backends import ExecutionPlan, LevelPlan, calibration_split
 
     x, y = calibration_split(bundle)[1]
     x, y = x[:n], y[:n]
     spec = bundle.spec.exit_set(key)
     out = {}
-    from nestflex.deploy.backends import ExecutionPlan, LevelPlan
-
     ep = plan.exits.get(key)
     for label, p in (("plan", plan), ("eager", None)):
         if p is None:
@@ -232,27 +232,35 @@ def exit_savings(bundle, plan, key: str, n: int, repeats: int = 5) -> dict[str, 
         # the backbone alone on the exits' own backend and threads: what the exits add or save there
         same = level if p is None or ep is None else bundle.capacity(
             bundle.num_levels - 1, plan=ExecutionPlan(tuple(LevelPlan(ep.backend, ep.threads) for _ in bundle.levels)))
-        prog = bundle.progressive(exit_set=key, plan=p)
-        runs = {"exits": prog, "level": level, "same": same}
+        progs = {label: bundle.progressive(exit_set=key, plan=p)}
+        if p is not None and ep is not None and ep.active is not None:  # the same configuration, every exit
+            progs["plan_every_exit"] = bundle.progressive(exit_set=key, plan=p, active=range(len(spec.names) - 1))
+        runs = {**progs, "level": level, "same": same}
         times = {k: [[] for _ in range(len(x))] for k in runs}
-        exits, hits = [], 0
-        for key_, fn in runs.items():  # one pass each: interleaved, one session's spinning pool slows the next
-            for r in range(repeats):
+        exits, hits = {k: [] for k in progs}, {k: 0 for k in progs}
+        # a pass over the samples per runtime, the runtimes in turn, `repeats` rounds: the machine's
+        # slow spells (which shift a pass by up to a third here) hit every runtime alike, and one
+        # session's spinning pool slows only the first frames of the next pass, not every frame
+        for r in range(repeats):
+            for name, fn in runs.items():
+                fn(x[:1])  # warm: the first call of a pass pays for the previous runtime's pool
                 for i in range(len(x)):
                     xi = x[i:i + 1]
                     t = time.perf_counter()
                     res = fn(xi)
-                    times[key_][i].append(time.perf_counter() - t)
-                    if key_ == "exits" and r == 0:
-                        exits.append(int(res.exit_index[0]))
-                        hits += int(res.logits.argmax(-1)[0] == y[i])
+                    times[name][i].append(time.perf_counter() - t)
+                    if name in progs and r == 0:
+                        exits[name].append(int(res.exit_index[0]))
+                        hits[name] += int(res.logits.argmax(-1)[0] == y[i])
         ms = {k: 1e3 * statistics.mean(statistics.median(v) for v in per) for k, per in times.items()}
-        macs = statistics.mean(spec.macs[k] for k in exits)
-        out[label] = {"backend": prog.backend, "level_backend": level.backend, "mean_ms": ms["exits"],
-                      "largest_level_ms": ms["level"], "latency_saving": 1 - ms["exits"] / ms["level"],
-                      "backbone_same_backend_ms": ms["same"], "latency_saving_same_backend": 1 - ms["exits"] / ms["same"],
-                      "mean_macs": macs, "macs_saving": 1 - macs / spec.backbone_macs, "accuracy": hits / len(x),
-                      "exit_share": [exits.count(k) / len(exits) for k in range(len(spec.names))]}
+        for name, prog in progs.items():
+            macs = statistics.mean(spec.macs[k] for k in exits[name])
+            out[name] = {"backend": prog.backend, "active": list(prog.active), "level_backend": level.backend,
+                         "mean_ms": ms[name], "largest_level_ms": ms["level"],
+                         "latency_saving": 1 - ms[name] / ms["level"], "backbone_same_backend_ms": ms["same"],
+                         "latency_saving_same_backend": 1 - ms[name] / ms["same"], "mean_macs": macs,
+                         "macs_saving": 1 - macs / spec.backbone_macs, "accuracy": hits[name] / len(x),
+                         "exit_share": [exits[name].count(k) / len(exits[name]) for k in range(len(spec.names))]}
     return {"exit_set": key, "samples": len(x), "thresholds": list(spec.thresholds),
             "config": None if ep is None else ep.to_json(),
             "candidates": [c for c in plan.candidates if c.get("exit_set") == key], **out}
@@ -415,7 +423,12 @@ def goals_of(results: list[dict[str, Any]], budget: float = 1.0) -> dict[str, An
                 "ratio_same_backend": round(m["latency_saving_same_backend"] / m["macs_saving"], 3)
                 if m["macs_saving"] > 0 else None,
                 "eager_ratio": round(e["eager"]["latency_saving"] / e["eager"]["macs_saving"], 3)
-                if e["eager"]["macs_saving"] > 0 else None}
+                if e["eager"]["macs_saving"] > 0 else None, "active": m["active"]}
+            every = e.get("plan_every_exit")
+            if every is not None and every["macs_saving"] > 0:  # the same configuration with every exit
+                saving[f"{r['bundle']}:{e['exit_set']}"].update(
+                    ratio_every_exit=round(every["latency_saving"] / every["macs_saving"], 3),
+                    ratio_same_backend_every_exit=round(every["latency_saving_same_backend"] / every["macs_saving"], 3))
     return {
         "largest_level_float32": {"target": ">= 2x today's eager runtime (float32, batch 1)", "measured": largest,
                                   "met": all(v >= 2 for v in largest.values()),
@@ -447,7 +460,9 @@ def goals_of(results: list[dict[str, Any]], budget: float = 1.0) -> dict[str, An
                               "note": "per exit set, with the plan: 1 - mean latency per sample / the largest level's "
                                       "(planned) latency, against 1 - mean MACs / the backbone's; ratio_same_backend: "
                                       "against the backbone alone on the exits' backend and threads; eager_ratio: the "
-                                      "same at 1 thread eager; None: no samples in the bundle or no exits"},
+                                      "same at 1 thread eager; active: the early exits the plan keeps (the "
+                                      "time-aware choice), *_every_exit: the same configuration with every exit; "
+                                      "None: no samples in the bundle or no exits"},
         "int8": {"target": f">= 3x today's eager runtime with int8 within {budget:g} point(s) (largest level, batch 1)",
                  "measured": int8, "met": int8_met,
                  "note": "int8 (onnxruntime QDQ, calibrated on half the bundle's samples) vs eager at 1 thread; the "

@@ -70,3 +70,28 @@ def test_synthesis_reports_the_best_float32_and_int8_configurations_with_samples
         assert abs(sum(m["exit_share"]) - 1) < 1e-9 and 0 <= m["accuracy"] <= 1
     saving = summary["goals"]["early_exit_saving"]["measured"][f"{tmp_path / 'model.nfx'}:exits"]
     assert saving["macs_saving"] == round(ex["plan"]["macs_saving"], 4)
+    # the exits the plan keeps (its time-aware choice) are the ones it ran; eager runs every exit
+    kept = ex["config"]["active"]
+    assert saving["active"] == ex["plan"]["active"] == ([0, 1] if kept is None else kept)
+    assert ex["eager"]["active"] == [0, 1]
+    assert ("plan_every_exit" in ex) == (kept is not None)
+    assert ex["config"]["mean_ms"] > 0 and ex["config"]["all_mean_ms"] > 0
+
+
+def test_level_profile_splits_each_level_s_time_by_operator(tmp_path):
+    write_bundle(tmp_path)
+    bench = load_script("benchmarks/level_profile.py")
+    out = tmp_path / "out"
+    assert bench.main(["--bundle", str(tmp_path / "model.nfx"), "--backends", "onnxruntime", "--runs", "5",
+                       "--out", str(out)]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["call_overhead_us"] > 0 and summary["threads"] == 1
+    levels = summary["backends"]["onnxruntime"]
+    assert [lv["level"] for lv in levels] == [0, 1, 2] and levels[-1]["time_fraction"] == 1
+    for lv in levels:
+        assert lv["wall_us"] > 0 and lv["nodes_us"] > 0 and lv["operators"]
+        assert set(lv["groups_us"]) == {"conv_shrinking", "conv_constant", "other"}
+        assert abs(sum(lv["groups_us"].values()) - lv["nodes_us"]) < 1e-6
+        assert {o["group"] for o in lv["operators"]} <= set(lv["groups_us"])
+    # the toy bundle's levels differ in width: some convolution shrinks from the largest to the smallest
+    assert levels[0]["groups_us"]["conv_shrinking"] > 0

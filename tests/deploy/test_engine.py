@@ -296,3 +296,31 @@ def test_closing_answers_queued_frames_as_dropped(tiny):
     engine.close()
     with pytest.raises(EngineError, match="the engine is closed"):
         engine.submit("cam", _x())
+
+
+def test_the_engine_times_a_dropped_exit_as_the_next_kept_one(tiny, tmp_path, monkeypatch):
+    bundle, _, _ = tiny
+    import shutil
+
+    from nestflex.deploy.backends import ExecutionPlan, ExitsPlan, LevelPlan, write_plan
+    from nestflex.deploy.runtime import ProgressiveRuntime
+    from nestflex.deploy.wire import bundle_id
+
+    copy = nd.load(shutil.copytree(bundle.path, tmp_path / "model.nfx"))
+    write_plan(copy, ExecutionPlan(tuple(LevelPlan() for _ in range(copy.num_levels)), bundle=bundle_id(copy),
+                                   exits={"exits": ExitsPlan("eager", 1, active=(1,))}))
+    seen = []
+    call = ProgressiveRuntime.__call__
+
+    def spy(self, x, thresholds=None, *args, **kwargs):
+        got = call(self, x, thresholds, *args, **kwargs)
+        seen.append((self.active, None if thresholds is None else list(thresholds), got.exit_index.tolist()))
+        return got
+
+    monkeypatch.setattr(ProgressiveRuntime, "__call__", spy)
+    with nd.Engine("flexdnn") as engine:
+        engine.add_app("cam", copy, fps=1.0, profile_repeats=1)
+        assert engine._apps["cam"].progressive.active == (1,)  # the engine runs the plan's exits
+    forced = {(tuple(t), tuple(e)) for a, t, e in seen if a == (1,) and t is not None}
+    # forcing the dropped exit 0 stops at exit 1, the next kept one; forcing exit 1 too; the final last
+    assert forced >= {((0.0, 0.0), (1,)), ((1.0, 0.0), (1,)), ((1.0, 1.0), (2,))}

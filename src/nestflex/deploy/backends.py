@@ -41,7 +41,7 @@ import json
 import math
 import os
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
@@ -158,8 +158,10 @@ class OnnxRuntimeBackend(Backend):
         runtime._session_bytes = 0
         taps = [int(files[("stage", k)].extra.get("tap_output") or 0) for k in range(n - 1)]
 
-        def open_(path: Path) -> Any:
-            session = _session(path, threads, tuned / f"{path.stem}.optimized.onnx")
+        def open_(path: Path, optimized_copy: bool = True) -> Any:
+            # no optimised copy of the fused graph: onnxruntime (1.31) saves its If branches with
+            # clashing names (its NCHWc `reorder` outputs), a file it then refuses to load
+            session = _session(path, threads, tuned / f"{path.stem}.optimized.onnx" if optimized_copy else None)
             runtime._session_bytes += path.stat().st_size  # counted once it is open
             return session
 
@@ -200,8 +202,9 @@ class OnnxRuntimeBackend(Backend):
             try:
                 path = fused_exits_path(bundle, runtime.exit_set, runtime.confidence, runtime.fallback,
                                         [bundle.file(files[("stage", k)].file) for k in range(n)],
-                                        [bundle.file(files[("exit", k)].file) for k in range(n - 1)], taps)
-                runtime._fused = _fused_call(open_(path))
+                                        [bundle.file(files[("exit", k)].file) for k in range(n - 1)], taps,
+                                        runtime.active)
+                runtime._fused = _fused_call(open_(path, optimized_copy=False))
             except Exception as e:  # an optimisation, not a requirement: the stages still run one by one
                 warnings.warn(f"{runtime.exit_set} of {str(bundle.path)!r}: the fused early-exit graph could not "
                               f"be built ({type(e).__name__}: {str(e)[:200]}); single frames run stage by stage",
@@ -227,21 +230,24 @@ def _fused_call(session: Any) -> Callable[[torch.Tensor, Sequence[float]], Any]:
 
 
 def fused_exits_path(bundle: Any, key: str, confidence: str, fallback: str, stages: Sequence[Path],
-                     heads: Sequence[Path], taps: Sequence[int]) -> Path:
-    """The fused early-exit graph of exit set ``key`` (:mod:`nestflex.deploy.fused_exits`): from the
-    folder beside the bundle, or built now (a fraction of a second) and kept there; the temp
-    folder when the bundle's folder cannot be written."""
-    return _built(bundle, f"{key}.fused-{confidence}-{fallback}.onnx",
-                  lambda target: fuse_exits(stages, heads, taps, bundle.spec.num_classes, confidence, fallback, target))
+                     heads: Sequence[Path], taps: Sequence[int], active: Sequence[int] | None = None) -> Path:
+    """The fused early-exit graph of exit set ``key`` (:mod:`nestflex.deploy.fused_exits`) over the
+    early exits ``active`` (default all): from the folder beside the bundle, or built now (a
+    fraction of a second) and kept there; the temp folder when the bundle's folder cannot be written."""
+    kept = "" if active is None or len(active) == len(heads) else "-a" + ".".join(str(k) for k in active)
+    return _built(bundle, f"{key}.fused-{confidence}-{fallback}{kept}.onnx",
+                  lambda target: fuse_exits(stages, heads, taps, bundle.spec.num_classes, confidence, fallback, target,
+                                            active))
 
 
-def _session(path: Path, threads: int, cache: Path) -> Any:
+def _session(path: Path, threads: int, cache: Path | None) -> Any:
     """An onnxruntime session for ``path`` with all graph optimisations.
 
     The optimised graph is saved to ``cache`` the first time and opened with optimisations off
     afterwards: building a session is most of a level switch's time, and the graph optimiser is
     most of that. The saved graph may use this CPU's kernels (onnxruntime's NCHWc layouts), which
     is why it lives in the device's tuned folder beside the bundle, never in the bundle.
+    ``cache=None``: optimise every time, save nothing.
     """
     import onnxruntime as ort
 
@@ -253,6 +259,8 @@ def _session(path: Path, threads: int, cache: Path) -> Any:
         return opts
 
     providers = ["CPUExecutionProvider"]
+    if cache is None:
+        return ort.InferenceSession(str(path), options(ort.GraphOptimizationLevel.ORT_ENABLE_ALL), providers=providers)
     if cache.is_file():
         try:
             return ort.InferenceSession(str(cache), options(ort.GraphOptimizationLevel.ORT_DISABLE_ALL), providers=providers)
@@ -534,16 +542,27 @@ class ExitsPlan:
 
     ``latency_ms`` / ``eager_ms``: per exit, what one frame that leaves there costs (the early-exit
     call: the stages up to it, every head on the way and the policy), with this configuration /
-    eager at 1 thread."""
+    eager at 1 thread, every early exit evaluated.
+
+    ``active``: the early exits the runtime evaluates (``None``: all). A head costs time whatever
+    its MACs; one that few samples leave at costs every later sample more than it saves, so the
+    synthesis keeps the subset with the least measured mean latency
+    (:func:`choose_active_exits`); a dropped exit's samples go on to the next kept one.
+    ``mean_ms``: the mean latency per frame it measured with ``active``, against ``all_mean_ms``
+    with every exit (both on the samples the choice was made on)."""
 
     backend: str = "eager"
     threads: int = 1
     latency_ms: tuple[float, ...] = ()
     eager_ms: tuple[float, ...] = ()
+    active: tuple[int, ...] | None = None
+    mean_ms: float | None = None
+    all_mean_ms: float | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {"backend": self.backend, "threads": self.threads, "latency_ms": list(self.latency_ms),
-                "eager_ms": list(self.eager_ms)}
+                "eager_ms": list(self.eager_ms), "active": None if self.active is None else list(self.active),
+                "mean_ms": self.mean_ms, "all_mean_ms": self.all_mean_ms}
 
 
 @dataclass(frozen=True)
@@ -614,7 +633,15 @@ class ExecutionPlan:
                                                       for x in v) for v in times):
                 raise BackendError(f"{where}: exits.{key}.latency_ms and eager_ms must be lists of numbers, got "
                                    f"{times!r:.80}. HINT: re-run `nestflex tune BUNDLE`")
-            exits[key] = ExitsPlan(backend, t, tuple(times[0]), tuple(times[1]))
+            active = r.get("active")
+            if active is not None and (not isinstance(active, list) or not all(
+                    isinstance(k, int) and not isinstance(k, bool) and k >= 0 for k in active)):
+                raise BackendError(f"{where}: exits.{key}.active must be null or a list of early-exit indices, got "
+                                   f"{active!r:.80}. HINT: re-run `nestflex tune BUNDLE`")
+            means = [r.get(k) for k in ("mean_ms", "all_mean_ms")]
+            means = [float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None for v in means]
+            exits[key] = ExitsPlan(backend, t, tuple(times[0]), tuple(times[1]),
+                                   None if active is None else tuple(active), *means)
         batches = {}
         raw = data.get("batches") or {}
         if not isinstance(raw, Mapping):
@@ -798,7 +825,8 @@ def synthesize(bundle: Any, *, backends: Sequence[str] | None = None, threads: S
             for b, (name, t, v, acc) in best_b.items():
                 by_batch[b].append(LevelPlan(name, t, round(v, 4), None if b not in eager_b else round(eager_b[b], 4),
                                              None if acc is None else round(acc, 6)))
-        exits = {key: _synthesize_exits(bundle, key, names, counts, repeats, atol, check, x1, candidates, log)
+        exits = {key: _synthesize_exits(bundle, key, names, counts, repeats, atol, check, x1, candidates, log,
+                                        budget_points)
                  for key in bundle.exit_sets}
     finally:
         torch.set_num_threads(before)
@@ -809,11 +837,13 @@ def synthesize(bundle: Any, *, backends: Sequence[str] | None = None, threads: S
 
 
 def _synthesize_exits(bundle: Any, key: str, names: Sequence[str], counts: Sequence[int], repeats: int, atol: float,
-                      check: torch.Tensor, x1: torch.Tensor, candidates: list, log: Callable[[str], None] | None
-                      ) -> ExitsPlan:
+                      check: torch.Tensor, x1: torch.Tensor, candidates: list, log: Callable[[str], None] | None,
+                      budget_points: float = 1.0) -> ExitsPlan:
     """One exit set: every backend that runs exit sets x threads; a configuration passes when every
     exit's logits, and every check sample's early-exit answer, match the eager program's within
-    ``atol``, and the one whose full path (a frame that reaches the last exit) is fastest wins."""
+    ``atol``; the one with the least mean latency per frame on the calibration half of the
+    bundle's samples wins (without samples: the fastest full path, a frame that reaches the last
+    exit). Then the exits worth their time in it (:func:`choose_active_exits`), with samples."""
     from nestflex.deploy.runtime import ProgressiveRuntime
     from nestflex.deploy.timing import median_ms
 
@@ -836,7 +866,8 @@ def _synthesize_exits(bundle: Any, key: str, names: Sequence[str], counts: Seque
     torch.set_num_threads(1)
     eager = ProgressiveRuntime(bundle, None, key)
     ref, ref_answers, eager_ms = outputs(eager), answers(eager), path_ms(eager)
-    best: tuple[str, int, list[float]] | None = None
+    best: tuple[str, int, list[float], float] | None = None
+    frames = calibration_split(bundle)[0][0][:64] if bundle.spec.samples is not None else None
     for name in names:
         backend = get_backend(name)
         if not backend.available() or backend.precision != "float32":
@@ -854,15 +885,119 @@ def _synthesize_exits(bundle: Any, key: str, names: Sequence[str], counts: Seque
                                        "error": f"{e}"[:200]})
                 continue
             ok = err <= atol and math.isfinite(err)
-            candidates.append({"level": None, "exit_set": key, "backend": name, "threads": t,
-                               "latency_ms": [round(v, 4) for v in ms], "max_abs_diff": err, "agrees": ok})
-            if ok and (best is None or ms[-1] < best[2][-1]):
-                best = (name, t, ms)
+            # what the choice is made on: the mean frame on the calibration half's exit
+            # distribution (the full path alone would favour the backbone's speed over the exits')
+            mean = None if frames is None else _mean_frame_ms({0: rt}, frames, 3)[0]
+            row = {"level": None, "exit_set": key, "backend": name, "threads": t,
+                   "latency_ms": [round(v, 4) for v in ms], "max_abs_diff": err, "agrees": ok}
+            if mean is not None:
+                row["mean_frame_ms"] = round(mean, 4)
+            candidates.append(row)
+            score = ms[-1] if mean is None else mean
+            if ok and (best is None or score < best[3]):
+                best = (name, t, ms, score)
             if log is not None:
-                log(f"{key}: {name:16s} threads {t}: every exit {ms[-1]:8.3f} ms, first {ms[0]:.3f} ms  "
-                    f"max|diff| {err:.2e}")
-    name, t, ms = best if best is not None else ("eager", 1, eager_ms)
-    return ExitsPlan(name, t, tuple(round(v, 4) for v in ms), tuple(round(v, 4) for v in eager_ms))
+                log(f"{key}: {name:16s} threads {t}: every exit {ms[-1]:8.3f} ms, first {ms[0]:.3f} ms"
+                    + ("" if mean is None else f", mean frame {mean:.3f} ms") + f"  max|diff| {err:.2e}")
+    name, t, ms, _ = best if best is not None else ("eager", 1, eager_ms, None)
+    entry = ExitsPlan(name, t, tuple(round(v, 4) for v in ms), tuple(round(v, 4) for v in eager_ms))
+    if bundle.spec.samples is None:  # no samples: no exit distribution to choose the exits on
+        return entry
+    torch.set_num_threads(t)
+    return choose_active_exits(bundle, key, entry, budget_points=budget_points, log=log)
+
+
+def _mean_frame_ms(runtimes: Mapping[Any, Any], x: torch.Tensor, repeats: int) -> dict[Any, float]:
+    """Per runtime, the mean over the frames of ``x`` of each frame's median early-exit call (ms).
+    Each repeat is one pass over the frames per runtime, the runtimes in turn: a slow spell of the
+    machine hits them alike, and one session's spinning thread pool (onnxruntime's, after a run)
+    slows only the first frames of the next pass, not every frame as frame-by-frame turns would."""
+    import statistics
+    import time
+
+    times = {k: [[] for _ in range(x.shape[0])] for k in runtimes}
+    frames = [x[i:i + 1] for i in range(x.shape[0])]
+    for _ in range(repeats):
+        for k, rt in runtimes.items():
+            rt(frames[0])  # warm: the first call of a pass also pays for the previous runtime's pool
+            for i, xi in enumerate(frames):
+                t0 = time.perf_counter()
+                rt(xi)
+                times[k][i].append(time.perf_counter() - t0)
+    return {k: 1e3 * statistics.mean(statistics.median(v) for v in per) for k, per in times.items()}
+
+
+def choose_active_exits(bundle: Any, key: str, entry: ExitsPlan, *, budget_points: float = 1.0, frames: int = 64,
+                        repeats: int = 3, min_gain: float = 0.02, log: Callable[[str], None] | None = None
+                        ) -> ExitsPlan:
+    """The early exits worth their time, in ``entry``'s configuration (FlexDNN's exit insertion
+    plan, measured in time instead of MACs).
+
+    Every evaluated head costs the samples that pass it a call's worth of small operators, however
+    few MACs it has; an exit few samples leave at can cost more than it saves. Backward
+    elimination, measured: starting from every exit, drop the exit whose removal lowers the mean
+    latency per frame most (on ``frames`` of the calibration half of the bundle's samples, the
+    distribution the policy will see), while that lowers it by more than ``min_gain`` and the
+    policy's top-1 accuracy on the check half stays within ``budget_points`` of every exit's.
+    The result is kept only if, measured again beside every exit, it is faster.
+
+    Returns:
+        ``entry`` with ``active`` (``None`` when every exit stays), ``mean_ms`` and ``all_mean_ms``.
+    """
+    from nestflex.deploy.exits import apply_policy
+    from nestflex.deploy.runtime import ProgressiveRuntime
+
+    (xc, _), (xk, yk) = calibration_split(bundle)
+    xc = xc[:frames]
+    plan = ExecutionPlan((), exits={key: entry})
+    with torch.no_grad():
+        logits = ProgressiveRuntime(bundle, None, key, plan).all_exits(xk)  # every exit's logits, once
+    full = ProgressiveRuntime(bundle, None, key, plan)
+    thresholds, early = full.thresholds, full.num_exits - 1
+
+    def accuracy(active: Sequence[int]) -> float:
+        ends = [*active, early]
+        got = apply_policy([logits[k] for k in ends], [thresholds[k] for k in active], full.confidence, full.fallback)
+        return float((got.logits.argmax(-1) == yk).float().mean())
+
+    def runtime(active: Sequence[int]) -> Any:
+        return full if len(active) == early else ProgressiveRuntime(bundle, None, key, plan, active=active)
+
+    floor = accuracy(range(early)) - budget_points / 100
+    current = tuple(range(early))
+    current_ms = _mean_frame_ms({current: full}, xc, repeats)[current]
+    all_ms = current_ms
+    while current:
+        options = [tuple(k for k in current if k != drop) for drop in current]
+        options = [a for a in options if accuracy(a) >= floor]
+        if not options:
+            break
+        got = _mean_frame_ms({a: runtime(a) for a in options}, xc, repeats)
+        best = min(got, key=got.get)
+        if log is not None:
+            log(f"{key}: exits {list(best)}: {got[best]:.3f} ms per frame (kept {list(current)}: {current_ms:.3f} ms)")
+        if got[best] > current_ms * (1 - min_gain):
+            break
+        current, current_ms = best, got[best]
+    _drop_fused(bundle, key, keep=current)
+    if len(current) == early:
+        return replace(entry, active=None, mean_ms=round(all_ms, 4), all_mean_ms=round(all_ms, 4))
+    final = _mean_frame_ms({"all": full, "kept": runtime(current)}, xc, repeats)  # again, side by side
+    if final["kept"] >= final["all"]:
+        _drop_fused(bundle, key, keep=None)
+        return replace(entry, active=None, mean_ms=round(final["all"], 4), all_mean_ms=round(final["all"], 4))
+    return replace(entry, active=current, mean_ms=round(final["kept"], 4), all_mean_ms=round(final["all"], 4))
+
+
+def _drop_fused(bundle: Any, key: str, keep: Sequence[int] | None) -> None:
+    """Delete the fused graphs of exit subsets the search built for ``key`` but does not keep."""
+    import tempfile
+
+    keep_tag = None if keep is None else "-a" + ".".join(str(k) for k in keep)
+    for folder in (tuned_dir(bundle), Path(tempfile.gettempdir()) / "nestflex-tuned" / tuned_dir(bundle).name):
+        for f in folder.glob(f"{key}.fused-*-a*.onnx") if folder.is_dir() else ():
+            if keep_tag is None or not f.name.endswith(f"{keep_tag}.onnx"):
+                f.unlink(missing_ok=True)
 
 
 def _accuracy(fn: Fn, x: torch.Tensor, y: torch.Tensor, batch: int = 64) -> float:

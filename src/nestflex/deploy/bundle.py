@@ -440,7 +440,7 @@ class Bundle:
             plan = load_plan(self)
         return CapacityRuntime(self, self.num_levels - 1 if level is None else level, plan, batch)
 
-    def progressive(self, capacity=None, exit_set: str = "exits", plan: Any = "auto"):
+    def progressive(self, capacity=None, exit_set: str = "exits", plan: Any = "auto", active=None):
         """A :class:`~nestflex.deploy.runtime.ProgressiveRuntime` (batched early exit).
 
         Args:
@@ -451,9 +451,10 @@ class Bundle:
                 ``"flexdnn"`` (FlexDNN).
             plan: an :class:`~nestflex.deploy.backends.ExecutionPlan`, ``None`` (eager), or
                 ``"auto"``: the plan ``nestflex tune`` stored beside the bundle, if there is one.
+            active: the early exits to evaluate, overriding the plan's choice (``None``: the plan's, else all).
 
         Raises:
-            BundleError: the bundle has no such exit set.
+            BundleError: the bundle has no such exit set, or ``active`` names an exit it lacks.
         """
         from nestflex.deploy.runtime import ProgressiveRuntime
 
@@ -461,7 +462,7 @@ class Bundle:
             from nestflex.deploy.backends import load_plan
 
             plan = load_plan(self)
-        return ProgressiveRuntime(self, capacity, exit_set, plan)
+        return ProgressiveRuntime(self, capacity, exit_set, plan, active)
 
     def __repr__(self) -> str:
         sets = "".join(f", {s.key}={len(s.names)}" for s in self._spec.exit_sets if s.kind != "progressive")

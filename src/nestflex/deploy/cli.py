@@ -300,6 +300,9 @@ def _cmd_tune(args: argparse.Namespace) -> int:
                 for k, (ms, e) in enumerate(zip(ep.latency_ms, ep.eager_ms))]
         print(f"{key}:")
         print(_table(["exit", "backend", "threads", "ms", "eager 1-thread ms", "speed-up"], rows))
+        if ep.active is not None:  # the time-aware exit choice dropped some
+            print(f"  early exits kept: {list(ep.active)} of {len(ep.latency_ms) - 1}: {ep.mean_ms} ms per frame "
+                  f"on the calibration samples, {ep.all_mean_ms} ms with every exit")
     for b, lps in sorted(plan.batches.items()):  # bundle.capacity(level, batch=b) runs these
         rows = [[k, lp.backend, lp.threads, lp.latency_ms, lp.eager_ms,
                  round(lp.eager_ms / lp.latency_ms, 2) if lp.eager_ms and lp.latency_ms else None]

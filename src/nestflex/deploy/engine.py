@@ -759,9 +759,10 @@ class Engine:
             early = app.progressive.num_exits - 1
             app.exit_ms = []
             for k in range(early + 1):
-                thr = [1.0] * early
-                if k < early:
-                    thr[k] = 0.0  # confidence > 0: every frame leaves at exit k
+                # confidence > 0: every frame leaves at exit k, or at the first exit after it the
+                # plan keeps (a frame that would leave at an exit the plan dropped, by the exit
+                # rates calibrated with every exit, is counted at the next kept one)
+                thr = [1.0] * k + [0.0] * (early - k)
                 if measure:
                     app.exit_ms.append(median_ms(lambda t=thr: app.progressive(x, thresholds=t), repeats))
                 else:

@@ -16,6 +16,12 @@ of :class:`~nestflex.deploy.exits.ExitResult`.
 
 Only the two built-in confidences (``max_prob``, ``entropy``) have a graph form; a registered
 custom one runs stage by stage.
+
+``active`` keeps only some early exits (the synthesis's time-aware exit choice,
+:func:`nestflex.deploy.backends.choose_active_exits`): the stages between two kept exits run as
+one block and a dropped exit's head is never computed. ``exit_index`` / ``answer_index`` still
+number the exits of the whole set, and ``thresholds`` still has one entry per early exit (the
+dropped ones' are not read).
 """
 
 from __future__ import annotations
@@ -35,10 +41,10 @@ _OUTPUTS = ("logits", "exit_index", "answer_index", "confidence")
 
 
 def fuse_exits(stages: Sequence[Path], heads: Sequence[Path], taps: Sequence[int], num_classes: int,
-               confidence: str, fallback: str, dst: Path) -> Path:
+               confidence: str, fallback: str, dst: Path, active: Sequence[int] | None = None) -> Path:
     """Write the fused early-exit graph of ``stages`` (K ONNX files, the last one ending in the
     final logits) and ``heads`` (K - 1 files, head ``k`` reading stage ``k``'s output ``taps[k]``)
-    to ``dst`` (atomically) and return it."""
+    to ``dst`` (atomically) and return it. ``active``: the early exits kept (default all)."""
     import onnx
     from onnx import TensorProto, helper
 
@@ -48,6 +54,11 @@ def fuse_exits(stages: Sequence[Path], heads: Sequence[Path], taps: Sequence[int
     head_models = [onnx.load(str(p)) for p in heads]
     opset = max(o.version for m in models + head_models for o in m.opset_import if o.domain in ("", "ai.onnx"))
     num = len(models)
+    # the exits kept, final last: block g runs the stages after exit ends[g - 1] up to ends[g]
+    ends = sorted(set(range(num - 1) if active is None else active))
+    if any(not 0 <= k < num - 1 for k in ends):
+        raise ValueError(f"`active` must name early exits in [0, {num - 2}], got {list(active or ())}")
+    ends.append(num - 1)
 
     def embed(model: Any, prefix: str, feeds: Sequence[str]) -> tuple[list, list, list[str]]:
         """``model``'s nodes and initializers with every name prefixed, its inputs wired to ``feeds``;
@@ -99,9 +110,14 @@ def fuse_exits(stages: Sequence[Path], heads: Sequence[Path], taps: Sequence[int
         return [helper.make_node("Identity", [src], [prefix + name])
                 for src, name in zip((logits, index, answer, conf), _OUTPUTS)]
 
-    def block(k: int, feeds: Sequence[str], prefix: str) -> tuple[list, list]:
-        """Nodes and initializers from stage ``k`` on, writing ``prefix + output`` names."""
-        nodes, inits, outs = embed(models[k], f"s{k}/", feeds)
+    def block(g: int, feeds: Sequence[str], prefix: str) -> tuple[list, list]:
+        """Nodes and initializers from exit ``ends[g]``'s block on, writing ``prefix + output`` names."""
+        k, nodes, inits = ends[g], [], []
+        for j in range(ends[g - 1] + 1 if g else 0, k + 1):  # the block's stages, chained
+            stage_nodes, stage_inits, feeds = embed(models[j], f"s{j}/", feeds)
+            nodes += stage_nodes
+            inits += stage_inits
+        outs = feeds
         logits = outs[0] if k == num - 1 else None  # the final exit: the last stage's first output, as stage by stage
         if k < num - 1:
             head_nodes, head_inits, head_outs = embed(head_models[k], f"h{k}/", [outs[taps[k]]])
@@ -114,12 +130,13 @@ def fuse_exits(stages: Sequence[Path], heads: Sequence[Path], taps: Sequence[int
         nodes.append(helper.make_node("Identity", [conf], [f"conf{k}"]))
         if k == num - 1:  # nothing passed: the fallback answers
             if fallback == "most_confident" and num > 1:
-                nodes += [helper.make_node("Concat", [f"conf{i}" for i in range(num)], ["all_conf"], axis=0),
+                nodes += [helper.make_node("Concat", [f"conf{i}" for i in ends], ["all_conf"], axis=0),
                           helper.make_node("ArgMax", ["all_conf"], ["best"], axis=0, keepdims=1),  # first of ties
-                          helper.make_node("Concat", [f"z{i}" for i in range(num)], ["all_logits"], axis=0),
+                          helper.make_node("Concat", [f"z{i}" for i in ends], ["all_logits"], axis=0),
                           helper.make_node("Gather", ["all_logits", "best"], ["best_logits"], axis=0),
-                          helper.make_node("Gather", ["all_conf", "best"], ["best_conf"], axis=0)]
-                nodes += identity_outputs(prefix, "best_logits", "last_index", "best", "best_conf")
+                          helper.make_node("Gather", ["all_conf", "best"], ["best_conf"], axis=0),
+                          helper.make_node("Gather", ["exit_numbers", "best"], ["best_exit"], axis=0)]
+                nodes += identity_outputs(prefix, "best_logits", "last_index", "best_exit", "best_conf")
             else:
                 nodes += identity_outputs(prefix, logits, "last_index", "last_index", conf)
             return nodes, inits
@@ -127,15 +144,17 @@ def fuse_exits(stages: Sequence[Path], heads: Sequence[Path], taps: Sequence[int
                   helper.make_node("Greater", [conf, f"t{k}"], [f"leave{k}"])]
         then = helper.make_graph(identity_outputs(f"then{k}/", logits, f"k{k}", f"k{k}", conf),
                                  f"exit_{k}", [], outputs_of(f"then{k}/"))
-        else_nodes, else_inits = block(k + 1, outs, f"else{k}/")
+        else_nodes, else_inits = block(g + 1, outs, f"else{k}/")
         orelse = helper.make_graph(else_nodes, f"after_exit_{k}", [], outputs_of(f"else{k}/"), else_inits)
         nodes.append(helper.make_node("If", [f"leave{k}"], [prefix + o for o in _OUTPUTS],
                                       then_branch=then, else_branch=orelse))
         return nodes, inits
 
     nodes, inits = block(0, ["input"], "")
-    consts = [helper.make_tensor(f"k{k}", TensorProto.INT64, [1], [k]) for k in range(num - 1)]
+    consts = [helper.make_tensor(f"k{k}", TensorProto.INT64, [1], [k]) for k in ends[:-1]]  # only those read
     consts.append(helper.make_tensor("last_index", TensorProto.INT64, [1], [num - 1]))
+    if fallback == "most_confident" and num > 1:
+        consts.append(helper.make_tensor("exit_numbers", TensorProto.INT64, [len(ends)], ends))
     if confidence == "entropy" or opset >= 18:
         consts.append(helper.make_tensor("axis_last", TensorProto.INT64, [1], [-1]))
     if confidence == "entropy":

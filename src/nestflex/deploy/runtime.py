@@ -471,20 +471,24 @@ class ProgressiveRuntime:
         exit_set: which set: ``"exits"`` / ``"progressive"`` or ``"flex_exits"`` / ``"flexdnn"``.
         plan: an :class:`~nestflex.deploy.backends.ExecutionPlan`: its entry for this set (if any)
             says which backend runs the stages and heads (``onnxruntime``: the bundle's stage and
-            head graphs); ``None``: eager.
+            head graphs) and which early exits are evaluated; ``None``: eager, every exit.
+        active: the early exits to evaluate (indices in ``[0, num_exits - 1)``), overriding the
+            plan's; a dropped exit's head never runs and its samples go on to the next kept exit.
+            ``None``: the plan's choice, else all.
 
     Attributes:
         spec: the set's :class:`~nestflex.deploy.schema.ExitSet`.
         exits: the same as a dict (its manifest form).
         exit_set: the set's key, ``"exits"`` or ``"flex_exits"``.
         backend: the backend running the stages and heads.
+        active: the early exits evaluated, ascending (all of them unless the plan or ``active`` says).
 
     Raises:
-        BundleError: the bundle has no such exit set.
+        BundleError: the bundle has no such exit set, or ``active`` names an exit it does not have.
     """
 
     def __init__(self, bundle: Bundle, capacity: CapacityRuntime | None = None, exit_set: str = "exits",
-                 plan: Any = None) -> None:
+                 plan: Any = None, active: Sequence[int] | None = None) -> None:
         key = EXIT_SET_KEYS.get(exit_set, exit_set)
         if key not in EXIT_SETS:
             raise BundleError(f"`exit_set` must be one of {', '.join(EXIT_SETS)} (or the kinds "
@@ -527,6 +531,9 @@ class ProgressiveRuntime:
         self.backend, self._session_bytes = "eager", 0
         self._fused = None  # the backend's one-call early exit for a single sample, if it has one
         entry = None if plan is None else plan.exits.get(key)
+        if active is None and entry is not None:
+            active = entry.active
+        self.active: tuple[int, ...] = self._check_active(active)
         if entry is not None:
             from nestflex.deploy.backends import resolve
 
@@ -542,6 +549,21 @@ class ProgressiveRuntime:
     @property
     def num_exits(self) -> int:
         return len(self._heads) + 1
+
+    def _check_active(self, active: Sequence[int] | None) -> tuple[int, ...]:
+        early = self.num_exits - 1
+        if active is None:
+            return tuple(range(early))
+        active = list(active) if isinstance(active, (list, tuple, range)) else [active]
+        try:
+            kept = sorted({int(k) for k in active if not isinstance(k, bool) and int(k) == k})
+        except (TypeError, ValueError):
+            kept = None
+        if kept is None or len(kept) != len(list(active)) or any(not 0 <= k < early for k in kept):
+            raise BundleError(f"`active` must list distinct early exits of {self.exit_set} in [0, {early - 1}], got "
+                              f"{active!r:.80}. HINT: the final exit always runs; re-run `nestflex tune` if the plan "
+                              f"was written for another bundle")
+        return tuple(kept)
 
     @property
     def resident_bytes(self) -> int:
@@ -612,10 +634,28 @@ class ProgressiveRuntime:
             raise BundleError(f"`k` must be an exit index in [0, {self.num_exits - 1}], got {k!r}")
         self._ready(x)
         heads, state, out = self._head_fns(), (x,), x
-        for stage, head in zip(self._stages[: k + 1], heads):
+        for j, (stage, head) in enumerate(zip(self._stages[: k + 1], heads)):
             state = stage(*state)
-            out = head(state)
+            if j == k or j in self.active:
+                out = head(state)
         return out
+
+    def _grouped(self) -> tuple[list[Callable[..., Any]], list[Callable[..., Any]], list[int]]:
+        """Stages and heads of the kept exits: the stages between two kept exits as one callable;
+        with the exits' numbers (the final one last)."""
+        stages, heads, ends = self._stages, self._head_fns(), [*self.active, self.num_exits - 1]
+
+        def chain(run: Sequence[Callable[..., Any]]) -> Callable[..., Any]:
+            def go(*state: torch.Tensor) -> Any:
+                for stage in run:
+                    state = stage(*state)
+                    state = (state,) if isinstance(state, torch.Tensor) else state
+                return state
+
+            return go
+
+        starts = [0, *(k + 1 for k in ends[:-1])]
+        return [chain(stages[a:b + 1]) for a, b in zip(starts, ends)], [heads[k] for k in ends], ends
 
     @torch.no_grad()
     def __call__(
@@ -629,10 +669,13 @@ class ProgressiveRuntime:
 
         A single frame on an onnxruntime exit plan runs the whole policy as one fused graph
         (:mod:`nestflex.deploy.fused_exits`) when the set's own confidence and fallback apply.
+        Only the :attr:`active` early exits are evaluated; ``exit_index`` and ``answer_index``
+        number the exits of the whole set.
 
         Args:
             x: normalised input batch.
-            thresholds, confidence, fallback: override the bundle's calibrated values.
+            thresholds, confidence, fallback: override the bundle's calibrated values
+                (``thresholds``: one per early exit of the set, kept or not).
         """
         self._ready(x)
         thresholds = self.thresholds if thresholds is None else thresholds
@@ -641,7 +684,13 @@ class ProgressiveRuntime:
         if (self._fused is not None and x.shape[0] == 1 and confidence == self.confidence
                 and fallback == self.fallback):  # one frame: the whole policy in one session call
             return self._fused(x, check_thresholds(thresholds, self.num_exits - 1))
-        return early_exit(self._stages, self._head_fns(), x, thresholds, confidence, fallback)
+        if len(self.active) == self.num_exits - 1:
+            return early_exit(self._stages, self._head_fns(), x, thresholds, confidence, fallback)
+        thr = check_thresholds(thresholds, self.num_exits - 1)
+        stages, heads, ends = self._grouped()
+        got = early_exit(stages, heads, x, [thr[k] for k in ends[:-1]], confidence, fallback)
+        number = torch.tensor(ends, device=got.exit_index.device)
+        return ExitResult(got.logits, number[got.exit_index], number[got.answer_index], got.confidence)
 
 
 # --------------------------------------------------------------------------------------------

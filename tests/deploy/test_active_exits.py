@@ -1,0 +1,176 @@
+"""Early exits chosen by their time (issue 23): a runtime evaluates only its `active` early exits,
+stage by stage and in the fused graph, with the policy's answers on the kept exits; the synthesis
+drops the exits that cost more time than they save, measured, within the accuracy budget."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+import nestflex.deploy as nd
+import nestflex.deploy.backends as backends
+from nestflex.deploy.backends import BackendError, ExecutionPlan, ExitsPlan, choose_active_exits, tuned_dir
+from nestflex.deploy.bundle import BundleError
+from nestflex.deploy.exits import apply_policy
+from tests.deploy.test_int8 import _samples
+from tests.export.bundles import nested_vgg, write_bundle
+
+pytest.importorskip("onnxruntime")
+
+SUBSETS = [(), (0,), (1,), (0, 1)]
+
+
+@pytest.fixture(scope="module")
+def bundle(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("active")
+    write_bundle(tmp, samples=_samples(nested_vgg(tmp_path_factory.mktemp("net"))))
+    return nd.load(tmp / "model.nfx")
+
+
+def _frames(n=10):
+    return torch.randn(n, 3, 32, 32, generator=torch.Generator().manual_seed(11)) * 3
+
+
+def _want(logits, active, thr, confidence, fallback):
+    """The policy on the kept exits' logits alone, its indices numbered in the whole set."""
+    ends = [*active, len(logits) - 1]
+    got = apply_policy([logits[k] for k in ends], [thr[k] for k in active], confidence, fallback)
+    number = torch.tensor(ends)
+    return got.logits, number[got.exit_index], number[got.answer_index]
+
+
+@pytest.mark.parametrize("active", SUBSETS)
+@pytest.mark.parametrize("fallback", ["most_confident", "final"])
+def test_a_subset_of_exits_answers_as_the_policy_on_those_exits_batched_one_by_one_and_fused(bundle, active,
+                                                                                              fallback):
+    eager = bundle.progressive(plan=None, active=active)
+    fused = bundle.progressive(plan=ExecutionPlan((), exits={"exits": ExitsPlan("onnxruntime", 1)}), active=active)
+    assert eager.active == fused.active == active and fused._fused is not None
+    everything = bundle.progressive(plan=None)
+    x = _frames()
+    seen = set()
+    for thr in ([0.0, 0.0], [0.4, 0.6], [1.0, 1.0], [0.0, 1.0], [1.0, 0.0]):
+        logits = everything.all_exits(x)
+        want_logits, want_exit, want_answer = _want(logits, active, thr, eager.confidence, fallback)
+        batch = eager(x, thresholds=thr, fallback=fallback)
+        assert batch.exit_index.tolist() == want_exit.tolist() and batch.answer_index.tolist() == want_answer.tolist()
+        torch.testing.assert_close(batch.logits, want_logits)
+        for i in range(x.shape[0]):
+            one = eager(x[i:i + 1], thresholds=thr, fallback=fallback)
+            assert one.exit_index.tolist() == [int(want_exit[i])] and one.answer_index.tolist() == [int(want_answer[i])]
+            if fallback == fused.fallback:  # the fused graph serves the set's own fallback
+                got = fused(x[i:i + 1], thresholds=thr)
+                assert got.exit_index.tolist() == [int(want_exit[i])], (thr, i)
+                assert got.answer_index.tolist() == [int(want_answer[i])], (thr, i)
+                torch.testing.assert_close(got.logits, want_logits[i:i + 1], atol=1e-4, rtol=0)
+            seen.add(int(want_exit[i]))
+    assert seen == {*active, 2}  # only kept exits (and the final one) ever answer
+
+
+def test_a_dropped_exit_s_head_never_runs(bundle):
+    rt = bundle.progressive(plan=None, active=(1,))
+    calls = []
+    heads = rt._heads_fns
+    rt._heads_fns = [lambda s, k=k, h=h: (calls.append(k), h(s))[1] for k, h in enumerate(heads)]
+    rt(_frames(4), thresholds=[0.0, 0.0])
+    rt(_frames(1), thresholds=[1.0, 1.0])
+    assert calls and 0 not in calls
+    calls.clear()
+    rt.path(_frames(1), 2)
+    assert calls == [1, 2]
+
+
+@pytest.mark.parametrize("bad", [(2,), (-1,), (0, 0), ("a",), (0.5,), 7])
+def test_an_exit_the_set_does_not_have_is_refused_by_name(bundle, bad):
+    with pytest.raises(BundleError, match=r"`active` must list distinct early exits of exits in \[0, 1\]"):
+        bundle.progressive(plan=None, active=bad)
+
+
+def test_the_plan_carries_the_kept_exits_and_checks_them(bundle, tmp_path):
+    entry = ExitsPlan("eager", 1, (0.1, 0.2, 0.3), (0.1, 0.2, 0.3), (1,), 0.2, 0.25)
+    plan = ExecutionPlan(tuple(backends.LevelPlan() for _ in range(bundle.num_levels)), exits={"exits": entry})
+    data = json.loads(json.dumps(plan.to_json()))
+    assert data["exits"]["exits"]["active"] == [1]
+    again = ExecutionPlan.from_json(data)
+    assert again.exits["exits"] == entry
+    assert bundle.progressive(plan=again).active == (1,)
+    assert bundle.progressive(plan=again, active=(0, 1)).active == (0, 1)  # the caller's choice wins
+    data["exits"]["exits"]["active"] = ["first"]
+    with pytest.raises(BackendError, match=r"exits.exits.active must be null or a list of early-exit indices"):
+        ExecutionPlan.from_json(data)
+    del data["exits"]["exits"]["active"]  # plans written before exits were chosen: every exit
+    assert ExecutionPlan.from_json(data).exits["exits"].active is None
+
+
+def _fake_clock(monkeypatch, per_head_ms, final_says_kept_is_faster=True):
+    """Each runtime's mean frame time: 1 ms plus ``per_head_ms`` per kept exit (the measured
+    search's inputs, made exact); the last side-by-side check can be told to disagree."""
+    calls = []
+
+    def fake(runtimes, x, repeats):
+        calls.append(list(runtimes))
+        out = {k: 1.0 + per_head_ms * len(rt.active) for k, rt in runtimes.items()}
+        if set(runtimes) == {"all", "kept"} and not final_says_kept_is_faster:
+            out["kept"] = out["all"] + 1
+        return out
+
+    monkeypatch.setattr(backends, "_mean_frame_ms", fake)
+    return calls
+
+
+def test_the_search_drops_exits_that_cost_more_than_they_save_within_the_budget(bundle, monkeypatch):
+    _fake_clock(monkeypatch, per_head_ms=0.5)
+    got = choose_active_exits(bundle, "exits", ExitsPlan("eager", 1), budget_points=100)
+    assert got.active == () and got.mean_ms == 1.0 and got.all_mean_ms == 2.0
+    assert got.backend == "eager" and got.threads == 1
+
+
+def test_the_search_keeps_every_exit_when_dropping_one_gains_nothing(bundle, monkeypatch):
+    _fake_clock(monkeypatch, per_head_ms=0.0)
+    got = choose_active_exits(bundle, "exits", ExitsPlan("eager", 1), budget_points=100)
+    assert got.active is None and got.mean_ms == got.all_mean_ms == 1.0
+
+
+def test_the_search_keeps_every_exit_when_the_final_measurement_disagrees(bundle, monkeypatch):
+    _fake_clock(monkeypatch, per_head_ms=0.5, final_says_kept_is_faster=False)
+    got = choose_active_exits(bundle, "exits", ExitsPlan("onnxruntime", 1), budget_points=100)
+    assert got.active is None
+    assert not list(tuned_dir(bundle).glob("exits.fused-*-a*.onnx"))  # the subsets' graphs are not left behind
+
+
+def test_the_search_never_drops_an_exit_the_accuracy_budget_needs(bundle, monkeypatch):
+    _fake_clock(monkeypatch, per_head_ms=0.5)
+    (_, _), (xk, yk) = backends.calibration_split(bundle)
+    rt = bundle.progressive(plan=None)
+    logits = rt.all_exits(xk)
+
+    def acc(active):
+        return float((_want(logits, active, rt.thresholds, rt.confidence, rt.fallback)[0].argmax(-1) == yk)
+                     .float().mean())
+
+    got = choose_active_exits(bundle, "exits", ExitsPlan("eager", 1), budget_points=0)
+    kept = got.active if got.active is not None else (0, 1)
+    assert acc(kept) >= acc((0, 1))
+    # it stopped only where dropping one more exit would cost accuracy (each drop here saves time)
+    assert all(acc(tuple(k for k in kept if k != drop)) < acc((0, 1)) for drop in kept)
+
+
+def test_an_onnxruntime_exit_plan_writes_no_optimised_copy_of_its_fused_graph(bundle):
+    rt = bundle.progressive(plan=ExecutionPlan((), exits={"exits": ExitsPlan("onnxruntime", 1)}))
+    assert rt._fused is not None
+    assert not list(tuned_dir(bundle).glob("exits.fused-*.optimized.onnx"))
+
+
+
+def test_the_synthesis_picks_the_exit_configuration_with_the_least_mean_frame_time(bundle):
+    from nestflex.deploy.backends import synthesize
+
+    plan = synthesize(bundle, backends=["eager", "onnxruntime"], threads=[1], repeats=2)
+    rows = [c for c in plan.candidates if c.get("exit_set") == "exits" and c.get("agrees")]
+    assert {r["backend"] for r in rows} == {"eager", "onnxruntime"} and all(r["mean_frame_ms"] > 0 for r in rows)
+    best = min(rows, key=lambda r: r["mean_frame_ms"])
+    entry = plan.exits["exits"]
+    assert (entry.backend, entry.threads) == (best["backend"], best["threads"])
+    assert entry.mean_ms > 0 and entry.all_mean_ms > 0  # then the exit choice measured it
