@@ -17,7 +17,7 @@ input): the session's own fixed cost. Each operator is sorted into
         --backends onnxruntime onnxruntime_int8_pad8 --out runs/bench_level_profile
 
 Writes ``summary.json``: per backend and level, ``wall_us`` (a call without the profiler),
-``model_run_us`` (onnxruntime's own measure of a profiled run), ``nodes_us`` (sum of the
+``nodes_us`` (sum of the
 operators' profiled medians; the profiler adds its own cost per operator, so this exceeds the
 wall time and shares are read against it), ``groups_us`` / ``groups_share`` (the three groups
 above), ``not_shrinking_share_of_largest`` (conv_constant + other over the largest level's
@@ -30,10 +30,9 @@ from __future__ import annotations
 
 import argparse
 import collections
-import json
+import math
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -44,6 +43,7 @@ from nestflex._io import write_json
 from nestflex._machine import machine
 from nestflex.deploy import load
 from nestflex.deploy.backends import get_backend
+from nestflex.deploy.op_profile import CONV_OPS, operator_times
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -55,7 +55,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def _session(path: Path | bytes, profile_prefix: str | None = None) -> Any:
+def _session(path: Path | bytes) -> Any:
     import onnxruntime as ort
 
     opts = ort.SessionOptions()
@@ -63,9 +63,6 @@ def _session(path: Path | bytes, profile_prefix: str | None = None) -> Any:
     opts.inter_op_num_threads = 1
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     opts.log_severity_level = 3
-    if profile_prefix is not None:
-        opts.enable_profiling = True
-        opts.profile_file_prefix = profile_prefix
     return ort.InferenceSession(path if isinstance(path, bytes) else str(path), opts,
                                 providers=["CPUExecutionProvider"])
 
@@ -93,35 +90,12 @@ def call_overhead_us(shape: tuple[int, ...], runs: int) -> float:
     return _wall_us(_session(model.SerializeToString()), {"x": x}, max(runs, 1000))
 
 
-def profile_level(path: Path, x: np.ndarray, runs: int, work: Path) -> dict[str, Any]:
+def profile_level(path: Path, x: np.ndarray, runs: int) -> dict[str, Any]:
+    """The level's wall time per call (no profiler) and its operators' profiled medians."""
     session = _session(path)
-    feed = {session.get_inputs()[0].name: x}
-    wall = _wall_us(session, feed, runs)
-    prof = _session(path, str(work / path.stem))
-    feed = {prof.get_inputs()[0].name: x}
-    for _ in range(runs):
-        prof.run(None, feed)
-    events = json.loads(Path(prof.end_profiling()).read_text())
-    nodes: dict[str, dict[str, Any]] = {}
-    runs_us = []
-    for e in events:
-        if e.get("cat") == "Session" and e.get("name") == "model_run":
-            runs_us.append(e["dur"])
-        if e.get("cat") == "Node" and e["name"].endswith("_kernel_time"):
-            name = e["name"][: -len("_kernel_time")]
-            row = nodes.setdefault(name, {"op": e["args"].get("op_name"), "shape": _shape(e["args"]), "us": []})
-            row["us"].append(e["dur"])
-    ops = [{"name": n, "op": r["op"], "shape": r["shape"], "us": statistics.median(r["us"])} for n, r in nodes.items()]
-    return {"wall_us": wall, "model_run_us": statistics.median(runs_us[min(50, len(runs_us) // 2):]),
-            "nodes_us": sum(o["us"] for o in ops), "operators": ops}
-
-
-def _shape(args: dict) -> list[int] | None:
-    out = args.get("output_type_shape") or []
-    for item in out:
-        for dims in item.values():
-            return list(dims)
-    return None
+    wall = _wall_us(session, {session.get_inputs()[0].name: x}, runs)
+    ops = operator_times(path, x, runs)
+    return {"wall_us": wall, "nodes_us": sum(o["us"] for o in ops), "operators": ops}
 
 
 def layer_macs(path: Path) -> list[int]:
@@ -138,17 +112,10 @@ def layer_macs(path: Path) -> list[int]:
     for node in g.node:
         if node.op_type == "Conv":
             w, y = dims[node.input[1]], dims[node.output[0]]
-            out.append(int(np_prod(w) * y[2] * y[3]))  # C_out x C_in/groups x kh x kw per output pixel
+            out.append(int(math.prod(w) * y[2] * y[3]))  # C_out x C_in/groups x kh x kw per output pixel
         elif node.op_type in ("Gemm", "MatMul"):
-            out.append(int(np_prod(dims[node.input[1]])))
+            out.append(int(math.prod(dims[node.input[1]])))
     return out
-
-
-def np_prod(xs: list[int]) -> int:
-    n = 1
-    for x in xs:
-        n *= int(x)
-    return n
 
 
 def group(levels: list[dict[str, Any]], macs: list[list[int]] | None = None) -> None:
@@ -157,7 +124,7 @@ def group(levels: list[dict[str, Any]], macs: list[list[int]] | None = None) -> 
     The levels are nested (one topology, narrower widths), so the k-th Conv/Gemm to run in one
     level is the k-th in another; a layer is constant when its output shape is the same in the
     smallest and the largest level."""
-    convs = ("Conv", "FusedConv", "QLinearConv", "NhwcFusedConv", "Gemm", "QGemm", "FusedGemm")
+    convs = CONV_OPS
 
     def conv_shapes(lv: dict[str, Any]) -> list:
         return [o["shape"] for o in lv["operators"] if o["op"] in convs]
@@ -197,27 +164,26 @@ def main(argv: list[str] | None = None) -> int:
     x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
     macs = [float(r["macs"]) for r in bundle.levels]
     results = {}
-    with tempfile.TemporaryDirectory() as work:
-        for name in args.backends:
-            backend = get_backend(name)
-            levels = []
-            for k in range(bundle.num_levels):
-                row = profile_level(backend.model_path(bundle, k), x, args.runs, Path(work))
-                row.update(level=k, macs_fraction=macs[k] / macs[-1])
-                levels.append(row)
-                print(f"{name} level {k}: {row['wall_us']:.1f} us wall, {row['nodes_us']:.1f} us in "
-                      f"{len(row['operators'])} operators", flush=True)
-            float_graphs = [get_backend("onnxruntime").model_path(bundle, k) for k in range(bundle.num_levels)]
-            group(levels, [layer_macs(p) for p in float_graphs])  # the levels' own MACs, not the padding's
-            top = levels[-1]
-            for lv in levels:
-                lv["time_fraction"] = lv["wall_us"] / top["wall_us"]
-                # profiled: the profiler's own cost per operator inflates every one alike, so the
-                # shares are read against the profiled sum, not the wall time
-                lv["profiled_fraction"] = lv["nodes_us"] / top["nodes_us"]
-                lv["not_shrinking_share_of_largest"] = (lv["groups_us"]["conv_constant"]
-                                                        + lv["groups_us"]["other"]) / top["nodes_us"]
-            results[name] = levels
+    for name in args.backends:
+        backend = get_backend(name)
+        levels = []
+        for k in range(bundle.num_levels):
+            row = profile_level(backend.model_path(bundle, k), x, args.runs)
+            row.update(level=k, macs_fraction=macs[k] / macs[-1])
+            levels.append(row)
+            print(f"{name} level {k}: {row['wall_us']:.1f} us wall, {row['nodes_us']:.1f} us in "
+                  f"{len(row['operators'])} operators", flush=True)
+        float_graphs = [get_backend("onnxruntime").model_path(bundle, k) for k in range(bundle.num_levels)]
+        group(levels, [layer_macs(p) for p in float_graphs])  # the levels' own MACs, not the padding's
+        top = levels[-1]
+        for lv in levels:
+            lv["time_fraction"] = lv["wall_us"] / top["wall_us"]
+            # profiled: the profiler's own cost per operator inflates every one alike, so the
+            # shares are read against the profiled sum, not the wall time
+            lv["profiled_fraction"] = lv["nodes_us"] / top["nodes_us"]
+            lv["not_shrinking_share_of_largest"] = (lv["groups_us"]["conv_constant"]
+                                                    + lv["groups_us"]["other"]) / top["nodes_us"]
+        results[name] = levels
     summary = {"benchmark": "level_profile", "machine": machine(), "bundle": args.bundle, "threads": 1,
                "runs": args.runs, "call_overhead_us": call_overhead_us(shape, args.runs), "backends": results}
     write_json(out / "summary.json", summary)

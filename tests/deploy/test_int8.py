@@ -146,9 +146,12 @@ def _profile(layers):
     return {"assignment": {"layers": layers, "counts": {"float32": 1, "int8": len(layers) - 1}, "budget_points": 1.0}}
 
 
-def test_the_mixed_backend_keeps_the_plans_float_layers_in_float(tmp_path_factory):
+def test_the_mixed_backend_keeps_the_plans_float_layers_in_float(tmp_path_factory, monkeypatch):
     import onnx
 
+    import nestflex.deploy.backends as backends
+
+    monkeypatch.setattr(backends, "slow_int8_layers", lambda bundle: ())  # the plan's layers alone (timed: below)
     tmp = tmp_path_factory.mktemp("mixed")
     net = nested_vgg(tmp_path_factory.mktemp("net"))
     convs = [n for n, m in net.named_modules() if isinstance(m, torch.nn.Conv2d)]
@@ -175,3 +178,59 @@ def test_the_mixed_backend_without_a_precision_plan_says_so(bundle):
     plan = ExecutionPlan(tuple(LevelPlan("onnxruntime_mixed") for _ in range(bundle.num_levels)))
     with pytest.raises(BackendError, match="no per-layer precision plan.*HINT"):
         bundle.capacity(0, plan=plan)
+
+
+def _mixed_bundle(tmp_path_factory, name):
+    net = nested_vgg(tmp_path_factory.mktemp("net"))
+    convs = [n for n, m in net.named_modules() if isinstance(m, torch.nn.Conv2d)]
+    tmp = tmp_path_factory.mktemp(name)
+    write_bundle(tmp, samples=_samples(net), precision_profile=_profile({n: "int8" for n in convs}))
+    return nd.load(tmp / "model.nfx"), convs
+
+
+def test_layers_slower_in_int8_on_this_device_stay_float_in_the_mixed_graph(tmp_path_factory, monkeypatch):
+    import onnx
+
+    import nestflex.deploy.op_profile as op_profile
+    from nestflex.deploy.backends import mixed_float_layers, slow_int8_layers
+
+    b, convs = _mixed_bundle(tmp_path_factory, "slow")
+    measured = []
+    real = op_profile.operator_times
+
+    def fake(path, x, runs=200, threads=1):  # the int8 graph's second layer 3x its float32 time, the rest faster
+        ops = real(path, x, runs=2, threads=threads)
+        measured.append(path)
+        int8 = any(o["op"].startswith("Q") for o in ops)
+        k = 0
+        for o in ops:
+            if o["op"] in op_profile.CONV_OPS:
+                o["us"] = (30.0 if k == 1 else 5.0) if int8 else 10.0
+                k += 1
+        return ops
+
+    monkeypatch.setattr(op_profile, "operator_times", fake)
+    assert slow_int8_layers(b) == (convs[1],)
+    assert len(measured) == 2 and (tuned_dir(b) / "int8_slow_layers.json").is_file()
+    assert slow_int8_layers(b) == (convs[1],) and len(measured) == 2  # measured once per device: read back
+    assert mixed_float_layers(b) == (convs[1],)  # the precision plan keeps none of them float
+    graph = onnx.load(str(get_backend("onnxruntime_mixed").model_path(b, 2))).graph
+    made_by = {o: n.op_type for n in graph.node for o in n.output}
+    float_weights = [n.name for n in graph.node if n.op_type == "Conv" and made_by.get(n.input[1]) != "DequantizeLinear"]
+    assert [n for n in float_weights if n.startswith("/" + convs[1].replace(".", "/") + "/")] == float_weights != []
+
+
+def test_a_damaged_slow_layer_file_is_measured_again(tmp_path_factory, monkeypatch):
+    import nestflex.deploy.op_profile as op_profile
+    from nestflex.deploy.backends import slow_int8_layers
+
+    b, _ = _mixed_bundle(tmp_path_factory, "damaged")
+    (tuned_dir(b)).mkdir(parents=True, exist_ok=True)
+    (tuned_dir(b) / "int8_slow_layers.json").write_text('{"layers": [1, 2]')
+    assert slow_int8_layers(b) == ()  # unreadable: none now, and the file goes
+    assert not (tuned_dir(b) / "int8_slow_layers.json").exists()
+    calls = []
+    monkeypatch.setattr(op_profile, "operator_times", lambda *a, **k: calls.append(a) or [])
+    assert slow_int8_layers(b) == ()  # measured again; graphs whose layers do not match: none slow
+    assert len(calls) == 2
+

@@ -16,7 +16,8 @@ A backend turns one resident level into a function ``x -> logits``:
   time, so later level switches skip the graph optimiser;
 * ``onnxruntime_int8``: the level's graph statically quantised (QDQ), calibrated on half the
   bundle's labelled samples; ``onnxruntime_mixed``: the same, with the layers the bundle's
-  per-layer precision plan keeps in float left in float32;
+  per-layer precision plan keeps in float, and those whose int8 kernel is slower than float32 on
+  this device (:func:`slow_int8_layers`), left in float32;
 * ``onnxruntime_pad8``, ``onnxruntime_int8_pad8``, ``onnxruntime_mixed_pad8``: the same on the
   level with its widths zero-padded to a multiple of 8 (:mod:`nestflex.deploy.padding`: same
   logits, onnxruntime's blocked kernels instead of the odd-width fallbacks).
@@ -300,13 +301,15 @@ class OnnxRuntimeInt8Backend(OnnxRuntimeBackend):
 
 class OnnxRuntimeMixedBackend(OnnxRuntimeInt8Backend):
     """int8 except the layers the bundle's per-layer precision plan keeps in float (the landed
-    precision profiler's assignment, ``manifest["precision"]``): Cappuccino's per-layer precision."""
+    precision profiler's assignment, ``manifest["precision"]``: accuracy) and the layers whose
+    int8 kernel is slower than their float32 one on this device (:func:`slow_int8_layers`: time):
+    Cappuccino's per-layer precision, int8 where it is both accurate enough and faster."""
 
     name = "onnxruntime_mixed"
     precision = "mixed"
 
     def model_path(self, bundle: Any, level: int) -> Path:
-        return quantize_level(bundle, level, keep_float=float_layers(bundle))
+        return quantize_level(bundle, level, keep_float=mixed_float_layers(bundle))
 
 
 class OnnxRuntimePaddedBackend(OnnxRuntimeBackend):
@@ -339,7 +342,7 @@ class OnnxRuntimeMixedPaddedBackend(OnnxRuntimeMixedBackend):
     pad_to = 8
 
     def model_path(self, bundle: Any, level: int) -> Path:
-        return quantize_level(bundle, level, keep_float=float_layers(bundle), pad_to=self.pad_to)
+        return quantize_level(bundle, level, keep_float=mixed_float_layers(bundle), pad_to=self.pad_to)
 
 
 def float_layers(bundle: Any) -> tuple[str, ...]:
@@ -355,6 +358,56 @@ def float_layers(bundle: Any) -> tuple[str, ...]:
                            f"HINT: export it with a precision profile (precision_profile=, the recipe's profile "
                            f"stage), or plan onnxruntime_int8")
     return tuple(sorted(name for name, p in plan.assignment.items() if p != "int8"))
+
+
+def mixed_float_layers(bundle: Any) -> tuple[str, ...]:
+    """The layers a mixed plan keeps in float: the precision plan's (:func:`float_layers`) and this
+    device's slow int8 ones (:func:`slow_int8_layers`)."""
+    return tuple(sorted(set(float_layers(bundle)) | set(slow_int8_layers(bundle))))
+
+
+#: an int8 layer counts as slow when its kernel takes this many times its float32 one (the margin
+#: pays for the Quantize / Dequantize a float layer between int8 ones adds, and for noise)
+SLOW_INT8_MARGIN = 1.3
+
+
+def slow_int8_layers(bundle: Any, runs: int = 200) -> tuple[str, ...]:
+    """The layers whose int8 kernel is slower than their float32 one on this device.
+
+    Measured once per device on the largest level at one thread, with onnxruntime's profiler
+    (:mod:`nestflex.deploy.op_profile`): the k-th Conv/Gemm to run in the float32 graph against
+    the k-th in the int8 one (one topology); a layer is slow when its int8 kernel takes more than
+    :data:`SLOW_INT8_MARGIN` times its float32 kernel. On the default recipe's bundle that is the
+    first convolution, which reads the 3-channel image: int8 kernels gain nothing on 3 input
+    channels and pay for their layout (docs/synthesis.md). Kept in ``BUNDLE.tuned/<digest>/``
+    as ``int8_slow_layers.json``, so a level switch reads the file instead of measuring.
+    """
+    import numpy as np
+
+    from nestflex._io import write_json
+    from nestflex.deploy.op_profile import CONV_OPS, layer_names, operator_times
+
+    def build(target: Path) -> None:
+        top = bundle.num_levels - 1
+        fp32 = OnnxRuntimeBackend().model_path(bundle, top)
+        x = np.random.default_rng(0).standard_normal((1, *bundle.spec.input.shape)).astype(np.float32)
+        names = layer_names(fp32)
+        t32 = [o["us"] for o in operator_times(fp32, x, runs) if o["op"] in CONV_OPS]
+        t8 = [o["us"] for o in operator_times(quantize_level(bundle, top), x, runs) if o["op"] in CONV_OPS]
+        slow = [] if not len(names) == len(t32) == len(t8) else \
+            [n for n, a, b in zip(names, t32, t8) if b > SLOW_INT8_MARGIN * a]  # unmatched graphs: none
+        write_json(target, {"layers": slow, "margin": SLOW_INT8_MARGIN, "level": top, "threads": 1,
+                            "float32_us": t32, "int8_us": t8, "names": names})
+
+    path = _built(bundle, "int8_slow_layers.json", build)
+    try:
+        layers = json.loads(path.read_text(encoding="utf-8")).get("layers")
+    except (OSError, ValueError):
+        layers = None
+    if not isinstance(layers, list) or not all(isinstance(n, str) for n in layers):
+        path.unlink(missing_ok=True)  # damaged: measure again next time, run all-int8-but-the-plan now
+        return ()
+    return tuple(layers)
 
 
 _BACKENDS: Registry[Backend] = Registry("execution backend", BackendError, accepts=lambda v: isinstance(v, Backend),
