@@ -90,12 +90,23 @@ def call_overhead_us(shape: tuple[int, ...], runs: int) -> float:
     return _wall_us(_session(model.SerializeToString()), {"x": x}, max(runs, 1000))
 
 
+def wall_us(paths: list[Path], x: np.ndarray, runs: int, rounds: int = 10) -> list[float]:
+    """Each graph's median call (no profiler), the graphs in turns: ``rounds`` rounds of
+    ``runs / rounds`` calls each, so a slow spell of the machine hits every level alike."""
+    sessions = [_session(p) for p in paths]
+    feeds = [{s.get_inputs()[0].name: x} for s in sessions]
+    per = max(runs // rounds, 1)
+    times: list[list[float]] = [[] for _ in paths]
+    for _ in range(rounds):
+        for k, (s, feed) in enumerate(zip(sessions, feeds)):
+            times[k].append(_wall_us(s, feed, per))
+    return [statistics.median(t) for t in times]
+
+
 def profile_level(path: Path, x: np.ndarray, runs: int) -> dict[str, Any]:
-    """The level's wall time per call (no profiler) and its operators' profiled medians."""
-    session = _session(path)
-    wall = _wall_us(session, {session.get_inputs()[0].name: x}, runs)
+    """The level's operators' profiled medians."""
     ops = operator_times(path, x, runs)
-    return {"wall_us": wall, "nodes_us": sum(o["us"] for o in ops), "operators": ops}
+    return {"nodes_us": sum(o["us"] for o in ops), "operators": ops}
 
 
 def layer_macs(path: Path) -> list[int]:
@@ -167,8 +178,10 @@ def main(argv: list[str] | None = None) -> int:
     for name in args.backends:
         backend = get_backend(name)
         levels = []
-        for k in range(bundle.num_levels):
-            row = profile_level(backend.model_path(bundle, k), x, args.runs)
+        paths = [backend.model_path(bundle, k) for k in range(bundle.num_levels)]
+        walls = wall_us(paths, x, args.runs)
+        for k, path in enumerate(paths):
+            row = {"wall_us": walls[k], **profile_level(path, x, args.runs)}
             row.update(level=k, macs_fraction=macs[k] / macs[-1])
             levels.append(row)
             print(f"{name} level {k}: {row['wall_us']:.1f} us wall, {row['nodes_us']:.1f} us in "
