@@ -6,10 +6,13 @@ and each operator's median kernel time is kept with its output shape. Beside it,
 time without the profiler and the cost of a call that does nothing (one Identity on the same
 input): the session's own fixed cost. Each operator is sorted into
 
-- ``conv_shrinking``: a Conv/Gemm whose output width is smaller in the smallest level than in the
-  largest (where the level's MACs go down);
-- ``conv_constant``: a Conv/Gemm of the same width in every level (the first layers the pruning
-  kept whole: their MACs are in every level);
+- ``conv_shrinking``: a Conv/Gemm whose output shape *as it runs* (onnxruntime's profiled shape:
+  after its channel blocking, NCHWc, or the ``_pad8`` padding) is smaller in the smallest level
+  than in the largest;
+- ``conv_constant``: a Conv/Gemm whose shape as it runs is the same in the smallest and the
+  largest level: the kernel does the same work whatever the level keeps (the first layers the
+  pruning kept whole, and narrower layers the blocking rounds back up). Its ``macs`` are the
+  level's own (from the unpadded float graph), so a constant layer's MACs can still shrink;
 - ``other``: everything else (quantize / dequantize, layout transposes and reorders, pooling,
   flatten, the classifier's batch norm): operators with no MACs whose time hardly depends on width.
 

@@ -212,6 +212,18 @@ def _memory_probe(path: str, plan_file: str) -> dict[str, Any]:
     return {"base_rss": base, "largest_level_bytes": top, "levels": rows}
 
 
+def frame_macs(spec, active) -> list[float]:
+    """Per exit, the MACs of a frame that leaves there when only the early exits ``active`` run:
+    ``spec.macs[k]`` (the backbone up to exit k and every head up to it) less the heads of the
+    dropped exits before k (FlexDNN's searched heads are up to 2% of the backbone each)."""
+    bb, early = spec.backbone_macs, len(spec.macs) - 1
+    prefix = [round(p * bb) for p in spec.positions] + [bb]
+    heads = [m - p for m, p in zip(spec.macs, prefix)]  # every head up to k, evaluated
+    own = [heads[0]] + [heads[k] - heads[k - 1] for k in range(1, early)]
+    dropped = set(range(early)) - set(active)
+    return [spec.macs[k] - sum(own[j] for j in dropped if j < k) for k in range(early + 1)]
+
+
 def exit_savings(bundle, plan, key: str, n: int, repeats: int = 5) -> dict[str, Any]:
     """Early exit at batch 1 on ``n`` of the bundle's check samples: mean latency per sample and mean
     MACs, against the largest level's latency and the backbone's MACs, with ``plan`` (its entry for
@@ -254,7 +266,8 @@ def exit_savings(bundle, plan, key: str, n: int, repeats: int = 5) -> dict[str, 
                         hits[name] += int(res.logits.argmax(-1)[0] == y[i])
         ms = {k: 1e3 * statistics.mean(statistics.median(v) for v in per) for k, per in times.items()}
         for name, prog in progs.items():
-            macs = statistics.mean(spec.macs[k] for k in exits[name])
+            cost = frame_macs(spec, prog.active)
+            macs = statistics.mean(cost[k] for k in exits[name])
             out[name] = {"backend": prog.backend, "active": list(prog.active), "level_backend": level.backend,
                          "mean_ms": ms[name], "largest_level_ms": ms["level"],
                          "latency_saving": 1 - ms[name] / ms["level"], "backbone_same_backend_ms": ms["same"],

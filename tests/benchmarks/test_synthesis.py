@@ -95,3 +95,14 @@ def test_level_profile_splits_each_level_s_time_by_operator(tmp_path):
         assert {o["group"] for o in lv["operators"]} <= set(lv["groups_us"])
     # the toy bundle's levels differ in width: some convolution shrinks from the largest to the smallest
     assert levels[0]["groups_us"]["conv_shrinking"] > 0
+
+
+def test_a_frame_s_macs_leave_out_the_heads_of_dropped_exits():
+    from types import SimpleNamespace
+
+    bench = load_script("benchmarks/synthesis.py")
+    # backbone 1000 MACs; exits at 20% / 50%; heads of 10 and 30 MACs; spec.macs counts every head up to k
+    spec = SimpleNamespace(backbone_macs=1000, positions=[0.2, 0.5], macs=[210, 540, 1040])
+    assert bench.frame_macs(spec, (0, 1)) == [210, 540, 1040]
+    assert bench.frame_macs(spec, (1,))[1:] == [530, 1030]  # head 0 never ran
+    assert bench.frame_macs(spec, ())[2] == 1000

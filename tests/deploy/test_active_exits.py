@@ -135,26 +135,51 @@ def test_the_search_keeps_every_exit_when_dropping_one_gains_nothing(bundle, mon
 
 def test_the_search_keeps_every_exit_when_the_final_measurement_disagrees(bundle, monkeypatch):
     _fake_clock(monkeypatch, per_head_ms=0.5, final_says_kept_is_faster=False)
+    for f in tuned_dir(bundle).glob("exits.fused-*-a0.onnx"):  # the search will build this one itself
+        f.unlink()
+    before = set(tuned_dir(bundle).glob("exits.fused-*-a*.onnx"))
     got = choose_active_exits(bundle, "exits", ExitsPlan("onnxruntime", 1), budget_points=100)
     assert got.active is None
-    assert not list(tuned_dir(bundle).glob("exits.fused-*-a*.onnx"))  # the subsets' graphs are not left behind
+    # the subsets' graphs it built are not left behind; those other runtimes built stay
+    assert set(tuned_dir(bundle).glob("exits.fused-*-a*.onnx")) == before
+
+
+def _accuracy_needs_every_exit(bundle, monkeypatch):
+    """The policy answers right only when it runs every exit (an exit set whose every exit the
+    budget needs), at whatever thresholds: the search's accuracy check made decisive."""
+    import nestflex.deploy.exits as exits_module
+
+    y = backends.calibration_split(bundle)[1][1]
+    real = exits_module.apply_policy
+    seen = []
+
+    def policy(logits, thresholds, confidence="max_prob", fallback="most_confident"):
+        got = real(logits, thresholds, confidence, fallback)
+        seen.append(list(thresholds))
+        right = torch.nn.functional.one_hot(y if len(logits) == 3 else (y + 1) % 10, 10).float()
+        return exits_module.ExitResult(right, got.exit_index, got.answer_index, got.confidence)
+
+    monkeypatch.setattr(exits_module, "apply_policy", policy)
+    return seen
 
 
 def test_the_search_never_drops_an_exit_the_accuracy_budget_needs(bundle, monkeypatch):
+    _fake_clock(monkeypatch, per_head_ms=0.5)  # every drop would save time
+    seen = _accuracy_needs_every_exit(bundle, monkeypatch)
+    assert choose_active_exits(bundle, "exits", ExitsPlan("eager", 1), budget_points=50).active is None
+    assert seen  # the budget was checked
+    assert choose_active_exits(bundle, "exits", ExitsPlan("eager", 1), budget_points=100).active == ()
+
+
+def test_the_budget_is_checked_at_every_operating_point_the_engine_may_run(bundle, monkeypatch):
+    from nestflex.deploy.engine import operating_points
+
     _fake_clock(monkeypatch, per_head_ms=0.5)
-    (_, _), (xk, yk) = backends.calibration_split(bundle)
-    rt = bundle.progressive(plan=None)
-    logits = rt.all_exits(xk)
-
-    def acc(active):
-        return float((_want(logits, active, rt.thresholds, rt.confidence, rt.fallback)[0].argmax(-1) == yk)
-                     .float().mean())
-
-    got = choose_active_exits(bundle, "exits", ExitsPlan("eager", 1), budget_points=0)
-    kept = got.active if got.active is not None else (0, 1)
-    assert acc(kept) >= acc((0, 1))
-    # it stopped only where dropping one more exit would cost accuracy (each drop here saves time)
-    assert all(acc(tuple(k for k in kept if k != drop)) < acc((0, 1)) for drop in kept)
+    seen = _accuracy_needs_every_exit(bundle, monkeypatch)
+    choose_active_exits(bundle, "exits", ExitsPlan("eager", 1), budget_points=50)
+    points = [list(p.thresholds) for p in operating_points(bundle, "exits")[0]]
+    full = [t for t in seen if len(t) == 2]  # the policy over every exit: one threshold per early exit
+    assert points and all(p in full for p in points)
 
 
 def test_an_onnxruntime_exit_plan_writes_no_optimised_copy_of_its_fused_graph(bundle):
@@ -174,3 +199,28 @@ def test_the_synthesis_picks_the_exit_configuration_with_the_least_mean_frame_ti
     entry = plan.exits["exits"]
     assert (entry.backend, entry.threads) == (best["backend"], best["threads"])
     assert entry.mean_ms > 0 and entry.all_mean_ms > 0  # then the exit choice measured it
+
+
+@pytest.mark.parametrize("confidence", ["max_prob", "entropy"])
+@pytest.mark.parametrize("fallback", ["most_confident", "final"])
+@pytest.mark.parametrize("active", [(), (0,), (1,)])
+def test_the_fused_graph_of_a_subset_gives_the_policy_answer_for_both_confidences_and_fallbacks(
+        bundle, confidence, fallback, active):
+    from nestflex.deploy.backends import _fused_call, _session, fused_exits_path
+
+    files = {(o.kind, o.extra.get("stage", o.extra.get("exit"))): o for o in bundle.spec.onnx
+             if o.kind in ("stage", "exit") and o.exit_set == "progressive"}
+    path = fused_exits_path(bundle, "exits", confidence, fallback, [bundle.file(files[("stage", k)].file) for k in range(3)],
+                            [bundle.file(files[("exit", k)].file) for k in range(2)],
+                            [int(files[("stage", k)].extra.get("tap_output") or 0) for k in range(2)], list(active))
+    assert path.name.endswith(f"-a{'.'.join(map(str, active))}.onnx")
+    fused = _fused_call(_session(path, 1, None))
+    everything = bundle.progressive(plan=None)
+    x = _frames(8)
+    for thr in ([0.0, 0.0], [0.4, 0.6], [1.0, 1.0]):
+        want_logits, want_exit, want_answer = _want(everything.all_exits(x), active, thr, confidence, fallback)
+        for i in range(x.shape[0]):
+            got = fused(x[i:i + 1], thr)
+            assert got.exit_index.tolist() == [int(want_exit[i])] and got.answer_index.tolist() == [int(want_answer[i])]
+            torch.testing.assert_close(got.logits, want_logits[i:i + 1], atol=1e-4, rtol=0)
+

@@ -210,14 +210,15 @@ def test_layers_slower_in_int8_on_this_device_stay_float_in_the_mixed_graph(tmp_
         return ops
 
     monkeypatch.setattr(op_profile, "operator_times", fake)
-    assert slow_int8_layers(b) == (convs[1],)
+    scope = "/" + convs[1].replace(".", "/") + "/"  # the layer's ONNX node scope
+    assert slow_int8_layers(b) == (scope,)
     assert len(measured) == 2 and (tuned_dir(b) / "int8_slow_layers.json").is_file()
-    assert slow_int8_layers(b) == (convs[1],) and len(measured) == 2  # measured once per device: read back
-    assert mixed_float_layers(b) == (convs[1],)  # the precision plan keeps none of them float
+    assert slow_int8_layers(b) == (scope,) and len(measured) == 2  # measured once per device: read back
+    assert mixed_float_layers(b) == (scope,)  # the precision plan keeps none of them float
     graph = onnx.load(str(get_backend("onnxruntime_mixed").model_path(b, 2))).graph
     made_by = {o: n.op_type for n in graph.node for o in n.output}
     float_weights = [n.name for n in graph.node if n.op_type == "Conv" and made_by.get(n.input[1]) != "DequantizeLinear"]
-    assert [n for n in float_weights if n.startswith("/" + convs[1].replace(".", "/") + "/")] == float_weights != []
+    assert [n for n in float_weights if n.startswith(scope)] == float_weights != []
 
 
 def test_a_damaged_slow_layer_file_is_measured_again(tmp_path_factory, monkeypatch):
@@ -231,6 +232,7 @@ def test_a_damaged_slow_layer_file_is_measured_again(tmp_path_factory, monkeypat
     assert not (tuned_dir(b) / "int8_slow_layers.json").exists()
     calls = []
     monkeypatch.setattr(op_profile, "operator_times", lambda *a, **k: calls.append(a) or [])
-    assert slow_int8_layers(b) == ()  # measured again; graphs whose layers do not match: none slow
-    assert len(calls) == 2
+    with pytest.warns(UserWarning, match="cannot be paired"):
+        assert slow_int8_layers(b) == ()  # measured again; graphs whose layers do not pair: none slow
+    assert len(calls) == 2 and not (tuned_dir(b) / "int8_slow_layers.json").exists()  # and again next time
 

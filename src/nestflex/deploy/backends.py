@@ -235,7 +235,8 @@ def fused_exits_path(bundle: Any, key: str, confidence: str, fallback: str, stag
     """The fused early-exit graph of exit set ``key`` (:mod:`nestflex.deploy.fused_exits`) over the
     early exits ``active`` (default all): from the folder beside the bundle, or built now (a
     fraction of a second) and kept there; the temp folder when the bundle's folder cannot be written."""
-    kept = "" if active is None or len(active) == len(heads) else "-a" + ".".join(str(k) for k in active)
+    active = None if active is None else sorted(set(active))
+    kept = "" if active is None or active == list(range(len(heads))) else "-a" + ".".join(str(k) for k in active)
     return _built(bundle, f"{key}.fused-{confidence}-{fallback}{kept}.onnx",
                   lambda target: fuse_exits(stages, heads, taps, bundle.spec.num_classes, confidence, fallback, target,
                                             active))
@@ -257,6 +258,7 @@ def _session(path: Path, threads: int, cache: Path | None) -> Any:
         opts.intra_op_num_threads = threads
         opts.inter_op_num_threads = 1
         opts.graph_optimization_level = level
+        opts.log_severity_level = 3  # its notes on the graphs it optimises (If branches' names) are not for users
         return opts
 
     providers = ["CPUExecutionProvider"]
@@ -267,8 +269,7 @@ def _session(path: Path, threads: int, cache: Path | None) -> Any:
             return ort.InferenceSession(str(cache), options(ort.GraphOptimizationLevel.ORT_DISABLE_ALL), providers=providers)
         except Exception:  # a damaged or foreign cache file: rebuild it from the bundle's graph
             pass
-    opts = options(ort.GraphOptimizationLevel.ORT_ENABLE_ALL)
-    opts.log_severity_level = 3  # its warning that the saved graph is for this CPU is the point here
+    opts = options(ort.GraphOptimizationLevel.ORT_ENABLE_ALL)  # quiet: that the saved graph is for this CPU is the point
     tmp = cache.with_name(f".{cache.name}.{os.getpid()}.tmp")
     try:
         cache.parent.mkdir(parents=True, exist_ok=True)
@@ -376,11 +377,16 @@ def slow_int8_layers(bundle: Any, runs: int = 200) -> tuple[str, ...]:
 
     Measured once per device on the largest level at one thread, with onnxruntime's profiler
     (:mod:`nestflex.deploy.op_profile`): the k-th Conv/Gemm to run in the float32 graph against
-    the k-th in the int8 one (one topology); a layer is slow when its int8 kernel takes more than
-    :data:`SLOW_INT8_MARGIN` times its float32 kernel. On the default recipe's bundle that is the
-    first convolution, which reads the 3-channel image: int8 kernels gain nothing on 3 input
-    channels and pay for their layout (docs/synthesis.md). Kept in ``BUNDLE.tuned/<digest>/``
-    as ``int8_slow_layers.json``, so a level switch reads the file instead of measuring.
+    the k-th in the int8 one (one topology, both in onnxruntime's execution order); a layer is
+    slow when its int8 kernel takes more than :data:`SLOW_INT8_MARGIN` times its float32 kernel.
+    Layers are named by their ONNX node scope (``/features/conv1/``, :func:`~nestflex.deploy.
+    op_profile.layer_names`), which the quantiser's exclusion matches exactly. On the default
+    recipe's bundle that is the first convolution, which reads the 3-channel image: int8 kernels
+    gain nothing on 3 input channels and pay for their layout (docs/synthesis.md). Kept in
+    ``BUNDLE.tuned/<digest>/`` as ``int8_slow_layers.json``, so a level switch reads the file
+    instead of measuring; graphs whose layers cannot be paired give none, with a warning, and
+    are measured again next time. The padded backends use the same list: the largest level's
+    widths are usually multiples of 8 already, so padding leaves its kernels as they are.
     """
     import numpy as np
 
@@ -394,12 +400,18 @@ def slow_int8_layers(bundle: Any, runs: int = 200) -> tuple[str, ...]:
         names = layer_names(fp32)
         t32 = [o["us"] for o in operator_times(fp32, x, runs) if o["op"] in CONV_OPS]
         t8 = [o["us"] for o in operator_times(quantize_level(bundle, top), x, runs) if o["op"] in CONV_OPS]
-        slow = [] if not len(names) == len(t32) == len(t8) else \
-            [n for n, a, b in zip(names, t32, t8) if b > SLOW_INT8_MARGIN * a]  # unmatched graphs: none
+        if not len(names) == len(t32) == len(t8):  # cannot pair the layers: none slow, measure again next time
+            warnings.warn(f"{str(bundle.path)!r}: the float32 and int8 graphs of level {top} run {len(t32)} and "
+                          f"{len(t8)} Conv/Gemm operators for {len(names)} layers, so their kernels cannot be "
+                          f"paired; the mixed plan keeps only the precision plan's layers in float", stacklevel=4)
+            return
+        slow = [n for n, a, b in zip(names, t32, t8) if b > SLOW_INT8_MARGIN * a]
         write_json(target, {"layers": slow, "margin": SLOW_INT8_MARGIN, "level": top, "threads": 1,
                             "float32_us": t32, "int8_us": t8, "names": names})
 
     path = _built(bundle, "int8_slow_layers.json", build)
+    if not path.is_file():
+        return ()
     try:
         layers = json.loads(path.read_text(encoding="utf-8")).get("layers")
     except (OSError, ValueError):
@@ -554,11 +566,12 @@ def _quantize(src: Path, dst: Path, inputs: torch.Tensor, work: Path, keep_float
 
 def _nodes_of(model: Any, layers: Sequence[str], src: Path) -> list[str]:
     """The ONNX nodes of nestflex layer names: torch's exporter names a module's operators
-    ``/features/conv1/Conv`` for the layer ``features.conv1``."""
+    ``/features/conv1/Conv`` for the layer ``features.conv1``. A name that starts with ``/`` is a
+    node-name scope already (:func:`slow_int8_layers` gives those)."""
     nodes = [n.name for n in model.graph.node]
     out, missing = [], []
     for layer in layers:
-        prefix = "/" + layer.replace(".", "/") + "/"
+        prefix = layer if layer.startswith("/") else "/" + layer.replace(".", "/") + "/"
         hits = [n for n in nodes if n.startswith(prefix)]
         out += hits
         if not hits:
@@ -919,7 +932,7 @@ def _synthesize_exits(bundle: Any, key: str, names: Sequence[str], counts: Seque
     torch.set_num_threads(1)
     eager = ProgressiveRuntime(bundle, None, key)
     ref, ref_answers, eager_ms = outputs(eager), answers(eager), path_ms(eager)
-    best: tuple[str, int, list[float], float] | None = None
+    passing: dict[tuple[str, int], tuple[Any, list[float], dict]] = {}
     frames = calibration_split(bundle)[0][0][:64] if bundle.spec.samples is not None else None
     for name in names:
         backend = get_backend(name)
@@ -938,21 +951,32 @@ def _synthesize_exits(bundle: Any, key: str, names: Sequence[str], counts: Seque
                                        "error": f"{e}"[:200]})
                 continue
             ok = err <= atol and math.isfinite(err)
-            # what the choice is made on: the mean frame on the calibration half's exit
-            # distribution (the full path alone would favour the backbone's speed over the exits')
-            mean = None if frames is None else _mean_frame_ms({0: rt}, frames, 3)[0]
             row = {"level": None, "exit_set": key, "backend": name, "threads": t,
                    "latency_ms": [round(v, 4) for v in ms], "max_abs_diff": err, "agrees": ok}
-            if mean is not None:
-                row["mean_frame_ms"] = round(mean, 4)
             candidates.append(row)
-            score = ms[-1] if mean is None else mean
-            if ok and (best is None or score < best[3]):
-                best = (name, t, ms, score)
+            if ok:
+                passing[(name, t)] = (rt, ms, row)
             if log is not None:
-                log(f"{key}: {name:16s} threads {t}: every exit {ms[-1]:8.3f} ms, first {ms[0]:.3f} ms"
-                    + ("" if mean is None else f", mean frame {mean:.3f} ms") + f"  max|diff| {err:.2e}")
-    name, t, ms, _ = best if best is not None else ("eager", 1, eager_ms, None)
+                log(f"{key}: {name:16s} threads {t}: every exit {ms[-1]:8.3f} ms, first {ms[0]:.3f} ms  "
+                    f"max|diff| {err:.2e}")
+    if passing and frames is not None:
+        # what the choice is made on: the mean frame on the calibration half's exit distribution
+        # (the full path alone favours the backbone's speed over the exits'), every candidate in
+        # the same passes
+        means = _mean_frame_ms({c: v[0] for c, v in passing.items()}, frames, 3,
+                               threads={c: c[1] for c in passing})
+        for c, v in passing.items():
+            v[2]["mean_frame_ms"] = round(means[c], 4)
+        score = means
+    else:
+        score = {c: v[1][-1] for c, v in passing.items()}
+    if passing:
+        name, t = min(passing, key=score.get)
+        ms = passing[(name, t)][1]
+        if log is not None and frames is not None:
+            log(f"{key}: {name} threads {t}: the least mean frame, {score[(name, t)]:.3f} ms")
+    else:
+        name, t, ms = "eager", 1, eager_ms
     entry = ExitsPlan(name, t, tuple(round(v, 4) for v in ms), tuple(round(v, 4) for v in eager_ms))
     if bundle.spec.samples is None:  # no samples: no exit distribution to choose the exits on
         return entry
@@ -960,11 +984,13 @@ def _synthesize_exits(bundle: Any, key: str, names: Sequence[str], counts: Seque
     return choose_active_exits(bundle, key, entry, budget_points=budget_points, log=log)
 
 
-def _mean_frame_ms(runtimes: Mapping[Any, Any], x: torch.Tensor, repeats: int) -> dict[Any, float]:
+def _mean_frame_ms(runtimes: Mapping[Any, Any], x: torch.Tensor, repeats: int,
+                   threads: Mapping[Any, int] | None = None) -> dict[Any, float]:
     """Per runtime, the mean over the frames of ``x`` of each frame's median early-exit call (ms).
     Each repeat is one pass over the frames per runtime, the runtimes in turn: a slow spell of the
     machine hits them alike, and one session's spinning thread pool (onnxruntime's, after a run)
-    slows only the first frames of the next pass, not every frame as frame-by-frame turns would."""
+    slows only the first frames of the next pass, not every frame as frame-by-frame turns would.
+    ``threads``: torch's thread count to set before a runtime's pass (eager runs on torch's)."""
     import statistics
     import time
 
@@ -972,6 +998,8 @@ def _mean_frame_ms(runtimes: Mapping[Any, Any], x: torch.Tensor, repeats: int) -
     frames = [x[i:i + 1] for i in range(x.shape[0])]
     for _ in range(repeats):
         for k, rt in runtimes.items():
+            if threads is not None and k in threads:
+                torch.set_num_threads(threads[k])
             rt(frames[0])  # warm: the first call of a pass also pays for the previous runtime's pool
             for i, xi in enumerate(frames):
                 t0 = time.perf_counter()
@@ -997,60 +1025,91 @@ def choose_active_exits(bundle: Any, key: str, entry: ExitsPlan, *, budget_point
     Returns:
         ``entry`` with ``active`` (``None`` when every exit stays), ``mean_ms`` and ``all_mean_ms``.
     """
+    from nestflex.deploy.engine import operating_points
     from nestflex.deploy.exits import apply_policy
     from nestflex.deploy.runtime import ProgressiveRuntime
 
     (xc, _), (xk, yk) = calibration_split(bundle)
     xc = xc[:frames]
+    entry = replace(entry, active=None)  # the search starts from every exit, whatever the entry kept
     plan = ExecutionPlan((), exits={key: entry})
-    with torch.no_grad():
-        logits = ProgressiveRuntime(bundle, None, key, plan).all_exits(xk)  # every exit's logits, once
     full = ProgressiveRuntime(bundle, None, key, plan)
-    thresholds, early = full.thresholds, full.num_exits - 1
+    with torch.no_grad():
+        logits = full.all_exits(xk)  # every exit's logits, once
+    early = full.num_exits - 1
+    # the accuracy is judged at the set's thresholds and at every operating point the engine may
+    # run (its calibrated threshold sweep), so no point it picks loses more than the budget
+    try:
+        settings = [list(p.thresholds) for p in operating_points(bundle, key)[0]]
+    except Exception:  # an exit set without a usable calibration: its own thresholds only
+        settings = []
+    settings = [list(full.thresholds)] + [t for t in settings if t != list(full.thresholds)]
 
-    def accuracy(active: Sequence[int]) -> float:
+    def accuracy(active: Sequence[int], thr: Sequence[float]) -> float:
         ends = [*active, early]
-        got = apply_policy([logits[k] for k in ends], [thresholds[k] for k in active], full.confidence, full.fallback)
+        got = apply_policy([logits[k] for k in ends], [thr[k] for k in active], full.confidence, full.fallback)
         return float((got.logits.argmax(-1) == yk).float().mean())
 
-    def runtime(active: Sequence[int]) -> Any:
-        return full if len(active) == early else ProgressiveRuntime(bundle, None, key, plan, active=active)
+    floors = [accuracy(range(early), t) - budget_points / 100 for t in settings]
 
-    floor = accuracy(range(early)) - budget_points / 100
+    def within_budget(active: Sequence[int]) -> bool:
+        return all(accuracy(active, t) >= f for t, f in zip(settings, floors))
+
+    runtimes: dict[tuple[int, ...], Any] = {tuple(range(early)): full}
+
+    def runtime(active: tuple[int, ...]) -> Any:
+        if active not in runtimes:
+            runtimes[active] = ProgressiveRuntime(bundle, None, key, plan, active=active)
+        return runtimes[active]
+
+    before = _fused_files(bundle, key)
     current = tuple(range(early))
-    current_ms = _mean_frame_ms({current: full}, xc, repeats)[current]
-    all_ms = current_ms
+    first = None
     while current:
         options = [tuple(k for k in current if k != drop) for drop in current]
-        options = [a for a in options if accuracy(a) >= floor]
+        options = [a for a in options if within_budget(a)]
         if not options:
             break
-        got = _mean_frame_ms({a: runtime(a) for a in options}, xc, repeats)
-        best = min(got, key=got.get)
+        # the kept set is timed again beside its options, in the same passes: a minimum over
+        # noisy options compared with an older measurement would favour dropping
+        got = _mean_frame_ms({a: runtime(a) for a in [current, *options]}, xc, repeats)
+        first = got[tuple(range(early))] if first is None else first
+        best = min(options, key=got.get)
         if log is not None:
-            log(f"{key}: exits {list(best)}: {got[best]:.3f} ms per frame (kept {list(current)}: {current_ms:.3f} ms)")
-        if got[best] > current_ms * (1 - min_gain):
+            log(f"{key}: exits {list(best)}: {got[best]:.3f} ms per frame (kept {list(current)}: {got[current]:.3f} ms)")
+        if got[best] > got[current] * (1 - min_gain):
             break
-        current, current_ms = best, got[best]
-    _drop_fused(bundle, key, keep=current)
-    if len(current) == early:
-        return replace(entry, active=None, mean_ms=round(all_ms, 4), all_mean_ms=round(all_ms, 4))
-    final = _mean_frame_ms({"all": full, "kept": runtime(current)}, xc, repeats)  # again, side by side
-    if final["kept"] >= final["all"]:
-        _drop_fused(bundle, key, keep=None)
-        return replace(entry, active=None, mean_ms=round(final["all"], 4), all_mean_ms=round(final["all"], 4))
-    return replace(entry, active=current, mean_ms=round(final["kept"], 4), all_mean_ms=round(final["all"], 4))
+        current = best
+    kept = current if len(current) < early else None
+    if kept is not None:
+        final = _mean_frame_ms({"all": full, "kept": runtime(current)}, xc, repeats)  # again, side by side
+        if final["kept"] >= final["all"]:
+            kept = None
+        mean, every = final["kept" if kept is not None else "all"], final["all"]
+    else:
+        mean = every = first if first is not None else _mean_frame_ms({0: full}, xc, repeats)[0]
+    _drop_fused(bundle, key, created_since=before, keep=kept)
+    return replace(entry, active=kept, mean_ms=round(mean, 4), all_mean_ms=round(every, 4))
 
 
-def _drop_fused(bundle: Any, key: str, keep: Sequence[int] | None) -> None:
-    """Delete the fused graphs of exit subsets the search built for ``key`` but does not keep."""
+def _fused_files(bundle: Any, key: str) -> set[Path]:
+    """The fused graphs of exit subsets of ``key`` there are now (beside the bundle, or in the temp folder)."""
     import tempfile
 
-    keep_tag = None if keep is None else "-a" + ".".join(str(k) for k in keep)
+    out: set[Path] = set()
     for folder in (tuned_dir(bundle), Path(tempfile.gettempdir()) / "nestflex-tuned" / tuned_dir(bundle).name):
-        for f in folder.glob(f"{key}.fused-*-a*.onnx") if folder.is_dir() else ():
-            if keep_tag is None or not f.name.endswith(f"{keep_tag}.onnx"):
-                f.unlink(missing_ok=True)
+        if folder.is_dir():
+            out |= set(folder.glob(f"{key}.fused-*-a*.onnx"))
+    return out
+
+
+def _drop_fused(bundle: Any, key: str, created_since: set[Path], keep: Sequence[int] | None) -> None:
+    """Delete the fused graphs of exit subsets the search built for ``key`` (files that were not
+    there before it: another runtime's are left alone) except the one it keeps."""
+    keep_tag = None if keep is None else "-a" + ".".join(str(k) for k in keep)
+    for f in _fused_files(bundle, key) - created_since:
+        if keep_tag is None or not f.name.endswith(f"{keep_tag}.onnx"):
+            f.unlink(missing_ok=True)
 
 
 def _accuracy(fn: Fn, x: torch.Tensor, y: torch.Tensor, batch: int = 64) -> float:

@@ -49,7 +49,8 @@ def fuse_exits(stages: Sequence[Path], heads: Sequence[Path], taps: Sequence[int
     from onnx import TensorProto, helper
 
     if confidence not in FUSED_CONFIDENCES:
-        raise ValueError(f"no graph form for the confidence {confidence!r}; fused: {', '.join(FUSED_CONFIDENCES)}")
+        raise ValueError(f"no graph form for the confidence {confidence!r}; fused: {', '.join(FUSED_CONFIDENCES)}. "
+                         f"HINT: a set calibrated with another confidence runs stage by stage")
     models = [onnx.load(str(p)) for p in stages]
     head_models = [onnx.load(str(p)) for p in heads]
     opset = max(o.version for m in models + head_models for o in m.opset_import if o.domain in ("", "ai.onnx"))
@@ -57,7 +58,8 @@ def fuse_exits(stages: Sequence[Path], heads: Sequence[Path], taps: Sequence[int
     # the exits kept, final last: block g runs the stages after exit ends[g - 1] up to ends[g]
     ends = sorted(set(range(num - 1) if active is None else active))
     if any(not 0 <= k < num - 1 for k in ends):
-        raise ValueError(f"`active` must name early exits in [0, {num - 2}], got {list(active or ())}")
+        raise ValueError(f"`active` must name early exits in [0, {num - 2}], got {list(active or ())}. HINT: the "
+                         f"final exit always runs; pass the early exits to keep, or None for all")
     ends.append(num - 1)
 
     def embed(model: Any, prefix: str, feeds: Sequence[str]) -> tuple[list, list, list[str]]:

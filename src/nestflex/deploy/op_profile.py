@@ -53,16 +53,17 @@ def operator_times(path: str | Path, x: Any, runs: int = 200, threads: int = 1) 
 
 
 def layer_names(path: str | Path) -> list[str]:
-    """The nestflex layer name of each Conv/Gemm/MatMul of an exported (unoptimised) graph, in
-    graph order: torch's exporter names a module's operators ``/features/conv1/Conv`` for the
-    layer ``features.conv1``; a node without such a name gets its own name."""
+    """Each Conv/Gemm/MatMul of an exported (unoptimised) graph, in graph order, as the scope of
+    its node name: ``/features/conv1/`` for torch's ``/features/conv1/Conv`` (the operators of
+    the module ``features.conv1``; nested modules keep the exporter's own scope, e.g.
+    ``/layer1/layer1.0/conv1/``); a node without a scope gives its own name."""
     import onnx
 
     out = []
     for node in onnx.load(str(path), load_external_data=False).graph.node:
         if node.op_type in ("Conv", "Gemm", "MatMul"):
-            parts = node.name.strip("/").split("/")
-            out.append(".".join(parts[:-1]) if len(parts) > 1 else node.name)
+            scope = node.name.rpartition("/")[0]
+            out.append(scope + "/" if scope else node.name)
     return out
 
 

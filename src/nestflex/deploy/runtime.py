@@ -533,7 +533,7 @@ class ProgressiveRuntime:
         entry = None if plan is None else plan.exits.get(key)
         if active is None and entry is not None:
             active = entry.active
-        self.active: tuple[int, ...] = self._check_active(active)
+        self._active: tuple[int, ...] = self._check_active(active)
         if entry is not None:
             from nestflex.deploy.backends import resolve
 
@@ -550,18 +550,25 @@ class ProgressiveRuntime:
     def num_exits(self) -> int:
         return len(self._heads) + 1
 
-    def _check_active(self, active: Sequence[int] | None) -> tuple[int, ...]:
+    @property
+    def active(self) -> tuple[int, ...]:
+        """The early exits evaluated, ascending (read-only: the fused graph was built for them)."""
+        return self._active
+
+    def _check_active(self, active: Any) -> tuple[int, ...]:
         early = self.num_exits - 1
         if active is None:
             return tuple(range(early))
-        active = list(active) if isinstance(active, (list, tuple, range)) else [active]
+        given = active
         try:
-            kept = sorted({int(k) for k in active if not isinstance(k, bool) and int(k) == k})
-        except (TypeError, ValueError):
+            active = [active] if isinstance(active, (str, bytes)) else list(active)
+            kept = sorted({operator.index(k) for k in active if not isinstance(k, bool)})
+        except (TypeError, ValueError, RuntimeError):  # not a sequence of ints
             kept = None
-        if kept is None or len(kept) != len(list(active)) or any(not 0 <= k < early for k in kept):
-            raise BundleError(f"`active` must list distinct early exits of {self.exit_set} in [0, {early - 1}], got "
-                              f"{active!r:.80}. HINT: the final exit always runs; re-run `nestflex tune` if the plan "
+        if kept is None or len(kept) != len(active) or any(not 0 <= k < early for k in kept):
+            where = f"in [0, {early - 1}]" if early else "(it has none: only its final exit)"
+            raise BundleError(f"`active` must list distinct early exits of {self.exit_set} {where}, got "
+                              f"{given!r:.80}. HINT: the final exit always runs; re-run `nestflex tune` if the plan "
                               f"was written for another bundle")
         return tuple(kept)
 
@@ -629,7 +636,8 @@ class ProgressiveRuntime:
     @torch.no_grad()
     def path(self, x: torch.Tensor, k: int) -> torch.Tensor:
         """Logits of exit ``k`` after every stage and head up to it: what a sample that leaves at
-        ``k`` costs under the policy (the heads before it were evaluated and declined)."""
+        ``k`` costs under the policy (the kept heads before it were evaluated and declined; a
+        dropped ``k``'s own head runs too, what stopping there would cost)."""
         if isinstance(k, bool) or not isinstance(k, int) or not 0 <= k < self.num_exits:
             raise BundleError(f"`k` must be an exit index in [0, {self.num_exits - 1}], got {k!r}")
         self._ready(x)
