@@ -455,8 +455,10 @@ def goals_of(results: list[dict[str, Any]], budget: float = 1.0) -> dict[str, An
                               "note": "worst level's (time fraction / MACs fraction), judged on the plan at batch 1 "
                                       "(after; before: eager at 1 thread); best_single_configuration: the one backend, "
                                       "thread count and batch size (results[].time_fractions) at least 2x faster "
-                                      "than eager at one thread on the largest level whose levels come closest; why not: results[].fixed_cost (per backend, the fitted latency a call "
-                                      "costs whatever the width)"},
+                                      "than eager at one thread on the largest level whose levels come closest; "
+                                      "results[].fixed_cost: per backend, the fitted latency a level costs whatever "
+                                      "its width; why: benchmarks/level_profile.py splits it by operator (the "
+                                      "layers and operators whose cost does not shrink with the level)"},
         "switch_within_a_frame": {"target": f"a level switch within one frame period at 30 fps ({frame:.1f} ms)",
                                   "measured": switch, "met": all(v <= frame for v in switch.values()),
                                   "note": "worst switch over every ordered level pair"},
