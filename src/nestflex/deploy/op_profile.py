@@ -14,7 +14,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-__all__ = ["CONV_OPS", "operator_times", "layer_names"]
+__all__ = ["CONV_OPS", "layer_names", "operator_times"]
 
 #: Operators that carry a layer's MACs, as onnxruntime's optimised graphs name them (float32,
 #: NCHWc, int8 QDQ fused to QLinear*, fused activations).
