@@ -34,9 +34,7 @@ from __future__ import annotations
 import argparse
 import collections
 import math
-import statistics
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +45,7 @@ from nestflex._machine import machine
 from nestflex.deploy import load
 from nestflex.deploy.backends import get_backend
 from nestflex.deploy.op_profile import CONV_OPS, operator_times
+from nestflex.deploy.timing import median_ms
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -70,17 +69,6 @@ def _session(path: Path | bytes) -> Any:
                                 providers=["CPUExecutionProvider"])
 
 
-def _wall_us(session: Any, feed: dict, runs: int) -> float:
-    for _ in range(min(50, runs)):
-        session.run(None, feed)
-    times = []
-    for _ in range(runs):
-        t = time.perf_counter()
-        session.run(None, feed)
-        times.append(time.perf_counter() - t)
-    return 1e6 * statistics.median(times)
-
-
 def call_overhead_us(shape: tuple[int, ...], runs: int) -> float:
     """A session call that does nothing (Identity on the level's input): what any call costs."""
     from onnx import TensorProto, helper
@@ -90,20 +78,23 @@ def call_overhead_us(shape: tuple[int, ...], runs: int) -> float:
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, list(shape))])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
     x = np.zeros(shape, np.float32)
-    return _wall_us(_session(model.SerializeToString()), {"x": x}, max(runs, 1000))
+    session = _session(model.SerializeToString())
+    return 1e3 * median_ms(lambda: session.run(None, {"x": x}), max(runs, 1000), warmup=50)
 
 
 def wall_us(paths: list[Path], x: np.ndarray, runs: int, rounds: int = 10) -> list[float]:
     """Each graph's median call (no profiler), the graphs in turns: ``rounds`` rounds of
-    ``runs / rounds`` calls each, so a slow spell of the machine hits every level alike."""
+    ``runs / rounds`` consecutive calls each, so a slow spell of the machine hits every level
+    alike while each call finds its level's weights in cache, as a device serving one level does
+    (alternating call by call evicts them: float32 levels then measured ~1.5x slower)."""
     sessions = [_session(p) for p in paths]
-    feeds = [{s.get_inputs()[0].name: x} for s in sessions]
+    calls = [lambda s=s: s.run(None, {s.get_inputs()[0].name: x}) for s in sessions]
     per = max(runs // rounds, 1)
     times: list[list[float]] = [[] for _ in paths]
     for _ in range(rounds):
-        for k, (s, feed) in enumerate(zip(sessions, feeds)):
-            times[k].append(_wall_us(s, feed, per))
-    return [statistics.median(t) for t in times]
+        for k, call in enumerate(calls):
+            times[k].append(1e3 * median_ms(call, per, warmup=min(50, per)))
+    return [float(np.median(t)) for t in times]
 
 
 def profile_level(path: Path, x: np.ndarray, runs: int) -> dict[str, Any]:
