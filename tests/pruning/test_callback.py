@@ -185,9 +185,14 @@ def test_round_to_keeps_every_footprint_at_multiples(tmp_path, pretrained):
     _trainer(tmp_path, [cb], epochs=3).fit(module, datamodule=_dm())
     road = Roadmap.load(tmp_path / "pruning" / "roadmap.json")
     assert [f.step for f in road.footprints] == [0, 1, 2]
-    for fp in road.footprints[1:]:
+    for prev, fp in zip(road.footprints, road.footprints[1:]):
         pruned = {g: w for g, w in fp.widths.items() if w != road.groups[g]}
         assert pruned and all(w % 4 == 0 for w in pruned.values()), fp.widths
+        # the widths follow the unrounded schedule the footprint records: within half a multiple
+        # of it, or still at the previous width while the target walks towards the next multiple
+        targets, before = fp.targets, prev.targets or prev.widths
+        assert all(targets[g] <= before[g] for g in targets)
+        assert all(abs(w - targets[g]) <= 2 or w == prev.widths[g] for g, w in fp.widths.items()), fp
     assert trace(module.model).macs() == road.seed.macs
 
 

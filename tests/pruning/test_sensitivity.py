@@ -13,6 +13,7 @@ from nestflex.pruning import (
     plot_sensitivity,
     pruned_copy,
     sensitivity_profile,
+    shrink,
 )
 
 
@@ -104,3 +105,27 @@ def test_plan_step_rounds_kept_counts_to_a_multiple(step, round_to, kept):
             assert plan[g.id].tolist() == list(range(g.width - plan[g.id].numel(), g.width))
     with pytest.raises(PruningError, match="`round_to` must be an int >= 1, got 0"):
         plan_step(graph, scores, {}, step=0.5, round_to=0)
+
+
+def test_rounded_groups_follow_the_unrounded_schedule_through_their_targets():
+    """A group whose step is smaller than half a multiple waits, but its target keeps shrinking,
+    so it reaches the next multiple when the unrounded schedule does (it used to wait forever)."""
+    graph = trace(create_model("vgg11", width=0.125))
+    g = graph.prunable_groups[1]  # 16 channels
+    scores = {g.id: torch.arange(16, dtype=torch.float64)}
+    target, kept_at = 16, []
+    for _ in range(8):
+        plan = plan_step(graph, scores, {g.id: 0.2}, step=0.25, round_to=8, targets={g.id: target})
+        kept_at.append(plan[g.id].numel() if g.id in plan else None)
+        if g.id in plan:
+            break
+        target = shrink(target, 0.2, 0.25)
+    # unrounded widths 15, 14, 13 round back to 16; the fourth step's 12 is a tie: 8
+    assert kept_at == [None, None, None, 8]
+    assert [shrink(w, 0.2, 0.25) for w in (16, 15, 14, 13)] == [15, 14, 13, 12]
+    # without targets (each step from the current width) the group never moves
+    assert g.id not in plan_step(graph, scores, {g.id: 0.2}, step=0.25, round_to=8)
+    # a target above the width (rounded down past it) shrinks on its own schedule, never growing
+    # the group; without rounding the targets are the widths and are ignored
+    assert g.id not in plan_step(graph, scores, {g.id: 1.0}, step=0.1, round_to=8, targets={g.id: 40})
+    assert plan_step(graph, scores, {g.id: 1.0}, step=0.25, targets={g.id: 40})[g.id].numel() == 12

@@ -29,7 +29,7 @@ from nestflex.pruning.sensitivity import (
     pruned_copy,
     sensitivity_profile,
 )
-from nestflex.pruning.step import StepDecision, decide_step, plan_step
+from nestflex.pruning.step import StepDecision, decide_step, plan_step, shrink
 from nestflex.pruning.trr import TRR, dataset_targets, sample_triplets
 
 __all__ = [
@@ -64,6 +64,7 @@ __all__ = [
     "pruned_copy",
     "plot_sensitivity",
     "plan_step",
+    "shrink",
     "decide_step",
     "StepDecision",
 ]

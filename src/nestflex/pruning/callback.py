@@ -42,7 +42,7 @@ from nestflex.pruning.evaluate import accuracy, trainer_eval_loader
 from nestflex.pruning.importance import Importance, get_importance
 from nestflex.pruning.roadmap import Footprint, Roadmap
 from nestflex.pruning.sensitivity import allocation_weights, sensitivity_profile
-from nestflex.pruning.step import decide_step, plan_step
+from nestflex.pruning.step import decide_step, plan_step, shrink
 
 __all__ = ["FilterPruning", "load_pruned"]
 
@@ -111,8 +111,9 @@ class FilterPruning(Callback):
             a fraction of a point under the goal (the recipe uses 3: docs/pruning.md#time).
         min_channels: channels every group keeps.
         round_to: keep channel counts at multiples of this (8 or 16 suit CPU SIMD lanes and
-            GPU tiles; the levels grown from the roadmap inherit them), rounding each step's
-            kept count to the nearest multiple (:func:`~nestflex.pruning.plan_step`). 1: no rounding.
+            GPU tiles; the levels grown from the roadmap inherit them): each group's kept count
+            is the multiple nearest to the width the unrounded schedule gives it, which the
+            footprints record as ``targets`` (:func:`~nestflex.pruning.plan_step`). 1: no rounding.
         eval_batches: validation batches per evaluation (``None``: all).
         dirpath: where ``roadmap.json``, ``sensitivity.json``, ``seed.ckpt`` and the footprint
             checkpoints go (default ``<default_root_dir>/pruning``).
@@ -208,6 +209,7 @@ class FilterPruning(Callback):
     def _reset(self) -> None:
         self.roadmap: Roadmap | None = None
         self._kept: dict[str, list[int]] = {}
+        self._targets: dict[str, int] = {}  # unrounded width per group (round_to > 1)
         self._weights: dict[str, float] = {}
         self._step_index = 0
         self._step_start = 0
@@ -264,6 +266,7 @@ class FilterPruning(Callback):
         return {
             "roadmap": self.roadmap.to_dict() if self.roadmap else None,
             "kept": self._kept,
+            "targets": self._targets,
             "weights": self._weights,
             "step_index": self._step_index,
             "step_start": self._step_start,
@@ -282,6 +285,7 @@ class FilterPruning(Callback):
         self._reset()
         self.roadmap = Roadmap.from_dict(state["roadmap"]) if state["roadmap"] else None
         self._kept = {k: list(v) for k, v in state["kept"].items()}
+        self._targets = dict(state.get("targets") or {k: len(v) for k, v in self._kept.items()})
         self._weights = dict(state["weights"])
         self._step_index, self._step_start = state["step_index"], state["step_start"]
         self._pending, self._done = state["pending"], state["done"]
@@ -347,6 +351,7 @@ class FilterPruning(Callback):
         if noise and noise["warning"] and trainer.is_global_zero:
             warnings.warn(f"FilterPruning: {noise['warning']}", UserWarning, stacklevel=2)
         self._kept = {self._name(g): list(range(g.width)) for g in groups}
+        self._targets = {self._name(g): g.width for g in groups}
         if self.allocation == "sensitivity":
             self._scores = self._rank(trainer, pl_module, graph)
             profile = sensitivity_profile(
@@ -368,11 +373,14 @@ class FilterPruning(Callback):
         scores = self._scores if self._scores is not None else self._rank(trainer, pl_module, graph)
         self._scores = None
         names = {g.id: self._name(g) for g in graph.prunable_groups if self._name(g) in self._kept}
+        step = self.step * self._scale
         plan = plan_step(graph, {i: scores[i] for i in names}, {i: self._weights[n] for i, n in names.items()},
-                         self.step * self._scale, self.min_channels, self.round_to)
+                         step, self.min_channels, self.round_to, {i: self._targets[n] for i, n in names.items()})
         if not plan:
             self._stop(trainer, pl_module, "nothing_left")
             return
+        for name in names.values():  # a group that waits for its multiple still moves its target
+            self._targets[name] = shrink(self._targets[name], self._weights[name], step, self.min_channels)
         for gid, keep in plan.items():
             old = self._kept[names[gid]]
             self._kept[names[gid]] = [old[i] for i in keep.tolist()]
@@ -423,6 +431,7 @@ class FilterPruning(Callback):
                  for group in opt.param_groups for i, p in enumerate(group["params"])]
         load_pruned(pl_module, self.dirpath / self.roadmap.seed.checkpoint)
         self._kept = self.roadmap.kept(self.roadmap.seed.step)
+        self._targets = dict(self.roadmap.seed.targets or {k: len(v) for k, v in self._kept.items()})
         params = dict(pl_module.named_parameters())
         for opt, group, i, name in slots:
             if name is not None and params[name] is not group["params"][i]:
@@ -484,6 +493,7 @@ class FilterPruning(Callback):
         return Footprint(
             step=self._step_index, accuracy=round(acc, 6), params=graph.params(), macs=graph.macs(),
             widths={n: len(k) for n, k in self._kept.items()}, removed=removed, epoch=epoch, checkpoint=checkpoint,
+            targets=dict(self._targets) if self.round_to > 1 else None,
         )
 
     def _record(self, trainer, pl_module, graph, acc: float, epoch: int) -> None:

@@ -45,6 +45,9 @@ class Footprint:
         removed: removed channels per group name since the unpruned model, original indexing.
         epoch: training epochs completed when it was evaluated.
         checkpoint: weights at this footprint, relative to the roadmap's directory.
+        targets: with ``round_to`` > 1, the width each group would have without rounding (the
+            schedule the rounded widths follow, :func:`~nestflex.pruning.plan_step`); ``None``
+            without rounding, where it equals ``widths``.
     """
 
     step: int
@@ -55,6 +58,7 @@ class Footprint:
     removed: dict[str, list[int]]
     epoch: int = 0
     checkpoint: str | None = None
+    targets: dict[str, int] | None = None
 
 
 @dataclass

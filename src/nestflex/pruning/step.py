@@ -11,7 +11,7 @@ from nestflex.errors import PruningError
 from nestflex.graph import StructureGraph
 from nestflex.pruning.sensitivity import keep_top
 
-__all__ = ["StepDecision", "decide_step", "plan_step"]
+__all__ = ["StepDecision", "decide_step", "plan_step", "shrink"]
 
 
 def plan_step(
@@ -21,16 +21,23 @@ def plan_step(
     step: float,
     min_channels: int = 1,
     round_to: int = 1,
+    targets: Mapping[int, int] | None = None,
 ) -> dict[int, torch.Tensor]:
     """Channels to keep per group (current indexing) after one step.
 
     Group ``g`` of current width ``w`` loses ``round(step * weights[g] * w)`` channels, its
-    lowest-scoring ones, never going below ``min_channels``. With ``round_to`` > 1 the kept count
-    is the multiple of ``round_to`` nearest to that (ties: the smaller; never below the smallest
-    multiple >= ``min_channels``), so pruned layers keep SIMD-friendly widths (as Torch-Pruning's
-    ``round_to``); a group whose nearest multiple is its current width is left alone this step.
-    Groups whose count comes out 0 are left out of the result; an empty result means nothing more
-    can be pruned at this step size.
+    lowest-scoring ones, never going below ``min_channels`` (:func:`shrink`). With ``round_to`` > 1
+    the step shrinks the group's *target*, the width it would have without rounding
+    (``targets[g]``, default its current width), and the kept count is the multiple of
+    ``round_to`` nearest to the new target (ties: the smaller; never below the smallest multiple
+    >= ``min_channels``; never above the current width; ``targets`` is ignored without
+    rounding), so pruned layers keep SIMD-friendly
+    widths (as Torch-Pruning's ``round_to``) and follow the unrounded schedule: a group whose
+    nearest multiple is still its current width waits this step while its target goes on
+    shrinking, instead of waiting forever (a 16-channel group losing 5% a step reaches 8 after
+    four steps). The caller keeps the targets (:func:`shrink` of each). Groups whose count comes
+    out 0 are left out of the result; an empty result means nothing more can be pruned at this
+    step size.
 
     Example:
         >>> from nestflex.models import create_model
@@ -50,15 +57,27 @@ def plan_step(
     plan = {}
     for gid, s in scores.items():
         width = graph.group(gid).width
-        n = min(round(step * weights.get(gid, 0.0) * width), width - min_channels)
-        if round_to > 1 and n > 0:
-            keep = width - n
+        # the target may sit above the width (the last multiple was the lower one): never grows
+        target = width if targets is None or round_to == 1 else targets.get(gid, width)
+        keep = min(shrink(target, weights.get(gid, 0.0), step, min_channels), width)
+        if round_to > 1 and keep < width:
             lower = (keep // round_to) * round_to
             keep = lower if keep - lower <= round_to - (keep - lower) else lower + round_to
-            n = width - max(keep, floor)
-        if n > 0:
-            plan[gid] = keep_top(s, width - n)
+            keep = min(max(keep, floor), width)
+        if keep < width:
+            plan[gid] = keep_top(s, keep)
     return plan
+
+
+def shrink(width: int, weight: float, step: float, min_channels: int = 1) -> int:
+    """A group's unrounded width after one step: ``width - round(step * weight * width)``, never
+    below ``min_channels`` (nor above ``width``).
+
+    Example:
+        >>> shrink(16, 0.2, 0.25), shrink(16, 1.0, 0.25), shrink(3, 1.0, 0.9, min_channels=2)
+        (15, 12, 2)
+    """
+    return width - max(min(round(step * weight * width), width - min_channels), 0)
 
 
 @dataclass(frozen=True)
