@@ -15,7 +15,7 @@ from torch.utils.data import DataLoader
 from nestflex.callbacks import FilterPruning
 from nestflex.data import SyntheticDataModule
 from nestflex.graph import trace
-from nestflex.pruning import PruningError, Roadmap, load_pruned
+from nestflex.pruning import PruningError, Roadmap, load_pruned, shrink
 from nestflex.training import ImageClassifier
 
 EPOCHS = 4
@@ -194,6 +194,21 @@ def test_round_to_keeps_every_footprint_at_multiples(tmp_path, pretrained):
         assert all(targets[g] <= before[g] for g in targets)
         assert all(abs(w - targets[g]) <= 2 or w == prev.widths[g] for g, w in fp.widths.items()), fp
     assert trace(module.model).macs() == road.seed.macs
+
+
+def test_a_rounded_retry_starts_from_the_seeds_targets(tmp_path, pretrained, monkeypatch):
+    """Scripted accuracies (start, broken step, kept retry): the retry's half step shrinks the
+    targets the seed recorded, not those the broken step had already moved."""
+    pl.seed_everything(0)
+    module = _module(pretrained)
+    cb = _prune(criterion="l1", max_drop=0.05, step=0.3, max_steps=1, backoff=1, recover_epochs=0,
+                finetune_epochs=0, round_to=4)
+    _script(cb, monkeypatch, [0.9, 0.1, 0.9], then=0.9)
+    _trainer(tmp_path, [cb], epochs=4).fit(module, datamodule=_dm())
+    road = Roadmap.load(tmp_path / "pruning" / "roadmap.json")
+    assert [f.step for f in road.footprints] == [0, 1] and len(road.rejected) == 1
+    assert road.rejected[0].targets == {g: shrink(w, 1.0, 0.3, cb.min_channels) for g, w in road.groups.items()}
+    assert road.seed.targets == {g: shrink(w, 1.0, 0.15, cb.min_channels) for g, w in road.groups.items()}
 
 
 def _script(cb, monkeypatch, values, then):
