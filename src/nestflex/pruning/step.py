@@ -31,13 +31,12 @@ def plan_step(
     (``targets[g]``, default its current width), and the kept count is the multiple of
     ``round_to`` nearest to the new target (ties: the smaller; never below the smallest multiple
     >= ``min_channels``; never above the current width; ``targets`` is ignored without
-    rounding), so pruned layers keep SIMD-friendly
-    widths (as Torch-Pruning's ``round_to``) and follow the unrounded schedule: a group whose
-    nearest multiple is still its current width waits this step while its target goes on
-    shrinking, instead of waiting forever (a 16-channel group losing 5% a step reaches 8 after
-    four steps). The caller keeps the targets (:func:`shrink` of each). Groups whose count comes
-    out 0 are left out of the result; an empty result means nothing more can be pruned at this
-    step size.
+    rounding), so pruned layers keep SIMD-friendly widths (as Torch-Pruning's ``round_to``) and
+    follow the unrounded schedule: a group whose nearest multiple is still its current width
+    waits this step while its target goes on shrinking, instead of waiting forever (a 16-channel
+    group losing 5% a step reaches 8 after four steps). The caller keeps the targets
+    (:func:`shrink` of each). Groups whose count comes out 0 are left out of the result; an
+    empty result means nothing more can be pruned at this step size.
 
     Example:
         >>> from nestflex.models import create_model
