@@ -1,4 +1,4 @@
-"""ISQuant: DESIGN invariant 4 (error bound, exact float path) and input validation."""
+"""ISQuant: DESIGN invariant 4 (error bound, exact float path), array types and input validation."""
 
 import math
 
@@ -32,27 +32,66 @@ _shape = st.tuples(st.integers(1, 4), st.integers(1, 5), st.integers(1, 6))
 _tensors = _shape.flatmap(lambda s: arrays(np.float32, s, elements=_elem)).map(torch.from_numpy)
 
 
-def _bound(x: torch.Tensor, bits: int, per_sample: bool) -> torch.Tensor:
+def _bound(x: np.ndarray, bits: int, per_sample: bool) -> np.ndarray:
     """Invariant 4's bound per element, plus float32 rounding slack (a few ulps of the data)."""
-    x64 = x.double()
-    flat = x64.reshape(x.shape[0], -1) if per_sample else x64.reshape(1, -1)
-    lo, hi = flat.min(dim=1).values, flat.max(dim=1).values
-    mag = torch.maximum(lo.abs(), hi.abs())
+    x64 = np.asarray(x, dtype=np.float64)
+    flat = x64.reshape(x64.shape[0], -1) if per_sample else x64.reshape(1, -1)
+    lo, hi = flat.min(axis=1), flat.max(axis=1)
+    mag = np.maximum(np.abs(lo), np.abs(hi))
     b = (hi - lo) / (2**bits - 1) / 2 * (1 + 1e-5) + 4 * EPS32 * mag + 1e-37
-    return b.reshape((-1,) + (1,) * (x.dim() - 1)) if per_sample else b.reshape(())
+    return b.reshape((-1,) + (1,) * (x64.ndim - 1)) if per_sample else b.reshape(())
+
+
+def _numpy(v) -> np.ndarray:
+    return v.numpy() if isinstance(v, torch.Tensor) else v
 
 
 @settings(max_examples=150, deadline=None)
-@given(x=_tensors, bits=st.integers(1, 16), per_sample=st.booleans())
-def test_error_per_element_within_invariant_bound(x, bits, per_sample):
+@given(x=_tensors, bits=st.integers(1, 16), per_sample=st.booleans(), as_numpy=st.booleans())
+def test_error_per_element_within_invariant_bound(x, bits, per_sample, as_numpy):
+    x = x.numpy() if as_numpy else x
+    array = np.ndarray if as_numpy else torch.Tensor
     qt = isquant(x, bits, per_sample=per_sample)
-    assert qt.q.shape == x.shape
-    assert qt.q.dtype == (torch.uint8 if bits <= 8 else torch.int32)
-    assert int(qt.q.min()) >= 0 and int(qt.q.max()) <= 2**bits - 1
-    assert qt.lo.shape == ((x.shape[0],) if per_sample else ())
-    assert qt.lo.dtype == qt.scale.dtype == torch.float32
-    err = (dequantize(qt).double() - x.double()).abs()
-    assert bool((err <= _bound(x, bits, per_sample)).all())
+    assert all(isinstance(v, array) for v in (qt.q, qt.lo, qt.scale))
+    q, lo, scale = _numpy(qt.q), _numpy(qt.lo), _numpy(qt.scale)
+    assert q.shape == x.shape
+    assert q.dtype == (np.uint8 if bits <= 8 else np.int32)
+    assert int(q.min()) >= 0 and int(q.max()) <= 2**bits - 1
+    assert lo.shape == ((x.shape[0],) if per_sample else ())
+    assert lo.dtype == scale.dtype == np.float32
+    out = dequantize(qt)
+    assert isinstance(out, array)
+    err = np.abs(_numpy(out).astype(np.float64) - _numpy(x).astype(np.float64))
+    assert bool((err <= _bound(_numpy(x), bits, per_sample)).all())
+
+
+@settings(max_examples=100, deadline=None)
+@given(x=_tensors, bits=st.integers(1, 16), per_sample=st.booleans())
+def test_numpy_and_torch_inputs_give_the_same_bits(x, bits, per_sample):
+    a, t = isquant(x.numpy(), bits, per_sample=per_sample), isquant(x, bits, per_sample=per_sample)
+    for f in ("q", "lo", "scale"):
+        assert getattr(a, f).tobytes() == getattr(t, f).numpy().tobytes()
+    assert dequantize(a).tobytes() == dequantize(t).numpy().tobytes()
+    assert fake_quantize(x.numpy(), bits).tobytes() == fake_quantize(x, bits).numpy().tobytes()
+
+
+def test_numpy_in_numpy_out_torch_in_torch_out():
+    x = np.array([[0.0, 1.0, 2.0], [4.0, 4.0, 5.0]], dtype=np.float32)
+    t = torch.from_numpy(x)
+    for per_sample in (True, False):
+        qa, qt = isquant(x, 4, per_sample=per_sample), isquant(t, 4, per_sample=per_sample)
+        assert all(isinstance(getattr(qa, f), np.ndarray) for f in ("q", "lo", "scale"))
+        assert all(isinstance(getattr(qt, f), torch.Tensor) for f in ("q", "lo", "scale"))
+        # shapes survive the conversion, 0-d tensor-wide ranges included
+        assert qt.lo.shape == qt.scale.shape == qa.lo.shape == ((2,) if per_sample else ())
+        assert qt.per_sample == qa.per_sample == per_sample
+        assert isinstance(dequantize(qa), np.ndarray) and isinstance(dequantize(qt), torch.Tensor)
+    assert isinstance(fake_quantize(x, 4), np.ndarray) and isinstance(fake_quantize(t, 4), torch.Tensor)
+    fa, ft = fixed_quantize(x, 4, 0.0, 5.0), fixed_quantize(t, 4, 0.0, 5.0)
+    assert isinstance(fa.q, np.ndarray) and isinstance(ft.q, torch.Tensor) and ft.lo.shape == ()
+    assert torch.equal(dequantize(ft), torch.from_numpy(dequantize(fa)))
+    # a tensor that needs a gradient is read through detach, as before
+    assert isinstance(fake_quantize(t.clone().requires_grad_(), 4), torch.Tensor)
 
 
 @settings(max_examples=60, deadline=None)
@@ -60,6 +99,8 @@ def test_error_per_element_within_invariant_bound(x, bits, per_sample):
 def test_float_path_is_exact(x):
     assert fake_quantize(x, None) is x
     assert fake_quantize(x, 32) is x
+    a = x.numpy()
+    assert fake_quantize(a, None) is a and fake_quantize(a, 32) is a
 
 
 @settings(max_examples=60, deadline=None)
@@ -92,17 +133,23 @@ def test_rounds_to_nearest():
 
 def test_extreme_float32_range_does_not_overflow():
     big = float(np.finfo(np.float32).max)
-    x = torch.tensor([[-big, 0.0, big]])
+    x = np.array([[-big, 0.0, big]], dtype=np.float32)
     out = dequantize(isquant(x, 8))
-    assert bool(torch.isfinite(out).all())
-    assert bool(((out.double() - x.double()).abs() <= _bound(x, 8, True)).all())
+    assert bool(np.isfinite(out).all())
+    assert bool((np.abs(out.astype(np.float64) - x.astype(np.float64)) <= _bound(x, 8, True)).all())
 
 
 def test_float64_and_half_inputs():
     x = torch.linspace(-1, 1, 17, dtype=torch.float64).reshape(1, 17)
     assert fake_quantize(x, 8).dtype == torch.float64
     assert fake_quantize(x.half(), 8).dtype == torch.float16
+    assert fake_quantize(x.bfloat16(), 8).dtype == torch.bfloat16
     assert dequantize(isquant(x, 8)).dtype == torch.float32
+    a = x.numpy()
+    assert fake_quantize(a, 8).dtype == np.float64
+    assert fake_quantize(a.astype(np.float16), 8).dtype == np.float16
+    assert dequantize(isquant(a, 8)).dtype == np.float32
+    assert fake_quantize([[0.0, 0.5, 1.0]], 8).dtype == np.float64  # an array-like: numpy's dtype for it
 
 
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
@@ -143,14 +190,23 @@ def test_codec_error_is_nestflex_and_value_error():
         isquant(torch.zeros(1), 0)
 
 
-def test_not_a_tensor():
-    with pytest.raises(CodecError, match=r"`x` must be a torch\.Tensor, got list"):
-        isquant([1.0, 2.0], 8)
+def test_array_likes_and_what_is_not_an_array():
+    qt = isquant([[1.0, 2.0]], 8)
+    assert isinstance(qt.q, np.ndarray) and qt.q.tolist() == [[0, 255]]
+    assert isquant(np.array([[1, 2]], np.int64), 8).q.tolist() == [[0, 255]]  # integers are real
+    with pytest.raises(CodecError, match=r"`x` must be a numpy array, a torch tensor or array-like, got list"):
+        isquant([[1.0], [1.0, 2.0]], 8)
+    with pytest.raises(CodecError, match=r"`x` must be a real array, got dtype <U3\."):
+        isquant(["abc"], 8)
+    with pytest.raises(CodecError, match=r"`x` must be a real array, got dtype object\."):
+        fixed_quantize(np.array([None]), 8, 0.0, 1.0)
 
 
 def test_complex_rejected():
-    with pytest.raises(CodecError, match=r"`x` must be a real tensor, got dtype torch\.complex64"):
+    with pytest.raises(CodecError, match=r"`x` must be a real array, got dtype torch\.complex64\."):
         isquant(torch.zeros(2, 2, dtype=torch.complex64), 8)
+    with pytest.raises(CodecError, match=r"`x` must be a real array, got dtype complex128\."):
+        fake_quantize(np.zeros((2, 2), np.complex128), 8)
 
 
 def test_zero_dim():

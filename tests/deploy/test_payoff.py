@@ -70,5 +70,9 @@ def test_measure_codec():
     assert t.encode_s > 0 and t.decode_s > 0 and t.ratio > 4
     assert t.pays_off(1e3) and not t.pays_off(1e15)
     assert measure_codec([x, x], None, "raw", repeats=1).ratio == pytest.approx(1.0)
+    # the device holds numpy: the same frames from the same values
+    a = measure_codec(x.numpy(), 4, "blosc_lz4", repeats=1)
+    assert (a.raw_bytes, a.compressed_bytes) == (t.raw_bytes, t.compressed_bytes)
+    assert measure_codec([x.numpy(), x], 4, repeats=1).compressed_bytes == len(encode([x, x], 4))
     with pytest.raises(CodecError, match=r"`repeats` must be an int >= 1, got 0\."):
         measure_codec(x, 4, repeats=0)

@@ -8,12 +8,17 @@ The pieces, in the order a tensor meets them (METHODS §3-§4):
 * :mod:`.frame` - the versioned, checksummed binary frame (``encode``/``decode``);
 * :mod:`.payoff` - SPINN's "compress only when it pays" test.
 
+All of it runs on numpy, so the device needs no torch. Following the runtime's array rule
+(:mod:`nestflex.deploy._arrays`), numpy arrays in give numpy out and torch tensors in give torch
+tensors out (the training side passes tensors unchanged); :func:`decode` starts from bytes and
+returns numpy arrays.
+
 Example:
-    >>> import torch
-    >>> x = torch.relu(torch.randn(8, 16, 32, 32, generator=torch.Generator().manual_seed(0)))
+    >>> import numpy as np
+    >>> x = np.maximum(np.random.default_rng(0).standard_normal((8, 16, 32, 32)), 0).astype(np.float32)
     >>> frame = encode([x], bits=4)
     >>> y, = decode(frame)
-    >>> y.shape == x.shape and x.numel() * 4 / len(frame) > 8
+    >>> y.shape == x.shape and x.size * 4 / len(frame) > 8
     True
 """
 

@@ -64,21 +64,6 @@ class Codec(ABC):
     def decompress(self, data: bytes | memoryview, raw_len: int) -> bytes:
         """Decompress to exactly ``raw_len`` bytes or raise :class:`CodecError`; never more."""
 
-    def payload_bytes(self, tensors, bits: int | None) -> int:
-        """Bytes on the wire for ``tensors`` in a frame with this codec, side information included.
-
-        This is ``len(encode(tensors, bits, codec=self))``: header, shapes, per-sample ranges and
-        checksum count, as they do on a real link.
-
-        Example:
-            >>> import torch
-            >>> get_codec("raw").payload_bytes([torch.zeros(1, 8)], bits=4)
-            61
-        """
-        from nestflex.deploy.codec.frame import encode  # frame imports this module
-
-        return len(encode(tensors, bits, codec=self))
-
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
 

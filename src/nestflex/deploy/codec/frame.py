@@ -24,9 +24,16 @@ trailer        ``I``                       CRC-32 (zlib) of every byte before it
 =============  ==========================  ==============================================
 
 The payload of a quantised tensor is its codes packed by :func:`~.packing.pack_codes` in the
-layout the codec asks for (flag bit 1); of a float tensor, its raw little-endian bytes in its own dtype. Quantised tensors decode to float32; float
-passthrough decodes bit-exactly to its original dtype (DESIGN invariant 4: head + lossless
-transfer + tail = unsplit model).
+layout the codec asks for (flag bit 1); of a float tensor, its raw little-endian bytes in its own
+dtype. Quantised tensors decode to float32; float passthrough decodes bit-exactly to its original
+dtype (DESIGN invariant 4: head + lossless transfer + tail = unsplit model), except bfloat16,
+which numpy lacks: it decodes to the float32 array of exactly the same values.
+
+Encoding and decoding run on numpy (no torch on the device). :func:`encode` takes numpy arrays,
+torch tensors (bfloat16 included) or array-likes; :func:`decode` returns numpy arrays, whatever
+the sender held (``torch.from_numpy`` turns them into tensors without a copy). The format and the
+bytes are those of the earlier torch implementation (``tests/deploy/test_codec_golden.py``; the
+one freedom, the sign of a zero ``lo``, is described in :mod:`.isquant`).
 
 :func:`decode` validates the whole frame before it allocates anything sized by the frame: the
 checksum, every id, rank, dimension and element count against ``max_elements``, and that every
@@ -44,11 +51,19 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-import torch
+from numpy.typing import ArrayLike
 
+from nestflex.deploy._arrays import is_torch
 from nestflex.deploy.codec.codecs import Codec, codec_by_id, get_codec
 from nestflex.deploy.codec.errors import CodecError
-from nestflex.deploy.codec.isquant import MAX_BITS, QuantizedTensor, dequantize, isquant
+from nestflex.deploy.codec.isquant import (
+    MAX_BITS,
+    QuantizedTensor,
+    dequantize,
+    is_bfloat16,
+    isquant,
+    numpy_view,
+)
 from nestflex.deploy.codec.packing import pack_codes, packed_size, unpack_codes
 
 __all__ = [
@@ -76,17 +91,16 @@ _TRAILER = struct.Struct("<I")
 _PER_SAMPLE = 0x01
 _BYTE_CODES = 0x02  # codes in the "bytes" layout (one byte / uint16 each) rather than dense
 
-# Frame dtype ids (part of the format: never renumber). Values: torch dtype, little-endian
-# unsigned integer of the same width used to move its bits through numpy without conversion.
-_DTYPES: dict[int, tuple[torch.dtype, str]] = {
-    0: (torch.float32, "<u4"),
-    1: (torch.float16, "<u2"),
-    2: (torch.bfloat16, "<u2"),
-    3: (torch.float64, "<u8"),
+# Frame dtype ids (part of the format: never renumber). Values: dtype name, little-endian
+# unsigned integer of the same width used to move its bits without conversion.
+_DTYPES: dict[int, tuple[str, str]] = {
+    0: ("float32", "<u4"),
+    1: ("float16", "<u2"),
+    2: ("bfloat16", "<u2"),
+    3: ("float64", "<u8"),
 }
-_DTYPE_IDS = {dt: i for i, (dt, _) in _DTYPES.items()}
-_BITS_VIEW = {torch.float32: torch.int32, torch.float16: torch.int16, torch.bfloat16: torch.int16,
-              torch.float64: torch.int64}
+_DTYPE_IDS = {name: i for i, (name, _) in _DTYPES.items()}
+_BITS_VIEW = dict(_DTYPES.values())
 
 
 @dataclass(frozen=True)
@@ -94,7 +108,8 @@ class TensorInfo:
     """What a frame says about one tensor, as read by :func:`inspect_frame`.
 
     Attributes:
-        dtype: The tensor's dtype before encoding.
+        dtype: The tensor's dtype before encoding, by name: ``"float32"``, ``"float16"``,
+            ``"bfloat16"`` or ``"float64"``.
         shape: Its shape.
         bits: 1..16, or ``None`` for float passthrough.
         codec: Name of the payload codec.
@@ -104,7 +119,7 @@ class TensorInfo:
         layout: ``"dense"`` or ``"bytes"`` code layout (see :mod:`~.packing`).
     """
 
-    dtype: torch.dtype
+    dtype: str
     shape: tuple[int, ...]
     bits: int | None
     codec: str
@@ -129,13 +144,35 @@ def _check_limit(name: str, value: object, lo: int) -> int:
     return value
 
 
-def _payload_len(shape: tuple[int, ...], dtype: torch.dtype, bits: int | None, layout: str) -> int:
+def _payload_len(shape: tuple[int, ...], dtype: str, bits: int | None, layout: str) -> int:
     n = math.prod(shape)
-    return n * dtype.itemsize if bits is None else packed_size(n, bits, layout)
+    return n * np.dtype(_BITS_VIEW[dtype]).itemsize if bits is None else packed_size(n, bits, layout)
+
+
+def _frame_array(t: object, i: int) -> tuple[np.ndarray, str]:
+    """``tensors[i]`` as a numpy array and its frame dtype name (bfloat16 widened to float32)."""
+    a = numpy_view(t, f"tensors[{i}]")
+    name = "bfloat16" if is_bfloat16(t) else a.dtype.name
+    if name not in _DTYPE_IDS:
+        raise CodecError(
+            f"`tensors[{i}]` has dtype {getattr(t, 'dtype', a.dtype)}; frames carry "
+            f"{list(_DTYPE_IDS)}. HINT: cast integer arrays to float32."
+        )
+    if a.ndim > MAX_RANK:
+        raise CodecError(f"`tensors[{i}]` has rank {a.ndim}; frames allow rank <= {MAX_RANK}.")
+    return a, name
+
+
+def _float_bytes(a: np.ndarray, dtype: str) -> bytes:
+    """The values' own bits, little-endian (NaN payloads and signed zeros included)."""
+    if dtype == "bfloat16":  # a holds the exact float32 widening: the bfloat16 is its upper half
+        return (a.view(np.uint32) >> 16).astype("<u2").tobytes()
+    same_order_ints = np.dtype(f"u{a.itemsize}").newbyteorder(a.dtype.byteorder)
+    return a.view(same_order_ints).astype(_BITS_VIEW[dtype]).tobytes()
 
 
 def encode(
-    tensors: Sequence[torch.Tensor],
+    tensors: Sequence[ArrayLike],
     bits: int | None,
     codec: str | Codec = "blosc_lz4",
     *,
@@ -145,7 +182,8 @@ def encode(
     """Quantise (or not), pack and compress ``tensors`` into one frame.
 
     Args:
-        tensors: The dependency tensors of one request, floating point, rank <= 8.
+        tensors: The dependency tensors of one request (numpy arrays, torch tensors or
+            array-likes), float32, float16, bfloat16 (torch) or float64, rank <= 8.
         bits: ISQuant bitwidth 1..16 for every tensor, or ``None``/``32`` for lossless float
             passthrough in each tensor's own dtype.
         codec: Codec name (see :func:`~.codecs.list_codecs`) or object.
@@ -160,17 +198,19 @@ def encode(
             unknown codec, or the cases :func:`~.isquant.isquant` rejects.
 
     Example:
-        >>> x = torch.relu(torch.randn(2, 4, 8, 8, generator=torch.Generator().manual_seed(0)))
-        >>> torch.equal(decode(encode([x], bits=None))[0], x)
+        >>> rng = np.random.default_rng(0)
+        >>> x = np.maximum(rng.standard_normal((2, 4, 8, 8)), 0).astype(np.float32)
+        >>> np.array_equal(decode(encode([x], bits=None))[0], x)
         True
         >>> y = decode(encode([x], bits=8))[0]
-        >>> bool(((y - x).abs() <= x.amax() / 255 / 2 + 1e-6).all())
+        >>> bool((np.abs(y - x) <= x.max() / 255 / 2 + 1e-6).all())
         True
     """
-    if isinstance(tensors, torch.Tensor) or not isinstance(tensors, Sequence):
+    if (isinstance(tensors, (np.ndarray, str, bytes)) or is_torch(tensors)
+            or not isinstance(tensors, Sequence)):
         raise CodecError(
-            f"`tensors` must be a sequence of tensors, got {type(tensors).__name__}."
-            " HINT: wrap a single tensor in a list: encode([x], bits)."
+            f"`tensors` must be a sequence of arrays, got {type(tensors).__name__}."
+            " HINT: wrap a single array in a list: encode([x], bits)."
         )
     if bits == 32 and not isinstance(bits, bool):
         bits = None
@@ -181,37 +221,28 @@ def encode(
     parts = [_HEADER.pack(MAGIC, VERSION, 0, len(tensors))]
     total = 0
     for i, t in enumerate(tensors):
-        if not isinstance(t, torch.Tensor):
-            raise CodecError(f"`tensors[{i}]` must be a torch.Tensor, got {type(t).__name__}.")
-        if t.dtype not in _DTYPE_IDS:
-            raise CodecError(
-                f"`tensors[{i}]` has dtype {t.dtype}; frames carry "
-                f"{[str(d) for d, _ in _DTYPES.values()]}. HINT: cast integer tensors to float32."
-            )
-        if t.dim() > MAX_RANK:
-            raise CodecError(f"`tensors[{i}]` has rank {t.dim()}; frames allow rank <= {MAX_RANK}.")
-        total += t.numel()
+        a, dtype = _frame_array(t, i)
+        total += a.size
         if total > max_elements:
             raise CodecError(
                 f"frame would hold {total} elements, above `max_elements`={max_elements}."
                 " HINT: raise max_elements on both ends, or split the request."
             )
-        t = t.detach().cpu().contiguous()
         if bits is None:
             flags, lo, scale = 0, np.empty(0, "<f4"), np.empty(0, "<f4")
-            raw = t.view(_BITS_VIEW[t.dtype]).numpy().astype(_DTYPES[_DTYPE_IDS[t.dtype]][1]).tobytes()
-            typesize = t.dtype.itemsize
+            raw = _float_bytes(a, dtype)
+            typesize = np.dtype(_BITS_VIEW[dtype]).itemsize
         else:
-            qt = isquant(t, bits, per_sample=per_sample)
+            qt = isquant(a, bits, per_sample=per_sample)
             flags = (_PER_SAMPLE if per_sample else 0) | (_BYTE_CODES if c.layout == "bytes" else 0)
-            lo = qt.lo.reshape(-1).numpy().astype("<f4")
-            scale = qt.scale.reshape(-1).numpy().astype("<f4")
-            raw = pack_codes(qt.q.numpy(), bits, c.layout)
+            lo = qt.lo.reshape(-1).astype("<f4")
+            scale = qt.scale.reshape(-1).astype("<f4")
+            raw = pack_codes(qt.q, bits, c.layout)
             typesize = 2 if c.layout == "bytes" and bits > 8 else 1
         comp = c.compress(raw, typesize)
         parts += [
-            _TENSOR.pack(_DTYPE_IDS[t.dtype], bits or 0, c.id, t.dim(), flags, lo.size),
-            struct.pack(f"<{t.dim()}I", *t.shape),
+            _TENSOR.pack(_DTYPE_IDS[dtype], bits or 0, c.id, a.ndim, flags, lo.size),
+            struct.pack(f"<{a.ndim}I", *a.shape),
             lo.tobytes(),
             scale.tobytes(),
             _LENGTHS.pack(len(raw), len(comp)),
@@ -340,9 +371,9 @@ def inspect_frame(
         CodecError: As :func:`decode`, except for payloads that fail to decompress.
 
     Example:
-        >>> info = inspect_frame(encode([torch.zeros(2, 3)], bits=4, codec="raw"))
-        >>> info[0].shape, info[0].bits, info[0].codec, info[0].raw_bytes
-        ((2, 3), 4, 'raw', 3)
+        >>> info = inspect_frame(encode([np.zeros((2, 3), np.float32)], bits=4, codec="raw"))
+        >>> info[0].dtype, info[0].shape, info[0].bits, info[0].codec, info[0].raw_bytes
+        ('float32', (2, 3), 4, 'raw', 3)
     """
     return [e.info for e in _parse(frame, max_elements, max_tensors)]
 
@@ -352,7 +383,7 @@ def decode(
     *,
     max_elements: int = DEFAULT_MAX_ELEMENTS,
     max_tensors: int = DEFAULT_MAX_TENSORS,
-) -> list[torch.Tensor]:
+) -> list[np.ndarray]:
     """Validate and decode a frame made by :func:`encode`.
 
     Args:
@@ -361,15 +392,18 @@ def decode(
         max_tensors: Largest tensor count accepted.
 
     Returns:
-        The tensors in order: float32 for quantised ones, the original dtype (bit-exact) for
-        float passthrough.
+        The tensors in order, as numpy arrays whatever the sender held: float32 for quantised
+        ones, the original dtype (bit-exact) for float passthrough, except bfloat16, which comes
+        as float32 holding exactly the sent values: the upper 16 bits of each float32 are the
+        sent bfloat16's bits, NaN payloads included (``torch.from_numpy(y).bfloat16()`` gives
+        the same values; torch rewrites NaN payloads when it narrows).
 
     Raises:
         CodecError: For anything malformed, truncated, oversized or tampered with; nothing else.
 
     Example:
-        >>> decode(encode([torch.tensor([[0.0, 1.0, 2.0, 3.0]])], bits=2))
-        [tensor([[0., 1., 2., 3.]])]
+        >>> decode(encode([np.array([[0.0, 1.0, 2.0, 3.0]], np.float32)], bits=2))
+        [array([[0., 1., 2., 3.]], dtype=float32)]
     """
     out = []
     for e in _parse(frame, max_elements, max_tensors):
@@ -378,16 +412,20 @@ def decode(
         if len(raw) != info.raw_bytes:  # a registered third-party codec might not check
             raise CodecError(f"codec {info.codec!r} returned {len(raw)} bytes, expected {info.raw_bytes}.")
         if info.bits is None:
-            view = _DTYPES[_DTYPE_IDS[info.dtype]][1]
+            view = _BITS_VIEW[info.dtype]
             ints = np.frombuffer(raw, dtype=view).astype(view[1:])  # native order, writable copy
-            out.append(torch.from_numpy(ints).view(info.dtype).reshape(info.shape))
+            if info.dtype == "bfloat16":  # the float32 whose upper half it is: the same value
+                values = (ints.astype(np.uint32) << 16).view(np.float32)
+            else:
+                values = ints.view(info.dtype)
+            out.append(values.reshape(info.shape))
             continue
         codes = unpack_codes(raw, math.prod(info.shape), info.bits, info.layout)
         side_shape = (len(e.lo),) if info.per_sample else ()
         qt = QuantizedTensor(
-            q=torch.from_numpy(codes).reshape(info.shape),
-            lo=torch.from_numpy(e.lo.astype(np.float32)).reshape(side_shape),
-            scale=torch.from_numpy(e.scale.astype(np.float32)).reshape(side_shape),
+            q=codes.reshape(info.shape),
+            lo=e.lo.astype(np.float32).reshape(side_shape),
+            scale=e.scale.astype(np.float32).reshape(side_shape),
             bits=info.bits,
         )
         out.append(dequantize(qt))

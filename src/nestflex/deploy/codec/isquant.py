@@ -14,14 +14,28 @@ rounding (a few ulps of the largest magnitude in the sample).
 
 :func:`fixed_quantize` is the SPINN-style baseline: one range calibrated offline and clamping
 everything outside it; it exists so benchmarks can show what the per-sample range buys.
+
+Everything here computes on numpy, so the device needs no torch, and follows the runtime's array
+rule (:mod:`nestflex.deploy._arrays`): numpy arrays and array-likes in, numpy out; a torch tensor
+in, torch tensors out (on the tensor's device), so the training side passes tensors unchanged.
+The arithmetic is the same float32/float64 sequence, with the same round-half-to-even, as the
+torch implementation it replaced, so codes, ranges and dequantised values are bit-identical
+(``tests/deploy/test_codec_golden.py``). One freedom: when a sample's minimum is a zero present
+with both signs, ``lo`` may be either zero (torch's own ``amin`` and ``aminmax`` already picked
+differently, and SIMD reductions pick by lane order); codes and dequantised values are the same
+either way.
 """
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
+from typing import Any
 
-import torch
+import numpy as np
+from numpy.typing import ArrayLike
 
+from nestflex.deploy._arrays import is_torch, like, to_numpy
 from nestflex.deploy.codec.errors import CodecError
 
 __all__ = [
@@ -41,16 +55,20 @@ MAX_BITS = 16
 
 # Largest finite float32. Side information (lo, scale) is stored as float32 in frames, so the
 # quantiser works in float32 and refuses values that float32 cannot hold.
-_F32_MAX = float(torch.finfo(torch.float32).max)
+_F32_MAX = float(np.finfo(np.float32).max)
 
 
 @dataclass(frozen=True)
 class QuantizedTensor:
     """One ISQuant-quantised tensor: integer codes plus the side information to undo them.
 
+    The fields are numpy arrays, or torch tensors when the quantised input was a torch tensor
+    (so ``dequantize(isquant(t, b))`` gives a tensor back for a tensor).
+
     Attributes:
         q: Integer codes in ``[0, 2^bits - 1]``, same shape as the quantised tensor; ``uint8``
-            for ``bits <= 8`` and ``int32`` otherwise (torch has no general-purpose ``uint16``).
+            for ``bits <= 8`` and ``int32`` otherwise (the types of the torch implementation:
+            torch had no general-purpose ``uint16``).
         lo: Per-sample minimum, float32, shape ``(N,)``; shape ``()`` for a tensor-wide range.
         scale: ``(2^bits - 1) / (max - min)`` per sample, float32, same shape as ``lo``. A scale
             of 0 marks a constant sample: every code is 0 and :func:`dequantize` returns ``lo``
@@ -58,15 +76,15 @@ class QuantizedTensor:
         bits: Bitwidth, 1..16.
     """
 
-    q: torch.Tensor
-    lo: torch.Tensor
-    scale: torch.Tensor
+    q: np.ndarray
+    lo: np.ndarray
+    scale: np.ndarray
     bits: int
 
     @property
     def per_sample(self) -> bool:
         """Whether ``lo`` and ``scale`` hold one value per sample (dim 0) of ``q``."""
-        return self.lo.dim() == 1
+        return len(self.lo.shape) == 1
 
 
 def check_bits(bits: object, name: str = "bits") -> int:
@@ -85,81 +103,125 @@ def check_bits(bits: object, name: str = "bits") -> int:
     return bits
 
 
-def code_dtype(bits: int) -> torch.dtype:
+def code_dtype(bits: int) -> np.dtype:
     """The dtype of the integer codes for ``bits``: ``uint8`` up to 8 bits, else ``int32``."""
-    return torch.uint8 if check_bits(bits) <= 8 else torch.int32
+    return np.dtype(np.uint8 if check_bits(bits) <= 8 else np.int32)
 
 
-def _as_float32(x: torch.Tensor, name: str = "x") -> torch.Tensor:
-    if not isinstance(x, torch.Tensor):
-        raise CodecError(f"`{name}` must be a torch.Tensor, got {type(x).__name__}.")
-    if x.is_complex():
-        raise CodecError(f"`{name}` must be a real tensor, got dtype {x.dtype}.")
+def is_bfloat16(x: Any) -> bool:
+    """Whether ``x`` is a bfloat16 torch tensor (a dtype numpy lacks), decided without importing torch."""
+    return is_torch(x) and x.dtype is sys.modules["torch"].bfloat16
+
+
+def numpy_view(x: Any, name: str = "x") -> np.ndarray:
+    """``x`` as a numpy array (no copy where possible); a bfloat16 tensor comes widened to float32.
+
+    numpy has no bfloat16. The widening (:func:`~nestflex.deploy._arrays.to_numpy`'s) is exact: a
+    bfloat16 is the upper half of a float32, so quantising the widened values is quantising the
+    original ones, and the frame recovers the original bits from it.
+    """
+    try:
+        return to_numpy(x)
+    except (TypeError, ValueError) as e:  # ragged lists, tensors numpy cannot view
+        raise CodecError(f"`{name}` must be a numpy array, a torch tensor or array-like, got "
+                         f"{type(x).__name__} ({e}).") from None
+
+
+def real_array(x: Any, name: str = "x") -> np.ndarray:
+    """:func:`numpy_view` of ``x``, refusing dtypes that are not real numbers."""
+    a = numpy_view(x, name)
+    if a.dtype.kind not in "biuf":
+        # report the caller's own dtype: torch.complex64 for a tensor, complex64 for an array
+        raise CodecError(f"`{name}` must be a real array, got dtype {getattr(x, 'dtype', a.dtype)}.")
+    return a
+
+
+def _as_float32(x: Any, name: str = "x") -> np.ndarray:
+    a = real_array(x, name)
     # float64 values beyond float32 turn into inf here and are rejected by the finiteness check
-    return x.detach().to(torch.float32)
+    with np.errstate(over="ignore"):
+        return a.astype(np.float32, copy=False)
 
 
-def _reject_non_finite(lo: torch.Tensor, hi: torch.Tensor, x: torch.Tensor, name: str) -> None:
+def _reject_non_finite(lo: np.ndarray, hi: np.ndarray, x: np.ndarray, name: str) -> None:
     # min/max propagate NaN and surface Inf, so checking the two reductions finds any non-finite
     # element without a separate full pass over the data on the happy path.
-    if lo.numel() and not bool(torch.isfinite(lo).all() and torch.isfinite(hi).all()):
-        bad = int((~torch.isfinite(x)).sum())
+    if lo.size and not (np.isfinite(lo).all() and np.isfinite(hi).all()):
+        bad = int((~np.isfinite(x)).sum())
         raise CodecError(
-            f"`{name}` contains NaN or Inf ({bad} non-finite of {x.numel()} elements, or values "
+            f"`{name}` contains NaN or Inf ({bad} non-finite of {x.size} elements, or values "
             "beyond the float32 range); quantisation needs finite values."
             " HINT: check the model for overflow before the split point."
         )
 
 
-def _scale_for(lo: torch.Tensor, hi: torch.Tensor, bits: int) -> torch.Tensor:
+def _scale_for(lo: np.ndarray, hi: np.ndarray, bits: int) -> np.ndarray:
     # The range in float64: max - min of two finite float32 values can overflow float32.
-    rng = hi.double() - lo.double()
-    scale = torch.where(rng > 0, (2**bits - 1) / rng.clamp_min(1e-300), torch.zeros_like(rng))
+    rng = hi.astype(np.float64) - lo.astype(np.float64)
+    scale = np.where(rng > 0, (2**bits - 1) / np.maximum(rng, 1e-300), 0.0)
     # A range below (2^b - 1) / 3.4e38 (only possible among values < 1e-33) would give an inf
     # scale; clamping keeps it finite at the cost of a resolution of ~3e-39, i.e. below float32's
     # normal range anyway.
-    return scale.clamp(max=_F32_MAX).to(torch.float32)
+    return np.asarray(np.minimum(scale, _F32_MAX), dtype=np.float32)
 
 
-def _broadcast(v: torch.Tensor, ndim: int) -> torch.Tensor:
-    return v.reshape(v.shape + (1,) * (ndim - v.dim()))
+def _broadcast(v: np.ndarray, ndim: int) -> np.ndarray:
+    return v.reshape(v.shape + (1,) * (ndim - v.ndim))
 
 
-def _codes(x: torch.Tensor, lo: torch.Tensor, scale: torch.Tensor, bits: int) -> torch.Tensor:
-    lo_b, scale_b = _broadcast(lo, x.dim()), _broadcast(scale, x.dim())
-    rng = (2**bits - 1) / scale.double().clamp_min(1e-300)
-    if scale.numel() and float(rng.max()) > _F32_MAX / 2:
+def _codes(x: np.ndarray, lo: np.ndarray, scale: np.ndarray, bits: int) -> np.ndarray:
+    lo_b, scale_b = _broadcast(lo, x.ndim), _broadcast(scale, x.ndim)
+    rng = (2**bits - 1) / np.maximum(scale.astype(np.float64), 1e-300)
+    if scale.size and float(rng.max()) > _F32_MAX / 2:
         # x - lo would overflow float32 for ranges near the float32 limit: do that rare case in
         # float64. The common case stays float32, which is what makes packing fast.
-        t = (x.double() - lo_b.double()) * scale_b.double()
+        t = (x.astype(np.float64) - lo_b.astype(np.float64)) * scale_b.astype(np.float64)
     else:
-        t = x - lo_b
-        t.mul_(scale_b)
+        # every operand float32, so no numpy version promotes: the bits of the float32 path
+        t = np.subtract(x, lo_b, dtype=np.float32)
+        t *= scale_b
     # Clamp: float rounding can push the maximum a hair past 2^b - 1, and the fixed-range baseline
-    # clamps out-of-range values by design.
-    return t.round_().clamp_(0, 2**bits - 1).to(code_dtype(bits))
+    # clamps out-of-range values by design. rint rounds half to even, like torch.round.
+    t = np.asarray(t)
+    np.rint(t, out=t)
+    np.clip(t, 0, 2**bits - 1, out=t)
+    return t.astype(code_dtype(bits))
 
 
-def isquant(x: torch.Tensor, bits: int, per_sample: bool = True) -> QuantizedTensor:
+def _min_max(x: np.ndarray, per_sample: bool) -> tuple[np.ndarray, np.ndarray]:
+    if per_sample:
+        if x.size == 0:
+            # samples with no elements: nothing to quantise, a constant-zero range
+            lo = np.zeros(x.shape[0], dtype=np.float32)
+            return lo, lo
+        flat = x.reshape(x.shape[0], -1)
+        return flat.min(axis=1), flat.max(axis=1)  # both propagate NaN
+    if x.size == 0:
+        lo = np.zeros((), dtype=np.float32)
+        return lo, lo
+    return np.asarray(x.min()), np.asarray(x.max())
+
+
+def isquant(x: ArrayLike, bits: int, per_sample: bool = True) -> QuantizedTensor:
     """Quantise ``x`` to ``bits`` with a range taken from each input sample (DynO ISQuant).
 
     Args:
-        x: Real tensor; dim 0 is the sample dimension when ``per_sample`` is true. Computed in
-            float32 (float64 input is cast first).
+        x: Real array (numpy, torch or array-like); dim 0 is the sample dimension when
+            ``per_sample`` is true. Computed in float32 (float64 input is cast first).
         bits: Bitwidth, 1..16.
         per_sample: One ``(lo, scale)`` per sample along dim 0 (the method's default); ``False``
             uses a single range for the whole tensor.
 
     Returns:
-        The codes and side information; :func:`dequantize` inverts it within
-        ``(max - min) / (2^bits - 1) / 2`` per element.
+        The codes and side information, numpy arrays (torch tensors for a tensor ``x``);
+        :func:`dequantize` inverts it within ``(max - min) / (2^bits - 1) / 2`` per element.
 
     Raises:
-        CodecError: If ``bits`` is out of range, ``x`` holds NaN/Inf or values beyond float32, or
-            ``per_sample`` is requested for a 0-d tensor.
+        CodecError: If ``bits`` is out of range, ``x`` is not a real array, holds NaN/Inf or
+            values beyond float32, or ``per_sample`` is requested for a 0-d tensor.
 
     Example:
-        >>> x = torch.tensor([[0.0, 1.0, 2.0, 3.0], [5.0, 5.0, 5.0, 5.0]])
+        >>> x = np.array([[0.0, 1.0, 2.0, 3.0], [5.0, 5.0, 5.0, 5.0]])
         >>> qt = isquant(x, bits=2)
         >>> qt.q.tolist(), qt.lo.tolist(), qt.scale.tolist()
         ([[0, 1, 2, 3], [0, 0, 0, 0]], [0.0, 5.0], [1.0, 0.0])
@@ -167,106 +229,101 @@ def isquant(x: torch.Tensor, bits: int, per_sample: bool = True) -> QuantizedTen
         [[0.0, 1.0, 2.0, 3.0], [5.0, 5.0, 5.0, 5.0]]
     """
     bits = check_bits(bits)
-    x = _as_float32(x)
-    if per_sample:
-        if x.dim() == 0:
-            raise CodecError(
-                "`per_sample=True` needs a sample dimension (dim 0), got a 0-d tensor."
-                " HINT: pass per_sample=False for scalars."
-            )
-        if x.numel() == 0:
-            # samples with no elements: nothing to quantise, a constant-zero range
-            lo = torch.zeros(x.shape[0], dtype=torch.float32)
-            hi = lo
-        else:
-            flat = x.reshape(x.shape[0], -1)
-            # amin + amax: ~20x faster than torch.aminmax(dim=1) on one core (torch 2.x), and
-            # both propagate NaN like aminmax
-            lo, hi = flat.amin(dim=1), flat.amax(dim=1)
-    elif x.numel() == 0:
-        lo = hi = torch.zeros((), dtype=torch.float32)
-    else:
-        lo, hi = torch.aminmax(x)
-    _reject_non_finite(lo, hi, x, "x")
+    a = _as_float32(x)
+    if per_sample and a.ndim == 0:
+        raise CodecError(
+            "`per_sample=True` needs a sample dimension (dim 0), got a 0-d tensor."
+            " HINT: pass per_sample=False for scalars."
+        )
+    lo, hi = _min_max(a, per_sample)
+    _reject_non_finite(lo, hi, a, "x")
     scale = _scale_for(lo, hi, bits)
-    return QuantizedTensor(q=_codes(x, lo, scale, bits), lo=lo.clone(), scale=scale, bits=bits)
+    q, lo, scale = like(x, (_codes(a, lo, scale, bits), lo, scale))
+    return QuantizedTensor(q=q, lo=lo, scale=scale, bits=bits)
 
 
-def dequantize(qt: QuantizedTensor) -> torch.Tensor:
+def dequantize(qt: QuantizedTensor) -> np.ndarray:
     """Map codes back to float32 values: ``lo + q / scale`` (``lo`` where ``scale == 0``).
 
     Args:
         qt: Output of :func:`isquant`, :func:`fixed_quantize` or a decoded frame.
 
     Returns:
-        A float32 tensor of ``qt.q``'s shape.
+        A float32 array of ``qt.q``'s shape; a torch tensor when ``qt.q`` is one.
 
     Example:
-        >>> x = torch.tensor([[1.0, 2.0, 3.0]])
-        >>> err = (dequantize(isquant(x, bits=8)) - x).abs().max()
+        >>> x = np.array([[1.0, 2.0, 3.0]])
+        >>> err = np.abs(dequantize(isquant(x, bits=8)) - x).max()
         >>> bool(err <= (3.0 - 1.0) / 255 / 2)
         True
     """
     check_bits(qt.bits, "qt.bits")
-    nd = qt.q.dim()
-    lo = _broadcast(qt.lo.to(torch.float32), nd)
-    scale = qt.scale.to(torch.float64)
+    q = to_numpy(qt.q)
+    nd = q.ndim
+    lo = to_numpy(qt.lo)
+    scale = to_numpy(qt.scale).astype(np.float64)
     # step = 1 / scale in float64: for scale ~1e-38 it exceeds float32 and would turn into inf
-    step64 = torch.where(scale > 0, 1.0 / scale.clamp_min(1e-300), torch.zeros_like(scale))
-    if step64.numel() and float(step64.max()) * (2**qt.bits - 1) > _F32_MAX / 2:
-        out = _broadcast(qt.lo.double(), nd) + qt.q.double() * _broadcast(step64, nd)
+    step64 = np.where(scale > 0, 1.0 / np.maximum(scale, 1e-300), 0.0)
+    if step64.size and float(step64.max()) * (2**qt.bits - 1) > _F32_MAX / 2:
+        out = _broadcast(lo.astype(np.float64), nd) + q.astype(np.float64) * _broadcast(step64, nd)
         # values were finite float32 on the way in; rounding must not make them inf on the way out
-        return out.clamp(-_F32_MAX, _F32_MAX).to(torch.float32)
-    out = qt.q.to(torch.float32)
-    out.mul_(_broadcast(step64.to(torch.float32), nd))
-    return out.add_(lo)
+        out = np.clip(out, -_F32_MAX, _F32_MAX).astype(np.float32)
+    else:
+        out = q.astype(np.float32)
+        out *= _broadcast(step64.astype(np.float32), nd)
+        out += _broadcast(lo.astype(np.float32), nd)
+    return like(qt.q, np.asarray(out))
 
 
-def fake_quantize(x: torch.Tensor, bits: int | None, per_sample: bool = True) -> torch.Tensor:
+def fake_quantize(x: ArrayLike, bits: int | None, per_sample: bool = True) -> np.ndarray:
     """Quantise and dequantise ``x`` in one go, to simulate a lossy split in float code.
 
     Args:
-        x: Real tensor.
+        x: Real array (numpy, torch or array-like).
         bits: Bitwidth 1..16, or ``None``/``32`` for lossless float passthrough.
         per_sample: See :func:`isquant`.
 
     Returns:
         ``x`` itself when ``bits`` is ``None`` or 32; otherwise ``dequantize(isquant(x, bits))``
-        cast back to ``x``'s dtype.
+        cast back to ``x``'s dtype (a tensor on ``x``'s device for a tensor ``x``).
 
     Raises:
         CodecError: As :func:`isquant`.
 
     Example:
-        >>> x = torch.tensor([[0.0, 0.4, 1.0]])
+        >>> x = np.array([[0.0, 0.4, 1.0]], dtype=np.float32)
         >>> fake_quantize(x, 1)
-        tensor([[0., 0., 1.]])
+        array([[0., 0., 1.]], dtype=float32)
         >>> fake_quantize(x, None) is x
         True
     """
     if bits is None or (bits == 32 and not isinstance(bits, bool)):
         return x
-    return dequantize(isquant(x, bits, per_sample=per_sample)).to(x.dtype)
+    out = dequantize(isquant(x, bits, per_sample=per_sample))
+    if is_torch(out):
+        return out.to(x.dtype)  # torch's own cast, e.g. to bfloat16, which numpy lacks
+    return out.astype(x.dtype if isinstance(x, np.ndarray) else real_array(x).dtype, copy=False)
 
 
-def fixed_quantize(x: torch.Tensor, bits: int, lo: float, hi: float) -> QuantizedTensor:
+def fixed_quantize(x: ArrayLike, bits: int, lo: float, hi: float) -> QuantizedTensor:
     """Quantise with one range fixed offline (SPINN-style baseline); values outside are clamped.
 
     Args:
-        x: Real tensor.
+        x: Real array (numpy, torch or array-like).
         bits: Bitwidth, 1..16.
         lo: Calibrated minimum.
         hi: Calibrated maximum, ``> lo``.
 
     Returns:
-        A :class:`QuantizedTensor` with scalar (shape ``()``) ``lo`` and ``scale``.
+        A :class:`QuantizedTensor` with scalar (shape ``()``) ``lo`` and ``scale``; torch fields
+        for a tensor ``x``.
 
     Raises:
         CodecError: If ``bits`` is out of range, ``lo``/``hi`` are not finite with ``lo < hi``,
-            or ``x`` holds NaN/Inf.
+            or ``x`` is not a real array or holds NaN/Inf.
 
     Example:
-        >>> qt = fixed_quantize(torch.tensor([-1.0, 0.5, 9.0]), bits=1, lo=0.0, hi=1.0)
+        >>> qt = fixed_quantize(np.array([-1.0, 0.5, 9.0]), bits=1, lo=0.0, hi=1.0)
         >>> qt.q.tolist(), dequantize(qt).tolist()
         ([0, 0, 1], [0.0, 0.0, 1.0])
     """
@@ -277,10 +334,11 @@ def fixed_quantize(x: torch.Tensor, bits: int, lo: float, hi: float) -> Quantize
             f"`lo` and `hi` must be finite float32 values with lo < hi, got lo={lo!r}, hi={hi!r}."
             " HINT: calibrate them as the min and max of the tensor on a calibration set."
         )
-    x = _as_float32(x)
-    if x.numel():
-        mn, mx = torch.aminmax(x)
-        _reject_non_finite(mn, mx, x, "x")
-    lo_t = torch.tensor(lo_f, dtype=torch.float32)
-    scale = _scale_for(lo_t, torch.tensor(hi_f, dtype=torch.float32), bits)
-    return QuantizedTensor(q=_codes(x, lo_t, scale, bits), lo=lo_t, scale=scale, bits=bits)
+    a = _as_float32(x)
+    if a.size:
+        mn, mx = _min_max(a, per_sample=False)
+        _reject_non_finite(mn, mx, a, "x")
+    lo_a = np.array(lo_f, dtype=np.float32)
+    scale = _scale_for(lo_a, np.array(hi_f, dtype=np.float32), bits)
+    q, lo_a, scale = like(x, (_codes(a, lo_a, scale, bits), lo_a, scale))
+    return QuantizedTensor(q=q, lo=lo_a, scale=scale, bits=bits)

@@ -20,13 +20,16 @@ than bit shuffle over densely packed codes at every bitwidth tried (most at 3 bi
 packing splits codes across bytes, so a byte's bits no longer share a significance). Codecs
 without a shuffle get the dense layout.
 
-Packing is pure numpy (no torch) so the frame decoder stays small and auditable.
+Packing is pure numpy (no torch) so the frame decoder stays small and auditable; it takes codes
+as numpy arrays, torch tensors or array-likes and returns bytes, and unpacking returns numpy.
 """
 
 from __future__ import annotations
 
 import numpy as np
+from numpy.typing import ArrayLike
 
+from nestflex.deploy._arrays import to_numpy
 from nestflex.deploy.codec.errors import CodecError
 from nestflex.deploy.codec.isquant import check_bits
 
@@ -65,17 +68,18 @@ def packed_size(n: int, bits: int, layout: str = "dense") -> int:
     return -(-n // 8) * bits
 
 
-def pack_codes(codes: np.ndarray, bits: int, layout: str = "dense") -> bytes:
+def pack_codes(codes: ArrayLike, bits: int, layout: str = "dense") -> bytes:
     """Pack unsigned integer codes (each ``< 2**bits``); see the module docstring for layouts.
 
     Args:
-        codes: Integer array of any shape (flattened in C order), values in ``[0, 2**bits)``;
-            higher bits are ignored, so callers must clamp first (ISQuant does).
+        codes: Integer array (numpy, torch or array-like) of any shape, flattened in C order,
+            values in ``[0, 2**bits)``; higher bits are ignored, so callers must clamp first
+            (ISQuant does).
         bits: Bitwidth, 1..16.
         layout: ``"dense"`` (bit-packed) or ``"bytes"`` (one byte / uint16 per code).
 
     Returns:
-        ``packed_size(codes.size, bits, layout)`` bytes.
+        ``packed_size(n, bits, layout)`` bytes for ``n`` codes.
 
     Example:
         >>> pack_codes(np.array([1, 2, 3], dtype=np.uint8), 4).hex()
@@ -84,7 +88,7 @@ def pack_codes(codes: np.ndarray, bits: int, layout: str = "dense") -> bytes:
         '010203'
     """
     bits = check_bits(bits)
-    c = np.ascontiguousarray(codes).reshape(-1)
+    c = np.ascontiguousarray(to_numpy(codes)).reshape(-1)
     if _check_layout(layout) == "bytes":
         mask = 2**bits - 1
         return (c & mask).astype(np.uint8 if bits <= 8 else "<u2", copy=False).tobytes()

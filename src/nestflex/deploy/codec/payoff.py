@@ -15,10 +15,13 @@ estimate moves; :func:`measure_codec` supplies the timing inputs from a sample t
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
-import torch
+import numpy as np
+from numpy.typing import ArrayLike
 
+from nestflex.deploy._arrays import is_torch
 from nestflex.deploy.codec.codecs import Codec
 from nestflex.deploy.codec.errors import CodecError
 from nestflex.deploy.timing import alternating_median_s
@@ -115,7 +118,7 @@ class CodecTiming:
 
 
 def measure_codec(
-    sample: torch.Tensor | list[torch.Tensor],
+    sample: ArrayLike | Sequence[ArrayLike],
     bits: int | None,
     codec: str | Codec = "blosc_lz4",
     repeats: int = 5,
@@ -125,8 +128,22 @@ def measure_codec(
     Run it on the device (for encode) and read the decode time as an estimate for the server,
     or time each side where it runs.
 
+    Args:
+        sample: One array (numpy, torch) or a list of them: the tensors of one frame.
+        bits: As :func:`~.frame.encode`.
+        codec: As :func:`~.frame.encode`.
+        repeats: Timed repetitions, ``>= 1``.
+
+    Returns:
+        The sizes of the uncompressed float frame and of the coded one, and the median encode
+        and decode times.
+
+    Raises:
+        CodecError: If ``repeats`` is not an int ``>= 1``, or as :func:`~.frame.encode`.
+
     Example:
-        >>> t = measure_codec(torch.relu(torch.randn(4, 8, 16, 16)), bits=4, repeats=1)
+        >>> x = np.maximum(np.random.default_rng(0).standard_normal((4, 8, 16, 16)), 0).astype(np.float32)
+        >>> t = measure_codec(x, bits=4, repeats=1)
         >>> t.raw_bytes > t.compressed_bytes
         True
     """
@@ -134,7 +151,7 @@ def measure_codec(
 
     if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
         raise CodecError(f"`repeats` must be an int >= 1, got {repeats!r}.")
-    tensors = [sample] if isinstance(sample, torch.Tensor) else list(sample)
+    tensors = [sample] if isinstance(sample, np.ndarray) or is_torch(sample) else list(sample)
     raw = len(encode(tensors, None, "raw"))
     frame = encode(tensors, bits, codec)
     # encode and decode alternate within each repeat: load drift on the device hits both alike
