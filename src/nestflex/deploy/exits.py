@@ -1,25 +1,36 @@
-"""Early-exit confidence measures and the exit policy, in plain torch (no training dependency).
+"""Early-exit confidence measures and the exit policy, on numpy (no torch, no training dependency).
 
 One implementation serves both sides: the training side (:mod:`nestflex.exits`) calibrates
-thresholds with it, and the runtime runs it.
+thresholds with it on torch tensors, and the runtime runs it on numpy arrays. Arrays follow the
+runtime's one rule (:mod:`nestflex.deploy._arrays`): numpy in, numpy out; torch in, torch out (on
+the tensor's device). Whatever comes in, the policy is computed on numpy, so both sides get the
+same numbers and the runtime needs no torch.
 
 * **Confidence registry**: ``max_prob`` (top-1 softmax value, SPINN) and ``entropy``
   (``1 + (1/log C) * sum_c y_c log y_c``, one minus the normalised entropy, FlexDNN). Both map
-  logits ``(N, C)`` to a confidence in ``[0, 1]`` per sample. Add your own with
-  :func:`register_confidence`.
+  logits ``(N, C)`` to a float32 confidence in ``[0, 1]`` per sample. Add your own with
+  :func:`register_confidence`; a registered measure gets the logits in the caller's array type.
 * **Policy** (SPINN): a sample exits at the first *early* exit whose confidence exceeds that
   exit's threshold (strictly: a threshold of 1 never exits, 0 exits unless the confidence is
   exactly 0). A sample that passes no threshold runs to the final exit and is answered, by
   default, by the most confident exit seen (``fallback="most_confident"``; ties go to the
-  earliest), or by the final exit (``fallback="final"``).
+  earliest), or by the final exit (``fallback="final"``). A threshold is rounded to the
+  confidences' dtype before it is compared, everywhere, so a float32 confidence equal to a
+  threshold's float32 value does not exit.
 * :func:`apply_policy` applies the policy to the logits of every exit at once (what calibration
   sweeps use); :func:`early_exit` runs it *batched*: samples that exit leave the batch and only
   the rest go through the next stage. Both give exactly the per-sample answers.
 
+Numerics: the confidences are float32, as torch's softmax of float32 logits; ``exp`` and ``log``
+are evaluated in float64 and rounded to float32, so every platform gets the same (almost always
+the correctly rounded) value, where numpy's own float32 ``exp`` depends on the CPU's SIMD path.
+The values agree with ``torch.softmax`` / ``torch.log_softmax`` in float32 to a few ulp (torch
+rounds its ``exp`` and sums in another order).
+
 Example:
-    >>> import torch
-    >>> logits = torch.tensor([[[4.0, 0.0], [0.1, 0.0]],    # exit 0: sample 0 confident
-    ...                        [[0.0, 0.2], [0.0, 3.0]]])   # exit 1 (final)
+    >>> import numpy as np
+    >>> logits = np.array([[[4.0, 0.0], [0.1, 0.0]],    # exit 0: sample 0 confident
+    ...                    [[0.0, 0.2], [0.0, 3.0]]])   # exit 1 (final)
     >>> out = apply_policy(logits, thresholds=0.9)
     >>> out.exit_index.tolist(), out.answer_index.tolist()
     ([0, 1], [0, 1])
@@ -28,11 +39,15 @@ Example:
 from __future__ import annotations
 
 import math
+import numbers
+import sys
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
-import torch
+import numpy as np
 
+from nestflex.deploy._arrays import is_torch, like, to_numpy
 from nestflex.deploy._registry import Registry
 from nestflex.errors import NestflexError
 
@@ -52,7 +67,10 @@ __all__ = [
 #: What answers a sample that passed no early exit's threshold.
 FALLBACKS: tuple[str, ...] = ("most_confident", "final")
 
-ConfidenceFn = Callable[[torch.Tensor], torch.Tensor]
+#: A numpy array, or a torch tensor where the caller passed tensors (:mod:`nestflex.deploy._arrays`).
+Array = Any
+ConfidenceFn = Callable[[Array], Array]
+State = tuple[Array, ...]
 
 
 class ExitError(NestflexError, ValueError):
@@ -66,6 +84,9 @@ _CONFIDENCES: Registry[ConfidenceFn] = Registry(
 
 def register_confidence(name: str, *, overwrite: bool = False) -> Callable[[ConfidenceFn], ConfidenceFn]:
     """Decorator that registers ``fn(logits (N, C)) -> confidence (N,) in [0, 1]`` under ``name``.
+
+    ``fn`` gets the logits in the array type the policy's caller holds (torch tensors from torch
+    heads, numpy arrays at the runtime) and may return either type.
 
     Args:
         name: registry key.
@@ -89,43 +110,88 @@ def get_confidence(name: str | ConfidenceFn) -> ConfidenceFn:
         ExitError: unknown name; the message lists the registered ones.
 
     Example:
-        >>> import torch
-        >>> get_confidence("max_prob")(torch.tensor([[0.0, 0.0]])).tolist()
+        >>> import numpy as np
+        >>> get_confidence("max_prob")(np.array([[0.0, 0.0]])).tolist()
         [0.5]
     """
     return _CONFIDENCES.get(name)
 
 
+def _exp32(a: np.ndarray) -> np.ndarray:
+    # float64 then rounded: one value on every platform (see the module's Numerics)
+    return np.exp(a, dtype=np.float64).astype(np.float32)
+
+
+def _log32(a: np.ndarray) -> np.ndarray:
+    return np.log(a, dtype=np.float64).astype(np.float32)
+
+
 @register_confidence("max_prob")
-def max_prob(logits: torch.Tensor) -> torch.Tensor:
-    """Top-1 softmax probability (SPINN's confidence)."""
-    return torch.softmax(logits.float(), dim=-1).amax(dim=-1)
+def max_prob(logits: Array) -> Array:
+    """Top-1 softmax probability (SPINN's confidence), float32, in the type of ``logits``.
+
+    Example:
+        >>> import numpy as np
+        >>> max_prob(np.array([[0.0, 0.0], [2.0, 0.0]])).tolist()
+        [0.5, 0.8807970285415649]
+    """
+    z = np.asarray(to_numpy(logits), dtype=np.float32)
+    # the top class's exp(0) is exactly 1, so its probability is 1 / sum, as torch's softmax
+    # computes it (e * (1 / sum))
+    top = np.float32(1.0) / _exp32(z - z.max(axis=-1, keepdims=True)).sum(axis=-1)
+    return like(logits, np.asarray(top))
 
 
 @register_confidence("entropy")
-def entropy_confidence(logits: torch.Tensor) -> torch.Tensor:
-    """``1 + (1/log C) * sum_c y_c log y_c``: 1 for a one-hot softmax, 0 for a uniform one (FlexDNN)."""
-    num_classes = logits.shape[-1]
+def entropy_confidence(logits: Array) -> Array:
+    """``1 + (1/log C) * sum_c y_c log y_c``: 1 for a one-hot softmax, 0 for a uniform one (FlexDNN).
+
+    Float32, in the type of ``logits``. A class whose probability underflows to 0 adds
+    ``0 * log y_c = 0`` (``log y_c`` is taken from the log-softmax, so it stays finite).
+
+    Raises:
+        ExitError: fewer than 2 classes.
+
+    Example:
+        >>> import numpy as np
+        >>> entropy_confidence(np.array([[0.0, 0.0, 0.0], [100.0, 0.0, 0.0]])).tolist()
+        [0.0, 1.0]
+    """
+    z = np.asarray(to_numpy(logits), dtype=np.float32)
+    num_classes = z.shape[-1]
     if num_classes < 2:
         raise ExitError(
-            f"the `entropy` confidence needs at least 2 classes, got logits of shape {tuple(logits.shape)}"
+            f"the `entropy` confidence needs at least 2 classes, got logits of shape {tuple(z.shape)}"
         )
-    logp = torch.log_softmax(logits.float(), dim=-1)
-    neg_entropy = (logp.exp() * logp).sum(dim=-1)
-    return (1.0 + neg_entropy / math.log(num_classes)).clamp(0.0, 1.0)
+    shifted = z - z.max(axis=-1, keepdims=True)
+    logp = shifted - _log32(_exp32(shifted).sum(axis=-1, keepdims=True))  # torch's log_softmax
+    neg_entropy = (_exp32(logp) * logp).sum(axis=-1)
+    conf = np.clip(np.float32(1.0) + neg_entropy / np.float32(math.log(num_classes)), 0.0, 1.0)
+    return like(logits, np.asarray(conf, dtype=np.float32))
+
+
+#: The measures that compute on numpy whatever array type they get.
+_ON_NUMPY = (max_prob, entropy_confidence)
 
 
 def check_thresholds(thresholds: float | Sequence[float], num_early: int) -> list[float]:
     """One threshold per early exit, validated: a number in [0, 1] or a sequence of ``num_early``.
 
+    A numpy array or torch tensor counts as a sequence (a 0-d one as a single number).
+
     Raises:
         ExitError: a threshold outside [0, 1] (or not a number), or the wrong count.
+
+    Example:
+        >>> check_thresholds(0.5, 2)
+        [0.5, 0.5]
     """
-    if isinstance(thresholds, (int, float)) and not isinstance(thresholds, bool):
+    if isinstance(thresholds, numbers.Real) and not isinstance(thresholds, bool):
         values = [float(thresholds)] * num_early
-    elif isinstance(thresholds, torch.Tensor):
-        values = [float(t) for t in thresholds.flatten()]
-        if thresholds.ndim == 0:
+    elif isinstance(thresholds, np.ndarray) or is_torch(thresholds):
+        array = to_numpy(thresholds)
+        values = [float(t) for t in array.ravel()]
+        if array.ndim == 0:
             values = values * num_early
     else:
         values = list(thresholds)
@@ -135,7 +201,7 @@ def check_thresholds(thresholds: float | Sequence[float], num_early: int) -> lis
             f"HINT: pass a single number to use it at every early exit"
         )
     for i, t in enumerate(values):
-        if isinstance(t, bool) or not isinstance(t, (int, float)) or not 0.0 <= float(t) <= 1.0:
+        if isinstance(t, bool) or not isinstance(t, numbers.Real) or not 0.0 <= float(t) <= 1.0:
             raise ExitError(
                 f"`thresholds[{i}]` must be a number in [0, 1], got {t!r}. "
                 f"HINT: confidences lie in [0, 1]; 1 never exits early, 0 always does"
@@ -150,65 +216,69 @@ def _check_fallback(fallback: str) -> None:
 
 @dataclass(frozen=True)
 class ExitResult:
-    """The policy's answer for a batch.
+    """The policy's answer for a batch, in the caller's array type (numpy, or torch tensors).
 
     Attributes:
         logits: ``(N, C)`` logits of the exit that answered each sample.
-        exit_index: ``(N,)`` exit where computation stopped (the last exit ``K - 1`` for
+        exit_index: ``(N,)`` int64 exit where computation stopped (the last exit ``K - 1`` for
             samples that passed no threshold); this is what the sample cost.
-        answer_index: ``(N,)`` exit whose logits answered (differs from ``exit_index`` only for
-            the ``most_confident`` fallback).
-        confidence: ``(N,)`` confidence of the answering exit.
+        answer_index: ``(N,)`` int64 exit whose logits answered (differs from ``exit_index`` only
+            for the ``most_confident`` fallback).
+        confidence: ``(N,)`` float32 confidence of the answering exit.
     """
 
-    logits: torch.Tensor
-    exit_index: torch.Tensor
-    answer_index: torch.Tensor
-    confidence: torch.Tensor
+    logits: Array
+    exit_index: Array
+    answer_index: Array
+    confidence: Array
 
     def mean_cost(self, exit_costs: Sequence[float]) -> float:
         """Mean cost per sample (e.g. MACs) when stopping at exit ``k`` costs ``exit_costs[k]``."""
-        costs = torch.as_tensor(list(exit_costs), dtype=torch.float64)
-        return float(costs[self.exit_index.cpu()].mean()) if self.exit_index.numel() else 0.0
+        index = to_numpy(self.exit_index)
+        return float(np.asarray(list(exit_costs), dtype=np.float64)[index].mean()) if index.size else 0.0
 
 
 def decide(
-    confidences: torch.Tensor, thresholds: float | Sequence[float], fallback: str = "most_confident"
-) -> tuple[torch.Tensor, torch.Tensor]:
+    confidences: Array, thresholds: float | Sequence[float], fallback: str = "most_confident"
+) -> tuple[Array, Array]:
     """The exit policy on precomputed confidences.
 
     Args:
-        confidences: ``(K, N)``, one row per exit, the last row the final exit.
+        confidences: ``(K, N)``, one row per exit, the last row the final exit. The thresholds
+            are compared in its dtype.
         thresholds: one per early exit (``K - 1``), or one number for all.
         fallback: ``most_confident`` (SPINN) or ``final``.
 
     Returns:
-        ``(exit_index, answer_index)``, both ``(N,)`` long tensors.
+        ``(exit_index, answer_index)``, both ``(N,)`` int64, in the type of ``confidences``.
+
+    Raises:
+        ExitError: a bad threshold or fallback.
+
+    Example:
+        >>> import numpy as np
+        >>> conf = np.array([[0.95, 0.5, 0.6], [0.7, 0.8, 0.4]], dtype=np.float32)
+        >>> [a.tolist() for a in decide(conf, 0.9)]
+        [[0, 1, 1], [0, 1, 0]]
     """
     _check_fallback(fallback)
-    num_exits = confidences.shape[0]
+    conf = to_numpy(confidences)
+    num_exits, n = conf.shape[0], conf.shape[1]
     thr = check_thresholds(thresholds, num_exits - 1)
-    n = confidences.shape[1]
-    exit_index = torch.full((n,), num_exits - 1, dtype=torch.long, device=confidences.device)
+    last = np.full(n, num_exits - 1, dtype=np.int64)
     if num_exits > 1:
-        passes = (
-            confidences[:-1] > torch.tensor(thr, dtype=confidences.dtype, device=confidences.device)[:, None]
-        )
-        any_pass = passes.any(dim=0)
-        first = passes.to(torch.uint8).argmax(dim=0)  # argmax gives the first maximal index
-        exit_index = torch.where(any_pass, first, exit_index)
+        passes = conf[:-1] > np.asarray(thr, dtype=conf.dtype)[:, None]
+        any_pass = passes.any(axis=0)
+        exit_index = np.where(any_pass, passes.argmax(axis=0), last)  # argmax: the first True
     else:
-        any_pass = torch.zeros(n, dtype=torch.bool, device=confidences.device)
-    if fallback == "most_confident":
-        best = confidences.argmax(dim=0)
-    else:
-        best = torch.full_like(exit_index, num_exits - 1)
-    answer_index = torch.where(any_pass, exit_index, best)
-    return exit_index, answer_index
+        any_pass, exit_index = np.zeros(n, dtype=bool), last
+    best = conf.argmax(axis=0) if fallback == "most_confident" else last  # ties: the earliest exit
+    answer_index = np.where(any_pass, exit_index, best)
+    return like(confidences, (exit_index.astype(np.int64), answer_index.astype(np.int64)))
 
 
 def apply_policy(
-    logits: torch.Tensor | Sequence[torch.Tensor],
+    logits: Array | Sequence[Array],
     thresholds: float | Sequence[float],
     confidence: str | ConfidenceFn = "max_prob",
     fallback: str = "most_confident",
@@ -216,45 +286,54 @@ def apply_policy(
     """The exit policy given every exit's logits (all exits already computed).
 
     Args:
-        logits: ``(K, N, C)`` tensor or a sequence of ``K`` ``(N, C)`` tensors, final exit last.
+        logits: ``(K, N, C)`` array or a sequence of ``K`` ``(N, C)`` arrays, final exit last
+            (numpy, or torch tensors: the result comes back in the same type).
         thresholds: one per early exit, or one number for all.
         confidence: a name from :func:`list_confidences` or a callable.
         fallback: ``most_confident`` or ``final``.
+
+    Raises:
+        ExitError: unknown confidence, a bad threshold or fallback.
+
+    Example:
+        >>> import numpy as np
+        >>> out = apply_policy([np.array([[3.0, 0.0]]), np.array([[0.0, 1.0]])], thresholds=0.9)
+        >>> out.exit_index.tolist(), out.logits.tolist()
+        ([0], [[3.0, 0.0]])
     """
-    stacked = logits if isinstance(logits, torch.Tensor) else torch.stack(list(logits))
     conf_fn = get_confidence(confidence)
-    conf = torch.stack([conf_fn(z) for z in stacked])
+    exits = list(logits)
+    whole = isinstance(logits, np.ndarray) or is_torch(logits)
+    stacked = to_numpy(logits) if whole else np.stack([to_numpy(z) for z in exits])
+    conf = np.stack([_confidence(conf_fn, z, z_np) for z, z_np in zip(exits, stacked)])
     exit_index, answer_index = decide(conf, thresholds, fallback)
-    cols = torch.arange(stacked.shape[1], device=stacked.device)
-    return ExitResult(
-        logits=stacked[answer_index, cols],
-        exit_index=exit_index,
-        answer_index=answer_index,
-        confidence=conf[answer_index, cols],
-    )
+    cols = np.arange(stacked.shape[1])
+    return ExitResult(*like(logits if whole else exits[0], (
+        stacked[answer_index, cols], exit_index, answer_index, conf[answer_index, cols])))
 
 
-State = tuple[torch.Tensor, ...]
-
-
-@torch.no_grad()
 def early_exit(
     stages: Sequence[Callable[..., State]],
-    heads: Sequence[Callable[[State], torch.Tensor]],
-    x: torch.Tensor | State,
+    heads: Sequence[Callable[[State], Array]],
+    x: Array | State,
     thresholds: float | Sequence[float],
     confidence: str | ConfidenceFn = "max_prob",
     fallback: str = "most_confident",
 ) -> ExitResult:
     """Batched early exit: samples that exit leave the batch; the rest run the next stage.
 
+    The stages and heads get arrays of the type ``x`` has (torch modules take tensors, and run
+    under ``torch.no_grad()``; onnxruntime sessions take numpy arrays) and the samples that stay
+    are selected in that type, on its device. The policy runs on numpy; the result comes back in
+    the type of ``x``.
+
     Args:
-        stages: ``K`` callables; stage ``k`` takes the tensors stage ``k - 1`` returned (the input
-            batch for stage 0) as positional arguments and returns a tuple of tensors whose first
-            dimension is the batch.
+        stages: ``K`` callables; stage ``k`` takes the arrays stage ``k - 1`` returned (the input
+            batch for stage 0) as positional arguments and returns an array or a tuple of arrays
+            whose first dimension is the batch.
         heads: ``K`` callables; head ``k`` maps stage ``k``'s output tuple to logits ``(n, C)``.
             The last is the final exit.
-        x: the input batch (or a tuple of tensors for stage 0).
+        x: the input batch (or a tuple of arrays for stage 0).
         thresholds: one per early exit (``K - 1``), or one number for all.
         confidence: a name from :func:`list_confidences` or a callable.
         fallback: ``most_confident`` or ``final``.
@@ -265,94 +344,122 @@ def early_exit(
 
     Raises:
         ExitError: ``stages`` and ``heads`` differ in length, a bad threshold or fallback.
+
+    Example:
+        >>> import numpy as np
+        >>> stages = [lambda a: a * 2, lambda a: a + 1]
+        >>> heads = [lambda s: s[0], lambda s: s[0]]
+        >>> out = early_exit(stages, heads, np.array([[3.0, 0.0], [0.0, 0.1]]), thresholds=0.9)
+        >>> out.exit_index.tolist(), out.logits.tolist()
+        ([0, 1], [[6.0, 0.0], [1.0, 1.2]])
     """
     if len(stages) != len(heads) or not stages:
         raise ExitError(
             f"`stages` and `heads` must be non-empty and of equal length, got {len(stages)} and {len(heads)}"
         )
     _check_fallback(fallback)
-    num_exits = len(stages)
-    thr = check_thresholds(thresholds, num_exits - 1)
+    thr = check_thresholds(thresholds, len(stages) - 1)
     conf_fn = get_confidence(confidence)
     state: State = tuple(x) if isinstance(x, (tuple, list)) else (x,)
-    n = state[0].shape[0]
-    if n == 1:
-        return _early_exit_one(stages, heads, state, thr, conf_fn, fallback)
-    device = state[0].device
-    active = torch.arange(n, device=device)
-    exit_index = torch.full((n,), num_exits - 1, dtype=torch.long, device=device)
-    answer_index = torch.full((n,), num_exits - 1, dtype=torch.long, device=device)
-    out_conf = torch.zeros(n, device=device)
-    out_logits: torch.Tensor | None = None
+    with _no_grad():
+        if state[0].shape[0] == 1:
+            return _early_exit_one(stages, heads, state, thr, conf_fn, fallback)
+        return _early_exit_batch(stages, heads, state, thr, conf_fn, fallback)
+
+
+def _no_grad() -> AbstractContextManager[Any]:
+    """torch's no-grad mode when torch is loaded (the stages may be torch modules), else nothing."""
+    torch = sys.modules.get("torch")
+    return torch.no_grad() if torch is not None else nullcontext()
+
+
+def _cut(threshold: float, conf: np.ndarray) -> float:
+    """``threshold`` rounded to the confidence's dtype, as :func:`decide` compares it."""
+    return float(np.asarray(threshold, dtype=conf.dtype))
+
+
+def _confidence(conf_fn: ConfidenceFn, logits: Array, logits_np: np.ndarray) -> np.ndarray:
+    """``conf_fn`` of ``logits`` in numpy: a registered measure gets the caller's type; the built-in
+    ones compute on numpy whatever they get, so they get the numpy view (no round trip via torch)."""
+    return to_numpy(conf_fn(logits_np if conf_fn in _ON_NUMPY else logits))
+
+
+def _run_exit(stage, head, state: State, conf_fn: ConfidenceFn) -> tuple[State, np.ndarray, np.ndarray]:
+    """One stage (in the caller's array type), its head; the logits and confidence in numpy."""
+    state = stage(*state)
+    if not isinstance(state, (tuple, list)):
+        state = (state,)
+    logits = head(state)
+    logits_np = to_numpy(logits)
+    return state, logits_np, _confidence(conf_fn, logits, logits_np)
+
+
+def _result(ref: Array, logits, exit_index, answer_index, conf) -> ExitResult:
+    return ExitResult(*like(ref, (logits, exit_index, answer_index, conf.astype(np.float32, copy=False))))
+
+
+def _early_exit_batch(stages, heads, state: State, thr: list[float], conf_fn: ConfidenceFn,
+                      fallback: str) -> ExitResult:
+    ref, n, num_exits = state[0], state[0].shape[0], len(stages)
+    active = np.arange(n)
+    exit_index = np.full(n, num_exits - 1, dtype=np.int64)
+    answer_index = exit_index.copy()
+    out_conf = np.zeros(n, dtype=np.float32)
+    out_logits: np.ndarray | None = None
     best_conf = best_logits = best_k = None  # per still-active sample, for the fallback
 
     for k in range(num_exits):
         state, logits, conf = _run_exit(stages[k], heads[k], state, conf_fn)
         if out_logits is None:
-            out_logits = logits.new_zeros((n, logits.shape[-1]))
+            out_logits = np.zeros((n, logits.shape[-1]), dtype=logits.dtype)
         if best_conf is None:
-            best_conf, best_logits = conf, logits
-            best_k = torch.zeros_like(active)
+            best_conf, best_logits, best_k = conf, logits, np.zeros(len(active), dtype=np.int64)
         else:
             # strict: ties keep the earlier exit, as argmax does in `decide`
             better = conf > best_conf
-            best_conf = torch.where(better, conf, best_conf)
-            best_logits = torch.where(better[:, None], logits, best_logits)
-            best_k = torch.where(better, torch.full_like(best_k, k), best_k)
+            best_conf = np.where(better, conf, best_conf)
+            best_logits = np.where(better[:, None], logits, best_logits)
+            best_k = np.where(better, k, best_k)
         if k == num_exits - 1:
             break
-        leave = conf > thr[k]
+        leave = conf > _cut(thr[k], conf)
         if leave.any():
             idx = active[leave]
-            exit_index[idx] = k
-            answer_index[idx] = k
+            exit_index[idx] = answer_index[idx] = k
             out_logits[idx] = logits[leave]
             out_conf[idx] = conf[leave]
             stay = ~leave
             active = active[stay]
-            if active.numel() == 0:
-                return ExitResult(out_logits, exit_index, answer_index, out_conf)
-            state = tuple(t[stay] for t in state)
+            if active.size == 0:
+                return _result(ref, out_logits, exit_index, answer_index, out_conf)
+            # the stages' own arrays: a numpy mask for numpy, the same mask as a tensor on the
+            # tensor's device for torch
+            state = tuple(t[like(t, stay)] for t in state)
             best_conf, best_logits, best_k = best_conf[stay], best_logits[stay], best_k[stay]
 
     # the samples still active reached the final exit
     if fallback == "most_confident":
-        out_logits[active] = best_logits
-        out_conf[active] = best_conf
-        answer_index[active] = best_k
+        out_logits[active], out_conf[active], answer_index[active] = best_logits, best_conf, best_k
     else:
-        out_logits[active] = logits
-        out_conf[active] = conf
-    return ExitResult(out_logits, exit_index, answer_index, out_conf)
-
-
-def _run_exit(stage, head, state: State, conf_fn: ConfidenceFn) -> tuple[State, torch.Tensor, torch.Tensor]:
-    """One stage, its head and the head's confidence."""
-    state = stage(*state)
-    if isinstance(state, torch.Tensor):
-        state = (state,)
-    logits = head(state)
-    return state, logits, conf_fn(logits)
+        out_logits[active], out_conf[active] = logits, conf
+    return _result(ref, out_logits, exit_index, answer_index, out_conf)
 
 
 def _early_exit_one(stages, heads, state: State, thr: list[float], conf_fn: ConfidenceFn, fallback: str) -> ExitResult:
     """:func:`early_exit` for a batch of one, the way a device serves frames: the same policy on
-    Python scalars. The batched bookkeeping costs about ten small tensor ops per exit, which on a
-    small CNN served by onnxruntime is more than the stages themselves. Thresholds are compared
-    in the confidence's dtype, as the batched path and :func:`decide` compare them."""
-    num_exits = len(stages)
-    best: tuple[float, torch.Tensor, int, torch.Tensor] | None = None
-    cut: list[float] | None = None
+    Python scalars, without the batched bookkeeping (about ten small array operations per exit,
+    which on a small CNN served by onnxruntime cost more than the stages themselves). Thresholds
+    are compared in the confidence's dtype, as the batched path and :func:`decide` compare them."""
+    ref, num_exits = state[0], len(stages)
+    best: tuple[float, np.ndarray, int, np.ndarray] | None = None
     for k in range(num_exits):
         state, logits, conf = _run_exit(stages[k], heads[k], state, conf_fn)
         c = float(conf[0])
-        if cut is None:
-            cut = [float(t) for t in torch.tensor(thr, dtype=conf.dtype)] if thr else []
         if best is None or c > best[0]:  # strict: ties keep the earlier exit
             best = (c, logits, k, conf)
-        if k < num_exits - 1 and c > cut[k]:
-            index = torch.tensor([k], device=logits.device)
-            return ExitResult(logits, index, index.clone(), conf.to(torch.get_default_dtype()))
+        if k < num_exits - 1 and c > _cut(thr[k], conf):
+            index = np.array([k], dtype=np.int64)
+            return _result(ref, logits, index, index.copy(), conf)
     _, answer_logits, answer, answer_conf = best if fallback == "most_confident" else (None, logits, num_exits - 1, conf)
-    return ExitResult(answer_logits, torch.tensor([num_exits - 1], device=logits.device),
-                      torch.tensor([answer], device=logits.device), answer_conf.to(torch.get_default_dtype()))
+    return _result(ref, answer_logits, np.array([num_exits - 1], dtype=np.int64),
+                   np.array([answer], dtype=np.int64), answer_conf)
