@@ -9,7 +9,7 @@ Two parts, each input timed and its peak memory measured on its own:
   compression bombs for every codec (``--bomb-mb``, 256 MB, of zeros compressed into a frame that declares
   0 bytes, a few bytes, the limit or a random size; the Blosc header patched to agree). Only
   ``CodecError`` may come out.
-* **bundles** (default 10,000): the corruption corpus of ``benchmarks/_corruption.py`` (every
+* **bundles** (default 10,000): the corruption corpus of ``nestflex.testing.corruption`` (every
   kind in turn, consecutive seeds) on a tiny real bundle with ONNX files; each case is loaded
   with :func:`nestflex.deploy.load` (timed, memory measured), and a bundle that loads is run at
   every level and exit set (not timed) and must give the good bundle's outputs bit for bit,
@@ -54,10 +54,9 @@ from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any, Callable
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import _corruption  # noqa: E402  (benchmarks/ is on sys.path as a script)
 import torch  # noqa: E402
+
+from nestflex.testing import corruption as _corruption  # noqa: E402
 
 from nestflex._io import write_json  # noqa: E402
 from nestflex._machine import machine  # noqa: E402

@@ -43,8 +43,8 @@ import numpy as np
 from nestflex._io import write_json
 from nestflex._machine import machine
 from nestflex.deploy import load
-from nestflex.deploy.backends import get_backend
-from nestflex.deploy.op_profile import CONV_OPS, operator_times
+from nestflex.deploy.backends.base import get_backend
+from nestflex.deploy.backends.op_profile import CONV_OPS, operator_times
 from nestflex.deploy.timing import median_ms
 
 

@@ -1,7 +1,7 @@
 """Split inference measured live: device + tail server + emulated link on 127.0.0.1 (SPINN, DynO).
 
-Labelled test frames stream through :class:`nestflex.deploy.offload.Offloader` (the device) to a
-``nestflex serve`` process (the server) through :class:`nestflex.deploy.link.LinkProxy` (the
+Labelled test frames stream through :class:`nestflex.deploy.split.offload.Offloader` (the device) to a
+``nestflex serve`` process (the server) through :class:`nestflex.testing.link.LinkProxy` (the
 network), one harness for every system:
 
 * ``device_only``: every exit on the device at the shipped thresholds, no server.
@@ -38,6 +38,7 @@ Example:
 
 from __future__ import annotations
 
+from nestflex.deploy.runtime.capacity import CapacityRuntime
 import argparse
 import os
 import random
@@ -58,15 +59,17 @@ from _frames import test_frames  # noqa: E402
 from nestflex._io import write_json  # noqa: E402
 from nestflex._machine import machine  # noqa: E402
 from nestflex.deploy import load  # noqa: E402
-from nestflex.deploy.client import TailClient  # noqa: E402
+from nestflex.deploy.split.client import TailClient
 from nestflex.deploy.codec import encode  # noqa: E402
 from nestflex.deploy.engine import operating_points  # noqa: E402
-from nestflex.deploy.link import BandwidthTrace, LinkModel, LinkProxy  # noqa: E402
-from nestflex.deploy.offload import Offloader, SplitConfig  # noqa: E402
-from nestflex.deploy.profiler import NetworkProfiler  # noqa: E402
+from nestflex.testing.link import BandwidthTrace, LinkModel, LinkProxy
+from nestflex.deploy.split.offload import Offloader, SplitConfig
+from nestflex.deploy.split.network import NetworkProfiler
 from nestflex.deploy.scheduler.split import SplitCosts, SplitScheduler  # noqa: E402
-from nestflex.deploy.split import SERVER_ONLY, accuracy_drops, measure_bytes, measure_costs  # noqa: E402
-from nestflex.deploy.wire import RUN_METHOD, bundle_id, request_metadata  # noqa: E402
+from nestflex.deploy.split.runtime import SERVER_ONLY
+from nestflex.deploy.split.costs import accuracy_drops, measure_bytes, measure_costs
+from nestflex.deploy.split.wire import RUN_METHOD, request_metadata
+from nestflex.deploy.bundle.loader import bundle_id
 
 SYSTEMS = ("device_only", "server_only", "neurosurgeon", "spinn8", "spinn8_pipe", "nestflex", "nestflex_pipe")
 BASELINES = ("device_only", "server_only", "neurosurgeon")
@@ -109,7 +112,7 @@ class Server:
 
     def __init__(self, bundle_path: Path, *extra: str) -> None:
         env = {**os.environ, "OMP_NUM_THREADS": "1"}
-        self.proc = subprocess.Popen([sys.executable, "-m", "nestflex.deploy", "serve", str(bundle_path), "--port", "0",
+        self.proc = subprocess.Popen([sys.executable, "-m", "nestflex", "serve", str(bundle_path), "--port", "0",
                                       "--threads", "1", *extra], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                      text=True, env=env)
         line = self.proc.stdout.readline()
@@ -304,12 +307,12 @@ def traces(setup: Setup, server: Server, frames: list, args: argparse.Namespace)
 def parity(setup: Setup, server: Server, frames: list, args: argparse.Namespace) -> dict[str, Any]:
     """Head here + tail on the server (no exits), at float32 and at profiled bitwidths, against the
     bundle's own logits and the split profile's accuracy figures."""
-    from nestflex.deploy.split import SplitRuntime
+    from nestflex.deploy.split.runtime import SplitRuntime
 
     bundle = setup.bundle
     x = torch.stack([f[0] for f in frames])
     y = torch.tensor([f[1] for f in frames])
-    ref = bundle.capacity(bundle.num_levels - 1)(x)
+    ref = CapacityRuntime(bundle, bundle.num_levels - 1)(x)
     out: dict[str, Any] = {"frames": len(frames), "reference_accuracy": float((ref.argmax(1) == y).float().mean()),
                            "splits": {}}
     with TailClient(f"127.0.0.1:{server.port}", bundle) as client:

@@ -38,6 +38,8 @@ Example:
 
 from __future__ import annotations
 
+from nestflex.deploy.runtime.capacity import CapacityRuntime
+from nestflex.deploy.runtime.progressive import ProgressiveRuntime
 import argparse
 import statistics
 import sys
@@ -50,8 +52,8 @@ import torch
 from nestflex._io import write_json
 from nestflex._machine import machine
 from nestflex.deploy import load
-from nestflex.deploy.backends import synthesize
-from nestflex.deploy.padding import PaddingError
+from nestflex.deploy.tune import synthesize
+from nestflex.deploy.backends.padding import PaddingError
 from nestflex.deploy.timing import median_ms
 
 
@@ -82,7 +84,7 @@ def accuracy_on_test(bundle, n: int, data_dir: str) -> dict[str, Any] | None:
     from _recipe_model import recipe_datamodule
 
     from nestflex._io import read_json
-    from nestflex.deploy.backends import ExecutionPlan, LevelPlan
+    from nestflex.deploy.backends.plan import ExecutionPlan, LevelPlan
 
     dm, message, synthetic = recipe_datamodule(read_json(config_path), data_dir, batch_size=250)
     dm.setup("test")
@@ -104,7 +106,7 @@ def accuracy_on_test(bundle, n: int, data_dir: str) -> dict[str, Any] | None:
         accs = {}
         for name, p in plans.items():
             try:
-                rt = bundle.capacity(k, plan=p)
+                rt = CapacityRuntime(bundle, k, plan=p)
                 with torch.inference_mode():
                     accs[name] = sum(int((rt(x[i:i + 250]).argmax(-1) == y[i:i + 250]).sum())
                                      for i in range(0, n, 250)) / n
@@ -134,9 +136,9 @@ def ort_default_ms(bundle, level: int, repeats: int) -> float | None:
 def switch_ms(bundle, plan, switches: int, cached: bool = True) -> dict[str, float]:
     """Level switch times with ``plan`` over every ordered level pair; ``cached=False`` removes the
     saved optimised onnxruntime graphs before each switch (a session built from the bundle's graph)."""
-    from nestflex.deploy.backends import tuned_dir
+    from nestflex.deploy.backends.base import tuned_dir
 
-    rt = bundle.capacity(0, plan=plan)
+    rt = CapacityRuntime(bundle, 0, plan=plan)
     times = []
     for a in range(bundle.num_levels):
         for b in range(bundle.num_levels):
@@ -177,7 +179,7 @@ def _memory_probe(path: str, plan_file: str) -> dict[str, Any]:
     import json
     import os
 
-    from nestflex.deploy.backends import ExecutionPlan
+    from nestflex.deploy.backends.plan import ExecutionPlan
 
     libc = ctypes.CDLL("libc.so.6")
 
@@ -190,7 +192,7 @@ def _memory_probe(path: str, plan_file: str) -> dict[str, Any]:
     bundle = load(path)
     plan = None if plan_file == "eager" else ExecutionPlan.from_json(json.loads(Path(plan_file).read_text()))
     x = torch.randn(1, *bundle.spec.input.shape)
-    rt = bundle.capacity(0, plan=plan)
+    rt = CapacityRuntime(bundle, 0, plan=plan)
     for _ in range(2):  # every session built and run once: one-time library and allocator costs paid
         for k in range(bundle.num_levels):
             rt.set_level(k)
@@ -230,7 +232,8 @@ def exit_savings(bundle, plan, key: str, n: int, repeats: int = 5) -> dict[str, 
     this set, the exits it keeps, and its largest level), with the plan's configuration but every
     exit (``plan_every_exit``, timed in the same passes: what the time-aware exit choice gives), and
     with eager at 1 thread (``plan=None``)."""
-    from nestflex.deploy.backends import ExecutionPlan, LevelPlan, calibration_split
+    from nestflex.deploy.backends.plan import ExecutionPlan, LevelPlan
+    from nestflex.deploy.backends.base import calibration_split
 
     x, y = calibration_split(bundle)[1]
     x, y = x[:n], y[:n]
@@ -240,13 +243,13 @@ def exit_savings(bundle, plan, key: str, n: int, repeats: int = 5) -> dict[str, 
     for label, p in (("plan", plan), ("eager", None)):
         if p is None:
             torch.set_num_threads(1)
-        level = bundle.capacity(bundle.num_levels - 1, plan=p)  # sets the level's planned threads
+        level = CapacityRuntime(bundle, bundle.num_levels - 1, plan=p)  # sets the level's planned threads
         # the backbone alone on the exits' own backend and threads: what the exits add or save there
-        same = level if p is None or ep is None else bundle.capacity(
+        same = level if p is None or ep is None else CapacityRuntime(bundle, 
             bundle.num_levels - 1, plan=ExecutionPlan(tuple(LevelPlan(ep.backend, ep.threads) for _ in bundle.levels)))
-        progs = {label: bundle.progressive(exit_set=key, plan=p)}
+        progs = {label: ProgressiveRuntime(bundle, exit_set=key, plan=p)}
         if p is not None and ep is not None and ep.active is not None:  # the same configuration, every exit
-            progs["plan_every_exit"] = bundle.progressive(exit_set=key, plan=p, active=range(len(spec.names) - 1))
+            progs["plan_every_exit"] = ProgressiveRuntime(bundle, exit_set=key, plan=p, active=range(len(spec.names) - 1))
         runs = {**progs, "level": level, "same": same}
         times = {k: [[] for _ in range(len(x))] for k in runs}
         exits, hits = {k: [] for k in progs}, {k: 0 for k in progs}

@@ -16,6 +16,7 @@ Example:
 
 from __future__ import annotations
 
+from nestflex.deploy.runtime.capacity import CapacityRuntime
 import argparse
 import sys
 import tempfile
@@ -66,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
             net = nested_vgg16(width, args.fractions)
             bundle = load(export_bundle(Path(d) / "b.nfx", net, onnx=False)["bundle"])
             macs = [r["macs"] for r in bundle.levels]
-            runtimes = [bundle.capacity(k) for k in range(bundle.num_levels)]
+            runtimes = [CapacityRuntime(bundle, k) for k in range(bundle.num_levels)]
             times = alternating_median_ms({str(k): (lambda rt=rt: rt(x)) for k, rt in enumerate(runtimes)},
                                           args.repeats, warmup=3)
         top = times[str(len(runtimes) - 1)]

@@ -7,6 +7,7 @@ Prune (NestDNN) -> grow nested levels + FlexDNN exits -> progressive exits + the
 No input shape is stated anywhere: the callbacks read it from the data.
 """
 
+from nestflex.deploy.runtime.capacity import CapacityRuntime
 import argparse
 
 import pytorch_lightning as pl
@@ -90,7 +91,7 @@ def main(argv=None):
     x = next(iter(val))[0][:8]
     for k, row in enumerate(bundle.levels):
         print(f"level {k}: {row['macs']:,} MACs, validation accuracy {row['accuracy']}, "
-              f"predictions {bundle.capacity(k, plan=None)(x).argmax(1).tolist()}")
+              f"predictions {CapacityRuntime(bundle, k, plan=None)(x).argmax(1).tolist()}")
     print(f"bundle: {exporter.result['bundle']} ({exporter.result['bytes']:,} bytes)")
     return exporter.result
 

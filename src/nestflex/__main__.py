@@ -1,7 +1,7 @@
-"""``python -m nestflex.deploy``: the ``nestflex`` command without the console script."""
+"""``python -m nestflex``: the ``nestflex`` command without the console script."""
 
 import sys
 
-from nestflex.deploy.cli import main
+from nestflex.cli import main
 
 sys.exit(main())

@@ -5,7 +5,7 @@
     nestflex run a.nfx b.nfx --fps 30 --memory-mb 8 --seconds 20   # live: the engine serves both
     nestflex serve runs/vgg_cifar/bundle.nfx --port 50051          # split inference: the tail server
     nestflex tune runs/vgg_cifar/bundle.nfx                         # fastest backend x threads per level
-    python -m nestflex.deploy inspect ...               # the same without the console script
+    python -m nestflex inspect ...               # the same without the console script
 
 Light on purpose: it imports the deploy runtime only (DESIGN invariant 6). The multi-tenant
 simulation of the scheduler is a benchmark, not a runtime verb: ``python benchmarks/multitenant.py``.
@@ -17,6 +17,9 @@ import argparse
 import json
 import sys
 from typing import Any, Sequence
+
+from nestflex.deploy.runtime.capacity import CapacityRuntime
+from nestflex.deploy.runtime.progressive import ProgressiveRuntime
 
 __all__ = ["main", "inspect_table", "bench_bundle", "run_live"]
 
@@ -105,7 +108,7 @@ def bench_bundle(bundle, batch_size: int = 1, repeats: int = 20, seed: int = 0) 
     from nestflex.deploy.timing import median_ms
 
     x = torch.randn(batch_size, *bundle.input_spec["shape"], generator=torch.Generator().manual_seed(seed))
-    rt = bundle.capacity(level=0)
+    rt = CapacityRuntime(bundle, level=0)
     levels = []
     for k in range(bundle.num_levels):
         report = rt.set_level(k)
@@ -121,7 +124,7 @@ def bench_bundle(bundle, batch_size: int = 1, repeats: int = 20, seed: int = 0) 
                                  "page_out_bytes": r.page_out_bytes, "ms": round(1e3 * r.seconds, 4)})
     per_set: dict[str, list[dict[str, Any]]] = {"exits": [], "flex_exits": []}
     for key, ex in bundle.exit_sets.items():
-        prog = bundle.progressive(rt, exit_set=key)
+        prog = ProgressiveRuntime(bundle, rt, exit_set=key)
         for k in range(prog.num_exits):
             per_set.setdefault(key, []).append({"exit": k, "name": ex["names"][k], "latency_ms": round(
                 median_ms(lambda k=k: prog.exit_logits(x, k), repeats), 4)})
@@ -131,7 +134,7 @@ def bench_bundle(bundle, batch_size: int = 1, repeats: int = 20, seed: int = 0) 
 
 
 def _cmd_inspect(args: argparse.Namespace) -> int:
-    from nestflex.deploy.bundle import load
+    from nestflex.deploy.bundle.loader import load
 
     bundle = load(args.bundle)
     print(json.dumps(bundle.manifest, indent=2) if args.json else inspect_table(bundle))
@@ -139,7 +142,7 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
-    from nestflex.deploy.bundle import load
+    from nestflex.deploy.bundle.loader import load
 
     if args.repeats < 1 or args.batch_size < 1:
         print(f"error: --repeats and --batch-size must be >= 1, got {args.repeats} and {args.batch_size}", file=sys.stderr)
@@ -247,12 +250,13 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     import asyncio
     import signal
 
-    from nestflex.deploy.bundle import load
+    from nestflex.deploy.bundle.loader import load
     from nestflex.errors import NestflexError
 
     try:
-        from nestflex.serve import TailServer
         import grpc  # noqa: F401
+
+        from nestflex.serve import TailServer
     except ImportError:
         raise NestflexError("`nestflex serve` needs gRPC. HINT: pip install \"nestflex[serve]\"") from None
     import torch
@@ -276,8 +280,9 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
 def _cmd_tune(args: argparse.Namespace) -> int:
     """Synthesise the fastest execution configuration per level on this machine; store it beside the bundle."""
-    from nestflex.deploy.backends import synthesize, writable_plan_path, write_plan
-    from nestflex.deploy.bundle import load
+    from nestflex.deploy.backends.plan import writable_plan_path, write_plan
+    from nestflex.deploy.bundle.loader import load
+    from nestflex.deploy.tune import synthesize
 
     bundle = load(args.bundle)
     writable_plan_path(bundle, args.out)  # fail before measuring, not after
@@ -303,7 +308,7 @@ def _cmd_tune(args: argparse.Namespace) -> int:
         if ep.active is not None:  # the time-aware exit choice dropped some
             print(f"  early exits kept: {list(ep.active)} of {len(ep.latency_ms) - 1}: {ep.mean_ms} ms per frame "
                   f"on the calibration samples, {ep.all_mean_ms} ms with every exit")
-    for b, lps in sorted(plan.batches.items()):  # bundle.capacity(level, batch=b) runs these
+    for b, lps in sorted(plan.batches.items()):  # CapacityRuntime(bundle, level, batch=b) runs these
         rows = [[k, lp.backend, lp.threads, lp.latency_ms, lp.eager_ms,
                  round(lp.eager_ms / lp.latency_ms, 2) if lp.eager_ms and lp.latency_ms else None]
                 for k, lp in enumerate(lps)]
@@ -330,7 +335,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of ``nestflex`` and ``python -m nestflex.deploy``; returns the exit status."""
+    """Entry point of ``nestflex`` and ``python -m nestflex``; returns the exit status."""
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = argparse.ArgumentParser(prog="nestflex", description="Inspect, benchmark and run nestflex bundles.")
     sub = parser.add_subparsers(dest="command", required=True)

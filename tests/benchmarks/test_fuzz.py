@@ -11,7 +11,9 @@ from tests.scripts import load_script
 def test_fuzz_writes_outcomes_worst_cases_and_goals(tmp_path):
     bench = load_script("benchmarks/fuzz.py")
     out = tmp_path / "out"
-    kinds = len(load_script("benchmarks/_corruption.py").KINDS)
+    from nestflex.testing import corruption
+
+    kinds = len(corruption.KINDS)
     assert bench.main(["--out", str(out), "--frames", "360", "--bundles", str(2 * kinds), "--bomb-mb", "16",
                        "--max-elements", "65536", "--work", str(tmp_path)]) == 0
     s = json.loads((out / "summary.json").read_text())

@@ -121,12 +121,12 @@ def test_users_model_and_data_go_from_pruning_to_deployment(tmp_path, shape, att
     with torch.no_grad():
         for k in range(K):
             plain = extract_level(net, k).eval()
-            torch.testing.assert_close(bundle.capacity(k, plan=None)(x), plain(x), atol=1e-5, rtol=0)
+            torch.testing.assert_close(nd.CapacityRuntime(bundle, k, plan=None)(x), plain(x), atol=1e-5, rtol=0)
             assert bundle.levels[k]["macs"] == trace(plain, shape).macs()
             assert bundle.levels[k]["accuracy"] is not None  # profiled on the validation loader
-        for got, want in zip(bundle.progressive().all_exits(x), exits.model.eval()(x)):
+        for got, want in zip(nd.ProgressiveRuntime(bundle).all_exits(x), exits.model.eval()(x)):
             torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
         flex_net = flex.result.network.eval()
-        for got, want in zip(bundle.progressive(exit_set="flex_exits").all_exits(x), flex_net(x)):
+        for got, want in zip(nd.ProgressiveRuntime(bundle, exit_set="flex_exits").all_exits(x), flex_net(x)):
             torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
     assert bundle.exits["calibration"] is not None

@@ -11,8 +11,11 @@ import torch
 
 import nestflex.deploy as nd
 import nestflex.deploy.backends as backends
-from nestflex.deploy.backends import BackendError, ExecutionPlan, ExitsPlan, choose_active_exits, tuned_dir
-from nestflex.deploy.bundle import BundleError
+import nestflex.deploy.tune as tune
+from nestflex.deploy.backends.base import BackendError, tuned_dir
+from nestflex.deploy.backends.plan import ExecutionPlan, ExitsPlan
+from nestflex.deploy.tune import choose_active_exits
+from nestflex.deploy.bundle.schema import BundleError
 from nestflex.deploy.exits import apply_policy
 from tests.deploy.test_int8 import _samples
 from tests.export.bundles import nested_vgg, write_bundle
@@ -45,10 +48,10 @@ def _want(logits, active, thr, confidence, fallback):
 @pytest.mark.parametrize("fallback", ["most_confident", "final"])
 def test_a_subset_of_exits_answers_as_the_policy_on_those_exits_batched_one_by_one_and_fused(bundle, active,
                                                                                               fallback):
-    eager = bundle.progressive(plan=None, active=active)
-    fused = bundle.progressive(plan=ExecutionPlan((), exits={"exits": ExitsPlan("onnxruntime", 1)}), active=active)
+    eager = nd.ProgressiveRuntime(bundle, plan=None, active=active)
+    fused = nd.ProgressiveRuntime(bundle, plan=ExecutionPlan((), exits={"exits": ExitsPlan("onnxruntime", 1)}), active=active)
     assert eager.active == fused.active == active and fused._fused is not None
-    everything = bundle.progressive(plan=None)
+    everything = nd.ProgressiveRuntime(bundle, plan=None)
     x = _frames()
     seen = set()
     for thr in ([0.0, 0.0], [0.4, 0.6], [1.0, 1.0], [0.0, 1.0], [1.0, 0.0]):
@@ -70,7 +73,7 @@ def test_a_subset_of_exits_answers_as_the_policy_on_those_exits_batched_one_by_o
 
 
 def test_a_dropped_exit_s_head_never_runs(bundle):
-    rt = bundle.progressive(plan=None, active=(1,))
+    rt = nd.ProgressiveRuntime(bundle, plan=None, active=(1,))
     calls = []
     heads = rt._heads_fns
     rt._heads_fns = [lambda s, k=k, h=h: (calls.append(k), h(s))[1] for k, h in enumerate(heads)]
@@ -85,7 +88,7 @@ def test_a_dropped_exit_s_head_never_runs(bundle):
 @pytest.mark.parametrize("bad", [(2,), (-1,), (0, 0), ("a",), (0.5,), 7])
 def test_an_exit_the_set_does_not_have_is_refused_by_name(bundle, bad):
     with pytest.raises(BundleError, match=r"`active` must list distinct early exits of exits in \[0, 1\]"):
-        bundle.progressive(plan=None, active=bad)
+        nd.ProgressiveRuntime(bundle, plan=None, active=bad)
 
 
 def test_the_plan_carries_the_kept_exits_and_checks_them(bundle, tmp_path):
@@ -95,8 +98,8 @@ def test_the_plan_carries_the_kept_exits_and_checks_them(bundle, tmp_path):
     assert data["exits"]["exits"]["active"] == [1]
     again = ExecutionPlan.from_json(data)
     assert again.exits["exits"] == entry
-    assert bundle.progressive(plan=again).active == (1,)
-    assert bundle.progressive(plan=again, active=(0, 1)).active == (0, 1)  # the caller's choice wins
+    assert nd.ProgressiveRuntime(bundle, plan=again).active == (1,)
+    assert nd.ProgressiveRuntime(bundle, plan=again, active=(0, 1)).active == (0, 1)  # the caller's choice wins
     data["exits"]["exits"]["active"] = ["first"]
     with pytest.raises(BackendError, match=r"exits.exits.active must be null or a list of early-exit indices"):
         ExecutionPlan.from_json(data)
@@ -116,7 +119,7 @@ def _fake_clock(monkeypatch, per_head_ms, final_says_kept_is_faster=True):
             out["kept"] = out["all"] + 1
         return out
 
-    monkeypatch.setattr(backends, "_mean_frame_ms", fake)
+    monkeypatch.setattr(tune, "_mean_frame_ms", fake)
     return calls
 
 
@@ -183,14 +186,14 @@ def test_the_budget_is_checked_at_every_operating_point_the_engine_may_run(bundl
 
 
 def test_an_onnxruntime_exit_plan_writes_no_optimised_copy_of_its_fused_graph(bundle):
-    rt = bundle.progressive(plan=ExecutionPlan((), exits={"exits": ExitsPlan("onnxruntime", 1)}))
+    rt = nd.ProgressiveRuntime(bundle, plan=ExecutionPlan((), exits={"exits": ExitsPlan("onnxruntime", 1)}))
     assert rt._fused is not None
     assert not list(tuned_dir(bundle).glob("exits.fused-*.optimized.onnx"))
 
 
 
 def test_the_synthesis_picks_the_exit_configuration_with_the_least_mean_frame_time(bundle):
-    from nestflex.deploy.backends import synthesize
+    from nestflex.deploy.tune import synthesize
 
     plan = synthesize(bundle, backends=["eager", "onnxruntime"], threads=[1], repeats=2)
     rows = [c for c in plan.candidates if c.get("exit_set") == "exits" and c.get("agrees")]
@@ -206,7 +209,7 @@ def test_the_synthesis_picks_the_exit_configuration_with_the_least_mean_frame_ti
 @pytest.mark.parametrize("active", [(), (0,), (1,)])
 def test_the_fused_graph_of_a_subset_gives_the_policy_answer_for_both_confidences_and_fallbacks(
         bundle, confidence, fallback, active):
-    from nestflex.deploy.backends import _fused_call, _session, fused_exits_path
+    from nestflex.deploy.backends.onnxruntime import _fused_call, _session, fused_exits_path
 
     files = {(o.kind, o.extra.get("stage", o.extra.get("exit"))): o for o in bundle.spec.onnx
              if o.kind in ("stage", "exit") and o.exit_set == "progressive"}
@@ -215,7 +218,7 @@ def test_the_fused_graph_of_a_subset_gives_the_policy_answer_for_both_confidence
                             [int(files[("stage", k)].extra.get("tap_output") or 0) for k in range(2)], list(active))
     assert path.name.endswith(f"-a{'.'.join(map(str, active))}.onnx")
     fused = _fused_call(_session(path, 1, None))
-    everything = bundle.progressive(plan=None)
+    everything = nd.ProgressiveRuntime(bundle, plan=None)
     x = _frames(8)
     for thr in ([0.0, 0.0], [0.4, 0.6], [1.0, 1.0]):
         want_logits, want_exit, want_answer = _want(everything.all_exits(x), active, thr, confidence, fallback)

@@ -11,9 +11,10 @@ import pytest
 import torch
 
 import nestflex.deploy as nd
-from nestflex.deploy.backends import (BackendError, ExecutionPlan, LevelPlan, get_backend, list_backends,
-                                      load_plan, plan_path, synthesize, write_plan)
-from nestflex.deploy.cli import main
+from nestflex.deploy.backends.base import BackendError, get_backend, list_backends
+from nestflex.deploy.backends.plan import ExecutionPlan, LevelPlan, load_plan, plan_path, write_plan
+from nestflex.deploy.tune import synthesize
+from nestflex.cli import main
 from tests.export.bundles import write_bundle
 
 
@@ -33,21 +34,21 @@ def test_every_float_backend_equals_the_eager_program_at_every_level(bundle, nam
     pytest.importorskip(get_backend(name).package or "torch")
     x = _x()
     for level in range(bundle.num_levels):
-        ref = bundle.capacity(level, plan=None)(x)
+        ref = nd.CapacityRuntime(bundle, level, plan=None)(x)
         plan = ExecutionPlan(tuple(LevelPlan(name, 1) for _ in range(bundle.num_levels)))
-        rt = bundle.capacity(level, plan=plan)
+        rt = nd.CapacityRuntime(bundle, level, plan=plan)
         assert rt.backend == name
         torch.testing.assert_close(rt(x), ref, atol=1e-4, rtol=0)
 
 
 def test_a_level_switch_switches_the_configuration(bundle):
     plan = ExecutionPlan((LevelPlan("eager"), LevelPlan("channels_last"), LevelPlan("onnxruntime")))
-    rt = bundle.capacity(0, plan=plan)
+    rt = nd.CapacityRuntime(bundle, 0, plan=plan)
     x = _x(2, seed=3)
     for level, name in [(2, "onnxruntime"), (1, "channels_last"), (0, "eager"), (2, "onnxruntime")]:
         rt.set_level(level)
         assert rt.backend == name
-        torch.testing.assert_close(rt(x), bundle.capacity(level, plan=None)(x), atol=1e-4, rtol=0)
+        torch.testing.assert_close(rt(x), nd.CapacityRuntime(bundle, level, plan=None)(x), atol=1e-4, rtol=0)
     rt.set_level(0)
     assert rt.resident_bytes == rt.level_bytes(0)
 
@@ -55,22 +56,22 @@ def test_a_level_switch_switches_the_configuration(bundle):
 def test_an_onnxruntime_level_keeps_one_copy_and_pages_back_in_for_eager_use(bundle):
     pytest.importorskip("onnxruntime")
     plan = ExecutionPlan((LevelPlan("eager"), LevelPlan("onnxruntime"), LevelPlan("onnxruntime")))
-    rt = bundle.capacity(0, plan=plan)
+    rt = nd.CapacityRuntime(bundle, 0, plan=plan)
     x = _x(2, seed=5)
     report = rt.set_level(2)
     assert (report.page_in_bytes, report.page_out_bytes) == (0, rt.level_bytes(0))  # level 0's tensors go
     assert rt._store.resident_bytes == 0  # only the session's copy is resident
     session = get_backend("onnxruntime").model_path(bundle, 2).stat().st_size
     assert rt.resident_bytes == report.resident_bytes == session
-    torch.testing.assert_close(rt(x), bundle.capacity(2, plan=None)(x), atol=1e-4, rtol=0)
+    torch.testing.assert_close(rt(x), nd.CapacityRuntime(bundle, 2, plan=None)(x), atol=1e-4, rtol=0)
     assert rt.set_level(1).page_in_bytes == 0
     split = bundle.splits[0]["name"]
     head, tail = rt.split(split)  # eager: the level's tensors page in on demand
-    torch.testing.assert_close(tail(*head(x)), bundle.capacity(1, plan=None)(x), atol=1e-5, rtol=0)
+    torch.testing.assert_close(tail(*head(x)), nd.CapacityRuntime(bundle, 1, plan=None)(x), atol=1e-5, rtol=0)
     assert rt._store.resident_bytes == rt.level_bytes(1)
     report = rt.set_level(0)  # back to an eager level: all of it pages in
     assert rt.resident_bytes == rt.level_bytes(0)
-    torch.testing.assert_close(rt(x), bundle.capacity(0, plan=None)(x), atol=0, rtol=0)
+    torch.testing.assert_close(rt(x), nd.CapacityRuntime(bundle, 0, plan=None)(x), atol=0, rtol=0)
 
 
 def test_synthesize_keeps_only_agreeing_configurations_and_tune_writes_beside_the_bundle(bundle, tmp_path):
@@ -87,23 +88,23 @@ def test_synthesize_keeps_only_agreeing_configurations_and_tune_writes_beside_th
     assert {p.name: p.stat().st_mtime_ns for p in bundle.path.rglob("*")} == before  # the bundle is untouched
     loaded = load_plan(bundle)
     assert loaded is not None and len(loaded.levels) == bundle.num_levels
-    assert bundle.capacity(0).plan is not None  # picked up by default
+    assert nd.CapacityRuntime(bundle, 0).plan is not None  # picked up by default
     nd.load(bundle.path)  # the checksums still hold
     plan_path(bundle).unlink()
-    assert bundle.capacity(0).plan is None
+    assert nd.CapacityRuntime(bundle, 0).plan is None
 
 
 def test_a_missing_backend_package_falls_back_to_eager_with_a_warning(bundle, monkeypatch):
     monkeypatch.setattr(type(get_backend("onnxruntime")), "available", lambda self: False)
     plan = ExecutionPlan(tuple(LevelPlan("onnxruntime") for _ in range(bundle.num_levels)))
     with pytest.warns(UserWarning, match="needs the package 'onnxruntime'.*pip install onnxruntime"):
-        rt = bundle.capacity(0, plan=plan)
+        rt = nd.CapacityRuntime(bundle, 0, plan=plan)
     assert rt.backend == "eager"
 
 
 def test_bad_plans_and_unwritable_folders_are_clear_errors(bundle, tmp_path):
     with pytest.raises(BackendError, match="unknown execution backend `tensorrt`"):
-        bundle.capacity(0, plan=ExecutionPlan(tuple(LevelPlan("tensorrt") for _ in range(bundle.num_levels))))
+        nd.CapacityRuntime(bundle, 0, plan=ExecutionPlan(tuple(LevelPlan("tensorrt") for _ in range(bundle.num_levels))))
     with pytest.raises(BackendError, match="not a nestflex execution plan"):
         ExecutionPlan.from_json({"levels": []})
     with pytest.raises(BackendError, match=r"threads must be an int"):
@@ -149,11 +150,11 @@ def test_a_plan_for_another_bundle_is_ignored_with_a_warning(bundle):
 
 def test_onnxruntime_exits_equal_the_eager_program_at_every_exit(bundle):
     pytest.importorskip("onnxruntime")
-    from nestflex.deploy.backends import ExitsPlan
+    from nestflex.deploy.backends.plan import ExitsPlan
 
     x = _x(5, seed=4)
-    eager = bundle.progressive(plan=None)
-    rt = bundle.progressive(plan=ExecutionPlan((), exits={"exits": ExitsPlan("onnxruntime", 1)}))
+    eager = nd.ProgressiveRuntime(bundle, plan=None)
+    rt = nd.ProgressiveRuntime(bundle, plan=ExecutionPlan((), exits={"exits": ExitsPlan("onnxruntime", 1)}))
     assert (eager.backend, rt.backend) == ("eager", "onnxruntime")
     for a, b in zip(rt.all_exits(x), eager.all_exits(x)):
         torch.testing.assert_close(a, b, atol=1e-4, rtol=0)
@@ -171,10 +172,10 @@ def test_onnxruntime_exits_equal_the_eager_program_at_every_exit(bundle):
 
 
 def test_a_level_only_backend_is_refused_for_exits_with_the_fix(bundle):
-    from nestflex.deploy.backends import ExitsPlan
+    from nestflex.deploy.backends.plan import ExitsPlan
 
     with pytest.raises(BackendError, match="'channels_last' runs levels, not exit sets.*`eager` or `onnxruntime`"):
-        bundle.progressive(plan=ExecutionPlan((), exits={"exits": ExitsPlan("channels_last", 1)}))
+        nd.ProgressiveRuntime(bundle, plan=ExecutionPlan((), exits={"exits": ExitsPlan("channels_last", 1)}))
 
 
 def test_synthesize_plans_the_exits_and_the_plan_round_trips(bundle):
@@ -207,13 +208,13 @@ def test_batch_sizes_get_their_own_choice_per_level_and_a_runtime_made_for_one_u
     assert plan.for_batch(8) == plan.batches[8] == plan.for_batch(64)
     custom = ExecutionPlan(tuple(LevelPlan("eager") for _ in range(bundle.num_levels)),
                            batches={8: tuple(LevelPlan("channels_last") for _ in range(bundle.num_levels))})
-    assert bundle.capacity(0, plan=custom).backend == "eager"
-    assert bundle.capacity(0, plan=custom, batch=16).backend == "channels_last"
+    assert nd.CapacityRuntime(bundle, 0, plan=custom).backend == "eager"
+    assert nd.CapacityRuntime(bundle, 0, plan=custom, batch=16).backend == "channels_last"
     assert ExecutionPlan.from_json(json.loads(json.dumps(custom.to_json()))).batches == custom.batches
     with pytest.raises(BackendError, match="maps a batch size >= 2 to 3 level entries"):
         ExecutionPlan.from_json({**custom.to_json(), "batches": {"1": []}})
     with pytest.raises(nd.BundleError, match="`batch` must be an int >= 1"):
-        bundle.capacity(0, plan=custom, batch=0)
+        nd.CapacityRuntime(bundle, 0, plan=custom, batch=0)
     with pytest.raises(BackendError, match="`batches` must be ints >= 1"):
         synthesize(bundle, batches=[0])
     assert main(["tune", str(bundle.path), "--threads", "1", "--repeats", "1", "--batches", "1", "4",

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import nestflex.deploy as nd
-from nestflex.deploy.bundle import BundleError, manifest_digest
+from nestflex.deploy.bundle.schema import BundleError, manifest_digest
 from tests.export.bundles import write_bundle
 
 
@@ -253,13 +253,13 @@ def test_a_schema_1_bundle_runs_with_the_outputs_of_its_model():
     ref = load_file(str(FIXTURES / "bundle_v1_reference.safetensors"))  # the training model's outputs, and the
     b = nd.load(FIXTURES / "bundle_v1.nfx")                              # schema-1 runtime's, at export time
     x = ref["x"]
-    rt = b.capacity(0)
+    rt = nd.CapacityRuntime(b, 0)
     for k in range(b.num_levels):
         rt.set_level(k)
         torch.testing.assert_close(rt(x), ref[f"level_{k}"], atol=1e-5, rtol=0)
         assert torch.equal(rt(x), ref[f"runtime_level_{k}"])
     for key, kind in (("exits", "progressive"), ("flex_exits", "flexdnn")):
-        prog = b.progressive(rt, exit_set=kind)
+        prog = nd.ProgressiveRuntime(b, rt, exit_set=kind)
         for k, logits in enumerate(prog.all_exits(x)):
             torch.testing.assert_close(logits, ref[f"{key}_{k}"], atol=1e-5, rtol=0)
         out = prog(x)
@@ -279,7 +279,7 @@ def test_a_schema_1_bundle_before_flex_exits_and_kind_still_loads_and_runs(v1):
     _rewrite(v1, older)
     b = nd.load(v1)
     assert list(b.exit_sets) == ["exits"] and b.flex_exits is None and b.exits["kind"] == "progressive"
-    assert b.progressive()(torch.randn(2, 3, 32, 32)).logits.shape == (2, 10)
+    assert nd.ProgressiveRuntime(b)(torch.randn(2, 3, 32, 32)).logits.shape == (2, 10)
 
 
 def test_schema_1_problems_are_reported_under_its_own_keys(v1):
@@ -341,8 +341,8 @@ def test_a_listed_member_that_is_a_fifo_or_a_link_out_is_a_problem(plain_bundle,
 
 
 def test_a_huge_manifest_or_safetensors_header_is_refused_unread(plain_bundle):
-    from nestflex.deploy.bundle import MAX_MANIFEST_BYTES
-    from nestflex.deploy.schema import MAX_HEADER_BYTES, read_safetensors_header
+    from nestflex.deploy.bundle.loader import MAX_MANIFEST_BYTES
+    from nestflex.deploy.bundle.schema import MAX_HEADER_BYTES, read_safetensors_header
 
     m = plain_bundle / "manifest.json"
     with open(m, "r+b") as f:  # sparse: 64 MiB + 1 of apparent size, nothing written
@@ -369,7 +369,7 @@ def _node(program, op):
 
 @pytest.mark.parametrize("edit, match", [
     (lambda m: _node(m["capacity"]["program"], "max_pool2d")["attrs"].update(stride=1000000),
-     r"capacity program at level 0 fails shape inference \(RuntimeError"),
+     r"capacity program at level 0 fails shape inference \(OnnxGraphError"),
     (lambda m: _node(m["capacity"]["program"], "conv2d")["attrs"].update(padding=[1000000, 1000000]),
      r"capacity program at level 0: node '.*' produces [\d,]+ elements per sample, above"),
     (lambda m: _node(m["exit_sets"][0]["heads"][0]["program"], "flatten")["attrs"].update(start_dim=2),
@@ -401,14 +401,14 @@ def test_fields_valid_alone_but_inconsistent_as_a_network_are_refused_before_run
     (b'{"a": ' + b"9" * 101 + b"}", r"it holds a number literal of 101 characters"),
 ])
 def test_strict_json_refuses_past_its_limits_naming_the_file(data, match):
-    from nestflex.deploy.schema import parse_json
+    from nestflex.deploy.bundle.schema import parse_json
 
     with pytest.raises(BundleError, match=match):
         parse_json(data, "x.json", "fix it")
 
 
 def test_strict_json_reads_text_brackets_and_the_deepest_allowed_document():
-    from nestflex.deploy.schema import parse_json
+    from nestflex.deploy.bundle.schema import parse_json
 
     assert parse_json(b'{"a": "]]]}}}[[[", "b": [1, 2.5, null]}', "x.json", "") == {"a": "]]]}}}[[[", "b": [1, 2.5, None]}
     deep = parse_json(b"[" * 64 + b"]" * 64, "x.json", "")
@@ -423,7 +423,7 @@ def test_strict_json_reads_text_brackets_and_the_deepest_allowed_document():
 @pytest.mark.parametrize("data", [b'"' + b"\\a" * (8 << 20), b'"\\"' * (5 << 20), b"]" * (16 << 20),
                                   b"[" + b"[]," * 200000 + b"[]]"])
 def test_strict_json_is_quick_on_hostile_documents_at_the_size_cap(data):
-    from nestflex.deploy.schema import parse_json
+    from nestflex.deploy.bundle.schema import parse_json
 
     start = time.perf_counter()
     with pytest.raises(BundleError):
@@ -440,7 +440,7 @@ def test_strict_json_is_quick_on_hostile_documents_at_the_size_cap(data):
     (lambda h, n: h[n].pop("data_offsets"), r"needs a shape and data_offsets of non-negative ints, got"),
 ])
 def test_a_safetensors_header_the_safetensors_reader_would_refuse_is_refused(plain_bundle, edit, match):
-    from nestflex.deploy.schema import read_safetensors_header
+    from nestflex.deploy.bundle.schema import read_safetensors_header
 
     path = plain_bundle / "weights.safetensors"
     data = path.read_bytes()

@@ -1,4 +1,4 @@
-"""The `nestflex` CLI (python -m nestflex.deploy) on a tiny bundle, in subprocesses."""
+"""The `nestflex` CLI (python -m nestflex) on a tiny bundle, in subprocesses."""
 
 import json
 import subprocess
@@ -7,7 +7,7 @@ import sys
 import pytest
 
 import nestflex.deploy as nd
-from nestflex.deploy import cli
+from nestflex import cli
 from nestflex.capacity.profile import profile_levels
 from nestflex.export import export_bundle
 from tests.export.bundles import exits_on, nested_vgg, write_bundle, write_flex_bundle
@@ -20,7 +20,7 @@ def bundle(tmp_path_factory):
 
 
 def _run(*args):
-    return subprocess.run([sys.executable, "-m", "nestflex.deploy", *args], capture_output=True, text=True)
+    return subprocess.run([sys.executable, "-m", "nestflex", *args], capture_output=True, text=True)
 
 
 def test_inspect_prints_levels_exits_splits_and_sizes(bundle):

@@ -1,4 +1,4 @@
-"""The corruption corpus (benchmarks/_corruption.py) against load, the runtime and the CLI: every
+"""The corruption corpus (nestflex.testing.corruption) against load, the runtime and the CLI: every
 damaged bundle is refused with one BundleError, or loads and computes exactly what the good one
 computes (or, when the damage rewrote the checksums, at least runs); `nestflex inspect` prints one
 `error:` line and exits 2, or shows the bundle."""
@@ -15,10 +15,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import nestflex.deploy as nd
-from nestflex.deploy import cli
-from tests.scripts import load_script
+from nestflex import cli
+from nestflex.testing import corruption
 
-corruption = load_script("benchmarks/_corruption.py")
 KINDS = sorted(corruption.KINDS)
 SEEDS = 10  # per kind, in order: with the property test below, ~230 distinct cases in ~15 s
 

@@ -83,7 +83,7 @@ def test_outputs_at_every_level_equal_the_bundle_and_the_model(tiny):
             engine.add_app("cam", bundle, exit_set=None, profile_repeats=1)
             result = engine.infer("cam", x)
             assert result.level == k and result.exit is None and result.answered
-            ref = bundle.capacity(k)(x[None])[0]
+            ref = nd.CapacityRuntime(bundle, k)(x[None])[0]
             torch.testing.assert_close(result.logits, ref, atol=1e-5, rtol=0)
             torch.testing.assert_close(result.logits, extract_level(net, k).eval()(x[None])[0], atol=1e-5, rtol=1e-5)
             assert result.prediction == int(ref.argmax())
@@ -91,11 +91,11 @@ def test_outputs_at_every_level_equal_the_bundle_and_the_model(tiny):
 
 def test_join_leave_and_budget_changes_reach_the_runtimes(tiny):
     bundle, _, _ = tiny
-    top = bundle.capacity(LEVELS - 1)
-    one_app_top = (top.level_bytes(LEVELS - 1) + bundle.progressive(top)._head_store.resident_bytes) / 1e6
-    small = bundle.capacity(0).level_bytes(0) / 1e6
+    top = nd.CapacityRuntime(bundle, LEVELS - 1)
+    one_app_top = (top.level_bytes(LEVELS - 1) + nd.ProgressiveRuntime(bundle, top)._head_store.resident_bytes) / 1e6
+    small = nd.CapacityRuntime(bundle, 0).level_bytes(0) / 1e6
     # room for one app at its largest level with exits, not two
-    budget = one_app_top + small * 1.5 + bundle.progressive(top)._head_store.resident_bytes / 1e6
+    budget = one_app_top + small * 1.5 + nd.ProgressiveRuntime(bundle, top)._head_store.resident_bytes / 1e6
     with nd.Engine("greedy_total", memory_mb=budget, alpha=0.0) as engine:
         engine.add_app("a", bundle, profile_repeats=1)
         assert _state(engine, "a")["level"] == LEVELS - 1  # alone: the most accurate level
@@ -108,7 +108,7 @@ def test_join_leave_and_budget_changes_reach_the_runtimes(tiny):
         engine.remove_app("b")  # a leaves room: a goes back up
         assert _state(engine, "a")["level"] == LEVELS - 1 and engine.apps == ["a"]
         engine.add_app("b", bundle, profile_repeats=1)
-        engine.set_budget(memory_mb=2 * (small + bundle.progressive(top)._head_store.resident_bytes / 1e6) + 1e-6)
+        engine.set_budget(memory_mb=2 * (small + nd.ProgressiveRuntime(bundle, top)._head_store.resident_bytes / 1e6) + 1e-6)
         assert [_state(engine, n)["level"] for n in ("a", "b")] == [0, 0]
         assert engine.resident_bytes() <= engine.memory_mb * 1e6
         assert [p["reason"] for p in engine.plans][-1] == "budget"
@@ -118,7 +118,7 @@ def test_join_leave_and_budget_changes_reach_the_runtimes(tiny):
 
 def test_status_quo_over_budget_is_demoted_to_fit(tiny):
     bundle, _, _ = tiny
-    rt = bundle.capacity(0)
+    rt = nd.CapacityRuntime(bundle, 0)
     budget = (rt.level_bytes(0) + rt.level_bytes(1)) / 1e6 + 0.01
     with nd.Engine(FixedScheduler({"a": 2, "b": 2}), memory_mb=budget) as engine:
         engine.add_app("a", bundle, exit_set=None, profile_repeats=1, priority=2.0)
@@ -147,7 +147,7 @@ def test_exit_operating_point_follows_the_compute_left(tiny):
         assert poor["expected_accuracy"] < rich["expected_accuracy"]
         x = _x(3)
         result = engine.infer("cam", x)
-        ref = bundle.progressive(bundle.capacity(LEVELS - 1))(x[None], thresholds=list(points[0].thresholds))
+        ref = nd.ProgressiveRuntime(bundle, nd.CapacityRuntime(bundle, LEVELS - 1))(x[None], thresholds=list(points[0].thresholds))
         torch.testing.assert_close(result.logits, ref.logits[0], atol=1e-5, rtol=0)
         assert result.exit == int(ref.exit_index[0])
     assert app.points  # the app kept its operating points while it ran
@@ -302,9 +302,9 @@ def test_the_engine_times_a_dropped_exit_as_the_next_kept_one(tiny, tmp_path, mo
     bundle, _, _ = tiny
     import shutil
 
-    from nestflex.deploy.backends import ExecutionPlan, ExitsPlan, LevelPlan, write_plan
-    from nestflex.deploy.runtime import ProgressiveRuntime
-    from nestflex.deploy.wire import bundle_id
+    from nestflex.deploy.backends.plan import ExecutionPlan, ExitsPlan, LevelPlan, write_plan
+    from nestflex.deploy.runtime.progressive import ProgressiveRuntime
+    from nestflex.deploy.bundle.loader import bundle_id
 
     copy = nd.load(shutil.copytree(bundle.path, tmp_path / "model.nfx"))
     write_plan(copy, ExecutionPlan(tuple(LevelPlan() for _ in range(copy.num_levels)), bundle=bundle_id(copy),

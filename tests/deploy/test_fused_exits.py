@@ -7,7 +7,9 @@ import pytest
 import torch
 
 import nestflex.deploy as nd
-from nestflex.deploy.backends import ExecutionPlan, ExitsPlan, _fused_call, _session, fused_exits_path, tuned_dir
+from nestflex.deploy.backends.plan import ExecutionPlan, ExitsPlan
+from nestflex.deploy.backends.onnxruntime import _fused_call, _session, fused_exits_path
+from nestflex.deploy.backends.base import tuned_dir
 from nestflex.deploy.exits import apply_policy, register_confidence
 from tests.export.bundles import write_bundle
 
@@ -42,7 +44,7 @@ def _fused(bundle, confidence, fallback):
 @pytest.mark.parametrize("confidence", ["max_prob", "entropy"])
 @pytest.mark.parametrize("fallback", ["most_confident", "final"])
 def test_the_fused_graph_gives_the_policy_answer_for_every_frame_and_threshold(bundle, confidence, fallback):
-    eager = bundle.progressive(plan=None)
+    eager = nd.ProgressiveRuntime(bundle, plan=None)
     path, fused = _fused(bundle, confidence, fallback)
     assert path.parent == tuned_dir(bundle)  # kept beside the bundle, never in it
     frames = _frames()
@@ -65,8 +67,8 @@ def test_the_fused_graph_gives_the_policy_answer_for_every_frame_and_threshold(b
 
 
 def test_an_onnxruntime_exit_plan_serves_one_frame_in_one_call_and_opens_stages_on_use(bundle, monkeypatch):
-    rt = bundle.progressive(plan=_plan())
-    eager = bundle.progressive(plan=None)
+    rt = nd.ProgressiveRuntime(bundle, plan=_plan())
+    eager = nd.ProgressiveRuntime(bundle, plan=None)
     assert rt._fused is not None
     fused_bytes = rt._session_bytes  # only the fused graph is open so far
     frames = _frames(6)
@@ -87,33 +89,33 @@ def test_an_onnxruntime_exit_plan_serves_one_frame_in_one_call_and_opens_stages_
 
 def test_a_custom_confidence_set_runs_stage_by_stage(bundle, monkeypatch):
     import nestflex.deploy.exits as exits_module
-    from nestflex.deploy.backends import get_backend
+    from nestflex.deploy.backends.base import get_backend
 
     # the registry is global: work on a copy so other tests' pinned name lists stay as they are
     monkeypatch.setattr(exits_module._CONFIDENCES, "_entries", dict(exits_module._CONFIDENCES._entries))
     register_confidence("test_fused_top2", overwrite=True)(
         lambda z: torch.softmax(z, -1).topk(2, dim=-1).values.sum(-1).clamp(0, 1))
-    rt = bundle.progressive(plan=None)
+    rt = nd.ProgressiveRuntime(bundle, plan=None)
     rt.confidence = "test_fused_top2"  # a set calibrated with a registered measure the graph cannot compute
     rt._stages, rt._heads_fns = get_backend("onnxruntime").prepare_exits(rt, 1)
     assert rt._fused is None
     x = _frames(4)
     for i in range(4):
-        want = apply_policy(bundle.progressive(plan=None).all_exits(x[i:i + 1]), [0.9, 0.9], "test_fused_top2",
+        want = apply_policy(nd.ProgressiveRuntime(bundle, plan=None).all_exits(x[i:i + 1]), [0.9, 0.9], "test_fused_top2",
                             rt.fallback)
         assert rt(x[i:i + 1], thresholds=[0.9, 0.9]).exit_index.tolist() == want.exit_index.tolist()
 
 
 def test_a_graph_that_cannot_be_fused_warns_and_runs_stage_by_stage(bundle, monkeypatch):
-    import nestflex.deploy.backends as backends
+    import nestflex.deploy.backends.onnxruntime as backends
 
     def broken(*args, **kwargs):
         raise ValueError("no graph form")
 
     monkeypatch.setattr(backends, "fused_exits_path", broken)
     with pytest.warns(UserWarning, match="fused early-exit graph could not be built.*no graph form"):
-        rt = bundle.progressive(plan=_plan())
+        rt = nd.ProgressiveRuntime(bundle, plan=_plan())
     assert rt._fused is None
     x = _frames(1)
     assert rt(x, thresholds=[0.5, 0.5]).exit_index.tolist() == \
-        bundle.progressive(plan=None)(x, thresholds=[0.5, 0.5]).exit_index.tolist()
+        nd.ProgressiveRuntime(bundle, plan=None)(x, thresholds=[0.5, 0.5]).exit_index.tolist()

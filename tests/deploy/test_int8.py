@@ -11,10 +11,12 @@ import pytest
 import torch
 
 import nestflex.deploy as nd
-from nestflex.deploy.backends import (BackendError, ExecutionPlan, LevelPlan, calibration_split, get_backend,
-                                      list_backends, quantize_level, synthesize, tuned_dir)
-from nestflex.deploy.bundle import BundleError, manifest_digest
-from nestflex.deploy.cli import main
+from nestflex.deploy.backends.base import BackendError, calibration_split, get_backend, list_backends, tuned_dir
+from nestflex.deploy.backends.plan import ExecutionPlan, LevelPlan
+from nestflex.deploy.backends.quantize import quantize_level
+from nestflex.deploy.tune import synthesize
+from nestflex.deploy.bundle.schema import BundleError, manifest_digest
+from nestflex.cli import main
 from nestflex.export import ExportError
 from tests.export.bundles import nested_vgg, write_bundle
 
@@ -81,9 +83,9 @@ def test_the_int8_backend_is_registered_and_runs_every_level_close_to_float(bund
     x = bundle.samples()[0][32:40]
     for level in range(bundle.num_levels):
         plan = ExecutionPlan(tuple(LevelPlan("onnxruntime_int8") for _ in range(bundle.num_levels)))
-        rt = bundle.capacity(level, plan=plan)
+        rt = nd.CapacityRuntime(bundle, level, plan=plan)
         assert rt.backend == "onnxruntime_int8"
-        ref, out = bundle.capacity(level, plan=None)(x), rt(x)
+        ref, out = nd.CapacityRuntime(bundle, level, plan=None)(x), rt(x)
         assert out.shape == ref.shape and not torch.equal(out, ref)  # quantised: close, not equal
         assert float((out - ref).abs().max()) < 0.25 * float(ref.abs().max())
 
@@ -134,7 +136,7 @@ def test_without_samples_int8_is_no_candidate_and_a_plan_naming_it_says_why(tmp_
     assert all("error" in c and "ships no samples" in c["error"] for c in plan.candidates
                if c["backend"] == "onnxruntime_int8")
     with pytest.raises(BackendError, match="ships no samples to calibrate int8 on.*BundleExporter\\(samples=512\\)"):
-        b.capacity(0, plan=ExecutionPlan(tuple(LevelPlan("onnxruntime_int8") for _ in range(b.num_levels))))
+        nd.CapacityRuntime(b, 0, plan=ExecutionPlan(tuple(LevelPlan("onnxruntime_int8") for _ in range(b.num_levels))))
 
 
 def test_tune_refuses_a_budget_outside_points(bundle, capsys):
@@ -149,7 +151,7 @@ def _profile(layers):
 def test_the_mixed_backend_keeps_the_plans_float_layers_in_float(tmp_path_factory, monkeypatch):
     import onnx
 
-    import nestflex.deploy.backends as backends
+    import nestflex.deploy.backends.quantize as backends
 
     monkeypatch.setattr(backends, "slow_int8_layers", lambda bundle: ())  # the plan's layers alone (timed: below)
     tmp = tmp_path_factory.mktemp("mixed")
@@ -158,7 +160,7 @@ def test_the_mixed_backend_keeps_the_plans_float_layers_in_float(tmp_path_factor
     write_bundle(tmp, samples=_samples(net), precision_profile=_profile(
         {n: ("float32" if n == convs[0] else "int8") for n in convs}))
     b = nd.load(tmp / "model.nfx")
-    from nestflex.deploy.backends import float_layers
+    from nestflex.deploy.backends.quantize import float_layers
 
     assert float_layers(b) == (convs[0],)
     path = get_backend("onnxruntime_mixed").model_path(b, 2)
@@ -171,13 +173,13 @@ def test_the_mixed_backend_keeps_the_plans_float_layers_in_float(tmp_path_factor
     assert sum(src == "DequantizeLinear" for src in weight_src.values()) == len(convs) - 1  # the rest int8
     plan = ExecutionPlan(tuple(LevelPlan("onnxruntime_mixed") for _ in range(b.num_levels)))
     x = b.samples()[0][:4]
-    assert b.capacity(2, plan=plan)(x).shape == (4, 10)
+    assert nd.CapacityRuntime(b, 2, plan=plan)(x).shape == (4, 10)
 
 
 def test_the_mixed_backend_without_a_precision_plan_says_so(bundle):
     plan = ExecutionPlan(tuple(LevelPlan("onnxruntime_mixed") for _ in range(bundle.num_levels)))
     with pytest.raises(BackendError, match="no per-layer precision plan.*HINT"):
-        bundle.capacity(0, plan=plan)
+        nd.CapacityRuntime(bundle, 0, plan=plan)
 
 
 def _mixed_bundle(tmp_path_factory, name):
@@ -191,8 +193,8 @@ def _mixed_bundle(tmp_path_factory, name):
 def test_layers_slower_in_int8_on_this_device_stay_float_in_the_mixed_graph(tmp_path_factory, monkeypatch):
     import onnx
 
-    import nestflex.deploy.op_profile as op_profile
-    from nestflex.deploy.backends import mixed_float_layers, slow_int8_layers
+    import nestflex.deploy.backends.op_profile as op_profile
+    from nestflex.deploy.backends.quantize import mixed_float_layers, slow_int8_layers
 
     b, convs = _mixed_bundle(tmp_path_factory, "slow")
     measured = []
@@ -222,8 +224,8 @@ def test_layers_slower_in_int8_on_this_device_stay_float_in_the_mixed_graph(tmp_
 
 
 def test_a_damaged_slow_layer_file_is_measured_again(tmp_path_factory, monkeypatch):
-    import nestflex.deploy.op_profile as op_profile
-    from nestflex.deploy.backends import slow_int8_layers
+    import nestflex.deploy.backends.op_profile as op_profile
+    from nestflex.deploy.backends.quantize import slow_int8_layers
 
     b, _ = _mixed_bundle(tmp_path_factory, "damaged")
     (tuned_dir(b)).mkdir(parents=True, exist_ok=True)

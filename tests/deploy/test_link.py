@@ -1,4 +1,4 @@
-"""Network emulation (nestflex.deploy.link): the link model on a virtual clock, trace files, and the
+"""Network emulation (nestflex.testing.link): the link model on a virtual clock, trace files, and the
 TCP proxy on real loopback sockets (plain asyncio streams, a threaded client, gRPC)."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from nestflex.deploy.link import BandwidthTrace, LinkError, LinkModel, LinkProxy, Transmission
+from nestflex.testing.link import BandwidthTrace, LinkError, LinkModel, LinkProxy, Transmission
 from nestflex.errors import NestflexError
 
 TRACES = Path(__file__).resolve().parents[3] / "shared" / "data" / "traces"

@@ -11,8 +11,11 @@ import torch
 from torch import nn
 
 import nestflex.deploy as nd
-from nestflex.deploy.backends import ExecutionPlan, LevelPlan, get_backend, pad_level, synthesize
-from nestflex.deploy.padding import PaddingError, pad_channels
+from nestflex.deploy.backends.plan import ExecutionPlan, LevelPlan
+from nestflex.deploy.backends.base import get_backend
+from nestflex.deploy.backends.quantize import pad_level
+from nestflex.deploy.tune import synthesize
+from nestflex.deploy.backends.padding import PaddingError, pad_channels
 from tests.export.bundles import write_bundle
 
 ort = pytest.importorskip("onnxruntime")
@@ -48,9 +51,9 @@ def test_every_level_pads_to_a_multiple_with_the_same_logits(bundle):
         convs = [n for n in model.graph.node if n.op_type == "Conv"]
         inits = {t.name: onnx.numpy_helper.to_array(t) for t in model.graph.initializer}
         assert all(inits[c.input[1]].shape[0] % 8 == 0 for c in convs)
-        ref = bundle.capacity(level, plan=None)(x).numpy()
+        ref = nd.CapacityRuntime(bundle, level, plan=None)(x).numpy()
         np.testing.assert_allclose(_run(padded, x), ref, atol=1e-5, rtol=0)
-        rt = bundle.capacity(level, plan=ExecutionPlan(tuple(LevelPlan("onnxruntime_pad8") for _ in bundle.levels)))
+        rt = nd.CapacityRuntime(bundle, level, plan=ExecutionPlan(tuple(LevelPlan("onnxruntime_pad8") for _ in bundle.levels)))
         np.testing.assert_allclose(rt(x).numpy(), ref, atol=1e-5, rtol=0)
 
 
@@ -59,14 +62,14 @@ def test_the_padded_int8_backends_run_and_the_synthesis_measures_them(bundle):
     for name in ("onnxruntime_int8_pad8", "onnxruntime_mixed_pad8"):
         if name == "onnxruntime_mixed_pad8" and bundle.spec.precision is None:
             continue
-        rt = bundle.capacity(0, plan=ExecutionPlan(tuple(LevelPlan(name) for _ in bundle.levels)))
+        rt = nd.CapacityRuntime(bundle, 0, plan=ExecutionPlan(tuple(LevelPlan(name) for _ in bundle.levels)))
         assert rt(x).shape == (2, 10)
     plan = synthesize(bundle, backends=["eager", "onnxruntime_pad8", "onnxruntime_int8_pad8"], threads=[1],
                       repeats=2, budget_points=100)
     rows = [c for c in plan.candidates if c.get("level") is not None and c["backend"] == "onnxruntime_pad8"]
     assert len(rows) == bundle.num_levels and all(r["agrees"] for r in rows)  # exact: the float32 check holds
     with pytest.raises(nd.NestflexError, match="runs levels, not exit sets"):
-        get_backend("onnxruntime_pad8").prepare_exits(bundle.progressive(plan=None), 1)
+        get_backend("onnxruntime_pad8").prepare_exits(nd.ProgressiveRuntime(bundle, plan=None), 1)
 
 
 def test_per_channel_ops_residual_adds_and_flatten_pad_through(tmp_path):
@@ -115,10 +118,10 @@ def test_a_graph_it_cannot_pad_is_refused_by_name(tmp_path, body, op):
 
 
 def test_a_level_that_cannot_be_prepared_leaves_the_old_level_running(bundle, monkeypatch):
-    import nestflex.deploy.backends as backends
+    import nestflex.deploy.backends.onnxruntime as backends
 
     plan = ExecutionPlan((LevelPlan("eager"), LevelPlan("onnxruntime_pad8"), LevelPlan("onnxruntime_pad8")))
-    rt = bundle.capacity(0, plan=plan)
+    rt = nd.CapacityRuntime(bundle, 0, plan=plan)
     x = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(3))
 
     def refuse(*args, **kwargs):
@@ -128,4 +131,4 @@ def test_a_level_that_cannot_be_prepared_leaves_the_old_level_running(bundle, mo
     with pytest.raises(PaddingError, match="Concat"):
         rt.set_level(2)
     assert rt.level == 0 and rt.backend == "eager"
-    torch.testing.assert_close(rt(x), bundle.capacity(0, plan=None)(x), atol=0, rtol=0)
+    torch.testing.assert_close(rt(x), nd.CapacityRuntime(bundle, 0, plan=None)(x), atol=0, rtol=0)

@@ -17,7 +17,7 @@ def loaded(tmp_path_factory):
 
 def test_every_level_matches_the_training_model(loaded):
     bundle, net, _ = loaded
-    rt = bundle.capacity(level=0)
+    rt = nd.CapacityRuntime(bundle, level=0)
     x = torch.randn(6, 3, 32, 32)
     for k in [0, 2, 1, 2, 0, 1]:  # up and down, skipping levels
         rt.set_level(k)
@@ -41,7 +41,7 @@ def _expected_paging(net):
 def test_set_level_pages_exactly_the_delta_and_reports_it(loaded):
     bundle, net, _ = loaded
     expected = _expected_paging(net)
-    rt = bundle.capacity(level=0)
+    rt = nd.CapacityRuntime(bundle, level=0)
     first = rt.last_report
     assert first.from_level is None and first.page_in_bytes == rt.level_bytes(0) == first.resident_bytes
     for a, b in [(0, 1), (1, 2), (2, 0), (0, 2), (2, 1), (1, 0), (0, 0)]:
@@ -59,7 +59,7 @@ def test_set_level_pages_exactly_the_delta_and_reports_it(loaded):
 
 def test_every_exit_and_the_batched_policy_match_training(loaded):
     bundle, net, exits = loaded
-    prog = bundle.progressive()
+    prog = nd.ProgressiveRuntime(bundle)
     assert prog.num_exits == exits.num_exits == 3 and prog.thresholds == [0.5, 0.6]
     x = torch.randn(32, 3, 32, 32)
     for got, want in zip(prog.all_exits(x), exits(x)):
@@ -77,7 +77,7 @@ def test_every_exit_and_the_batched_policy_match_training(loaded):
 
 def test_split_head_and_tail_give_the_whole_model(loaded):
     bundle, net, _ = loaded
-    rt = bundle.capacity()
+    rt = nd.CapacityRuntime(bundle)
     set_level(net, LEVELS - 1)
     x = torch.randn(3, 3, 32, 32)
     for split in bundle.splits:
@@ -89,14 +89,14 @@ def test_split_head_and_tail_give_the_whole_model(loaded):
 
 def test_runtime_misuse_is_explained(loaded):
     bundle, _, _ = loaded
-    rt = bundle.capacity(level=1)
+    rt = nd.CapacityRuntime(bundle, level=1)
     with pytest.raises(nd.BundleError, match=r"`level` must be an int in \[0, 2\] \(the bundle's levels\), got 3"):
         rt.set_level(3)
     with pytest.raises(nd.BundleError, match=r"`x` must be a float tensor of shape \(N, 3, 32, 32\), got \(3, 32, 32\)"):
         rt(torch.randn(3, 32, 32))
     with pytest.raises(nd.BundleError, match=r"no split point 'nope' in the bundle; split points: features.relu1"):
         rt.split("nope")
-    prog = bundle.progressive(rt)
+    prog = nd.ProgressiveRuntime(bundle, rt)
     assert rt.level == LEVELS - 1
     rt.set_level(0)
     with pytest.raises(nd.BundleError, match=r"the exits sit on level 2, but the shared CapacityRuntime is at level 0. "

@@ -46,8 +46,8 @@ def _check_parity(prog, flex, spec):
 
 def test_flex_exits_on_the_shared_backbone_match_training(shared):
     bundle, net, _, flex, spec = shared
-    rt = bundle.capacity(level=0)
-    prog = bundle.progressive(rt, exit_set="flex_exits")
+    rt = nd.CapacityRuntime(bundle, level=0)
+    prog = nd.ProgressiveRuntime(bundle, rt, exit_set="flex_exits")
     assert rt.level == LEVELS - 1 and prog.exit_set == "flex_exits" and prog.capacity is rt
     _check_parity(prog, flex, spec)
     # heads on the shared backbone add only their own bytes (the filter indices included)
@@ -57,15 +57,15 @@ def test_flex_exits_on_the_shared_backbone_match_training(shared):
 
 def test_flex_exits_on_their_own_backbone_match_training(own):
     bundle, net, _, flex, spec = own
-    prog = bundle.progressive(exit_set="flex_exits")
+    prog = nd.ProgressiveRuntime(bundle, exit_set="flex_exits")
     assert bundle.flex_exits["backbone"] == "own" and prog.capacity is None
     _check_parity(prog, flex, spec)
 
 
 def test_both_exit_sets_run_side_by_side_on_one_capacity_runtime(shared):
     bundle, net, exits, flex, _ = shared
-    rt = bundle.capacity()
-    spinn, flexdnn = bundle.progressive(rt), bundle.progressive(rt, exit_set="flex_exits")
+    rt = nd.CapacityRuntime(bundle)
+    spinn, flexdnn = nd.ProgressiveRuntime(bundle, rt), nd.ProgressiveRuntime(bundle, rt, exit_set="flex_exits")
     x = torch.randn(4, 3, 32, 32)
     for got, want in zip(spinn.all_exits(x), exits(x)):
         torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
@@ -79,14 +79,14 @@ def test_asking_for_an_exit_set_the_bundle_lacks_is_explained(own, tmp_path):
     bundle = own[0]
     with pytest.raises(nd.BundleError, match=r"`exit_set` must be one of exits, flex_exits \(or the kinds progressive, "
                                              r"flexdnn\), got 'flex'"):
-        bundle.progressive(exit_set="flex")
+        nd.ProgressiveRuntime(bundle, exit_set="flex")
     info, *_ = write_flex_bundle(tmp_path, onnx=False, progressive=False)
     lone = nd.load(info["bundle"])
     with pytest.raises(nd.BundleError, match=r"has no exits \(exit sets present: flex_exits\). HINT: export it with a "
                                              r"MultiExitNetwork"):
-        lone.progressive()
+        nd.ProgressiveRuntime(lone)
     spec = nd.load(bundle.path).spec
     plain = nd.Bundle(bundle.path, replace(spec, exit_sets=(spec.exit_set("progressive"),)))
     with pytest.raises(nd.BundleError, match=r"has no flex_exits \(exit sets present: exits\). HINT: export it with "
                                              r"`flex_exits=` and `flex_spec=`"):
-        plain.progressive(exit_set="flex_exits")
+        nd.ProgressiveRuntime(plain, exit_set="flex_exits")

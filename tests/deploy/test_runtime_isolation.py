@@ -25,10 +25,10 @@ def test_load_and_run_a_bundle_without_the_training_packages(tmp_path):
         import torch
         import nestflex.deploy as nd
         b = nd.load({info["bundle"]!r})
-        rt = b.capacity(level=0)
+        rt = nd.CapacityRuntime(b, level=0)
         report = rt.set_level(b.num_levels - 1)
-        out = b.progressive(rt)(torch.randn(4, 3, 32, 32))
-        flex = b.progressive(rt, exit_set="flex_exits")(torch.randn(3, 3, 32, 32))
+        out = nd.ProgressiveRuntime(b, rt)(torch.randn(4, 3, 32, 32))
+        flex = nd.ProgressiveRuntime(b, rt, exit_set="flex_exits")(torch.randn(3, 3, 32, 32))
         print(report.page_in_bytes > 0, tuple(rt(torch.randn(2, 3, 32, 32)).shape), tuple(out.logits.shape),
               tuple(flex.logits.shape))
         print(sorted(m for m in sys.modules if m.split(".")[0] in BLOCKED))

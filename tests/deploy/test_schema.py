@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from nestflex.deploy import runtime
-from nestflex.deploy import schema as S
+from nestflex.deploy.backends import eager as runtime
+from nestflex.deploy.bundle import schema as S
 
 FIXTURE = Path(__file__).parent / "fixtures" / "bundle_v1.nfx"
 CONV1 = "backbone.features.conv1.weight"

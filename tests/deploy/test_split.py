@@ -10,10 +10,10 @@ from nestflex.deploy.codec import decode, encode
 from nestflex.deploy.engine import operating_points
 from nestflex.deploy.scheduler import SchedulerError
 from nestflex.deploy.scheduler.split import SplitCosts, SplitScheduler
-from nestflex.deploy.split import (SERVER_ONLY, SplitRuntime, accuracy_drops, measure_bytes, measure_costs,
-                                   split_names)
-from nestflex.deploy.wire import (WireError, bundle_id, decode_response, encode_response, parse_request_metadata,
-                                  request_metadata)
+from nestflex.deploy.split.runtime import SERVER_ONLY, SplitRuntime, split_names
+from nestflex.deploy.split.costs import accuracy_drops, measure_bytes, measure_costs
+from nestflex.deploy.split.wire import WireError, decode_response, encode_response, parse_request_metadata, request_metadata
+from nestflex.deploy.bundle.loader import bundle_id
 from tests.deploy.split_bundle import write_split_bundle
 
 
@@ -29,7 +29,7 @@ def _x(n=12, seed=0):
 @pytest.mark.parametrize("thresholds", [None, [0.0, 0.0], [1.0, 1.0], [0.15, 0.2]])
 def test_head_tail_combine_equals_the_unsplit_runtime_at_every_split(bundle, thresholds):
     x = _x()
-    prog = bundle.progressive(exit_set="exits")
+    prog = nd.ProgressiveRuntime(bundle, exit_set="exits")
     ref = prog(x, thresholds=thresholds)
     for name in split_names(bundle):
         rt = SplitRuntime(bundle, name, "exits")
@@ -51,7 +51,7 @@ def test_every_exit_passes_at_some_split_and_samples_leave_before_the_cut(bundle
 
 def test_backbone_alone_and_server_only_split(bundle):
     x = _x(4)
-    final = bundle.capacity(bundle.num_levels - 1)(x)
+    final = nd.CapacityRuntime(bundle, bundle.num_levels - 1)(x)
     for name in (SERVER_ONLY, "features.relu2"):
         rt = SplitRuntime(bundle, name, None)
         assert rt.num_exits == 1
@@ -65,10 +65,10 @@ def test_without_the_server_the_device_answers_from_its_best_exit(bundle):
     head = rt.head(x, [1.0, 1.0])
     out = rt.combine(head, None)
     assert torch.equal(out.exit_index, torch.zeros(12, dtype=torch.long))
-    assert torch.equal(out.logits, bundle.progressive(exit_set="exits").exit_logits(x, 0))
+    assert torch.equal(out.logits, nd.ProgressiveRuntime(bundle, exit_set="exits").exit_logits(x, 0))
     # SPINN's continuation: the next exit after the split, on the device
     logits, conf, k = rt.next_local_exit(head)
-    assert k == 1 and torch.equal(logits, bundle.progressive(exit_set="exits").exit_logits(x, 1))
+    assert k == 1 and torch.equal(logits, nd.ProgressiveRuntime(bundle, exit_set="exits").exit_logits(x, 1))
     with pytest.raises(nd.BundleError, match="no device exit"):
         SplitRuntime(bundle, SERVER_ONLY, "exits").combine(SplitRuntime(bundle, SERVER_ONLY, "exits").head(x), None)
 
@@ -85,10 +85,10 @@ def test_a_float_frame_carries_the_crossing_tensors_exactly(bundle):
     x = _x(3)
     rt = SplitRuntime(bundle, "features.relu3", "exits")
     head = rt.head(x, [1.0, 1.0])
-    sent = decode(encode(list(head.crossing), bits=None, codec="blosc_lz4"))
+    sent = [torch.from_numpy(t) for t in decode(encode(list(head.crossing), bits=None, codec="blosc_lz4"))]
     assert all(torch.equal(a, b) for a, b in zip(sent, head.crossing))
     assert torch.equal(rt.combine(head, rt.tail(sent, [1.0, 1.0])).logits,
-                       bundle.progressive(exit_set="exits")(x, thresholds=[1.0, 1.0]).logits)
+                       nd.ProgressiveRuntime(bundle, exit_set="exits")(x, thresholds=[1.0, 1.0]).logits)
 
 
 def test_wire_metadata_and_response_round_trip(bundle):

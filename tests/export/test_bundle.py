@@ -114,7 +114,7 @@ def test_exits_on_another_backbone_are_stored_as_their_own_component(tmp_path):
     assert b.exits["backbone"] == "own" and "own component" in b.exits["note"]
     assert any(n.startswith("progressive.backbone.") for n in b.manifest["weights"]["tensors"])
     x = torch.randn(4, 3, 32, 32)
-    got = b.progressive().all_exits(x)
+    got = nd.ProgressiveRuntime(b).all_exits(x)
     for a, w in zip(got, joint(x)):
         torch.testing.assert_close(a, w, atol=1e-5, rtol=0)
 
@@ -125,7 +125,7 @@ def test_a_plain_model_is_a_one_level_bundle(tmp_path):
     b = nd.load(info["bundle"])
     assert b.num_levels == 1 and b.exits is None and b.levels[0]["params"] == sum(p.numel() for p in net.parameters())
     x = torch.randn(2, 3, 32, 32)
-    torch.testing.assert_close(b.capacity()(x), net(x), atol=1e-5, rtol=0)
+    torch.testing.assert_close(nd.CapacityRuntime(b)(x), net(x), atol=1e-5, rtol=0)
 
 
 def test_bad_exports_are_explained(tmp_path):
@@ -173,7 +173,7 @@ def test_provenance_and_switching_reach_the_scheduler(tmp_path):
 
 def test_the_writer_and_the_reader_share_one_schema(written):
     """The manifest on disk is ``Manifest.to_json()`` of what the reader parses back, field for field."""
-    from nestflex.deploy.schema import Manifest, read_safetensors_header
+    from nestflex.deploy.bundle.schema import Manifest, read_safetensors_header
 
     info = written[0]
     raw = json.loads(open(f"{info['bundle']}/manifest.json").read())

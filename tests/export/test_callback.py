@@ -26,7 +26,7 @@ def test_bundle_exporter_writes_a_loadable_bundle_at_fit_end(tmp_path):
     b = nd.load(exporter.result["bundle"])
     assert b.manifest["input"]["mean"] == list(dm.mean) and b.manifest["classes"] == list(dm.classes)
     x = torch.randn(2, 3, 32, 32)
-    torch.testing.assert_close(b.capacity()(x), module.model.eval()(x), atol=1e-5, rtol=0)
+    torch.testing.assert_close(nd.CapacityRuntime(b)(x), module.model.eval()(x), atol=1e-5, rtol=0)
 
 
 def test_bundle_exporter_takes_the_exits_of_a_multi_exit_classifier(tmp_path):
@@ -36,7 +36,7 @@ def test_bundle_exporter_takes_the_exits_of_a_multi_exit_classifier(tmp_path):
     b = nd.load(tmp_path / "out" / "model.nfx")
     assert b.exits["backbone"] == "shared" and b.exits["thresholds"] == [0.7]  # a plain backbone is its own level
     x = torch.randn(3, 3, 32, 32)
-    for got, want in zip(b.progressive().all_exits(x), module.model.eval()(x)):
+    for got, want in zip(nd.ProgressiveRuntime(b).all_exits(x), module.model.eval()(x)):
         torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
 
 

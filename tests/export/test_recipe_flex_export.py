@@ -7,7 +7,7 @@ import torch
 from safetensors.torch import load_file
 
 import nestflex.deploy as nd
-from nestflex.deploy.cli import inspect_table
+from nestflex.cli import inspect_table
 from nestflex.exits import build_flex_network
 from nestflex.training import ImageClassifier
 from tests.scripts import FLEX, TINY, load_script
@@ -36,7 +36,7 @@ def test_export_stage_includes_the_flex_plan(tmp_path, capsys):
     base = ImageClassifier.load_from_checkpoint(out / "baseline" / "model.ckpt", map_location="cpu", weights_only=True)
     net = build_flex_network(base.model.eval(), spec)
     net.load_state_dict(load_file(out / "flex" / "model.safetensors"))
-    prog = bundle.progressive(exit_set="flex_exits")
+    prog = nd.ProgressiveRuntime(bundle, exit_set="flex_exits")
     xb = torch.randn(32, 3, 32, 32, generator=torch.Generator().manual_seed(0))
     for got, want in zip(prog.all_exits(xb), net(xb)):
         torch.testing.assert_close(got, want, atol=1e-5, rtol=0)

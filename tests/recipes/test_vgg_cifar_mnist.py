@@ -1,5 +1,7 @@
 """The recipe end to end on a tiny generated MNIST (1x28x28 IDX files, padded to 1x32x32)."""
 
+from nestflex.deploy.runtime.capacity import CapacityRuntime
+from nestflex.deploy.runtime.progressive import ProgressiveRuntime
 import json
 
 import pytest
@@ -42,5 +44,5 @@ def test_recipe_runs_end_to_end_on_mnist(tmp_path):
     assert manifest["input"]["mean"] == [0.1307] and manifest["input"]["std"] == [0.3081]
     digits = torch.from_numpy(data["test"][0][:4].copy()).unsqueeze(1)  # (4, 1, 28, 28) uint8
     x = (torch.nn.functional.pad(digits, (2, 2, 2, 2)).float() / 255 - 0.1307) / 0.3081
-    assert bundle.capacity()(x).shape == (4, 10)
-    assert all(z.shape == (4, 10) for z in bundle.progressive().all_exits(x))
+    assert CapacityRuntime(bundle)(x).shape == (4, 10)
+    assert all(z.shape == (4, 10) for z in ProgressiveRuntime(bundle).all_exits(x))

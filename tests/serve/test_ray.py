@@ -22,12 +22,13 @@ ray = pytest.importorskip("ray")
 serve = pytest.importorskip("ray.serve")
 
 import nestflex.deploy as nd  # noqa: E402
-from nestflex.deploy.bundle import BundleError  # noqa: E402
-from nestflex.deploy.client import SplitError  # noqa: E402
+from nestflex.deploy.bundle.schema import BundleError
+from nestflex.deploy.split.client import SplitError
 from nestflex.deploy.codec import encode  # noqa: E402
-from nestflex.deploy.offload import Offloader, SplitConfig  # noqa: E402
-from nestflex.deploy.split import SERVER_ONLY, SplitRuntime  # noqa: E402
-from nestflex.deploy.wire import WireError, bundle_id, decode_response, request_metadata  # noqa: E402
+from nestflex.deploy.split.offload import Offloader, SplitConfig
+from nestflex.deploy.split.runtime import SERVER_ONLY, SplitRuntime
+from nestflex.deploy.split.wire import WireError, decode_response, request_metadata
+from nestflex.deploy.bundle.loader import bundle_id
 from nestflex.errors import NestflexError  # noqa: E402
 from nestflex.serve.ray import DEPLOYMENT, RayTailClient, app_builder, build  # noqa: E402
 
@@ -117,7 +118,7 @@ def test_parity_with_the_unsplit_bundle(tail, bundle, split, thresholds):
                           n=int(head.rest.numel()), num_exits=rt.num_exits, thresholds=thresholds,
                           deadline_s=30).result()
     got = rt.combine(head, reply.result)
-    for want in (rt(x, thresholds), bundle.progressive()(x, thresholds)):
+    for want in (rt(x, thresholds), nd.ProgressiveRuntime(bundle)(x, thresholds)):
         torch.testing.assert_close(got.logits, want.logits, atol=1e-5, rtol=0)
         assert torch.equal(got.exit_index, want.exit_index)
         assert torch.equal(got.answer_index, want.answer_index)
@@ -133,7 +134,7 @@ def test_backbone_alone_and_a_raw_handle_call(tail, bundle):
     body, trailing = handle.remote(encode(list(head.crossing), bits=None), md).result(timeout_s=30)
     assert set(dict(trailing)) == {"nf-server-ms", "nf-queue-ms", "nf-batch"}
     got = decode_response(body, 2, 10, 1)
-    torch.testing.assert_close(got.logits, bundle.capacity(bundle.num_levels - 1)(x), atol=1e-5, rtol=0)
+    torch.testing.assert_close(got.logits, nd.CapacityRuntime(bundle, bundle.num_levels - 1)(x), atol=1e-5, rtol=0)
 
 
 def test_concurrent_requests_are_batched_on_both_replicas(tail, bundle):
@@ -241,7 +242,7 @@ def test_offloader_runs_on_the_ray_client(tail, bundle):
     off = Offloader(bundle, client, config)
     answers = list(off.stream([x[:2], x[2:]], depth=2))
     assert [a.where for a in answers] == ["server", "server"]
-    want = bundle.progressive()(x, [1.0, 1.0])
+    want = nd.ProgressiveRuntime(bundle)(x, [1.0, 1.0])
     torch.testing.assert_close(torch.cat([a.result.logits for a in answers]), want.logits, atol=1e-5, rtol=0)
     off.set_config(SplitConfig("features.relu3", bits=8, deadline_ms=30000))
     assert off.infer(x).result.logits.shape == (4, 10)

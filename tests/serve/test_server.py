@@ -20,12 +20,13 @@ import torch
 pytest.importorskip("grpc")
 
 import nestflex.deploy as nd  # noqa: E402
-from nestflex.deploy.client import SplitError, TailClient  # noqa: E402
+from nestflex.deploy.split.client import SplitError, TailClient
 from nestflex.deploy.codec import encode, fake_quantize  # noqa: E402
-from nestflex.deploy.offload import Offloader, SplitConfig  # noqa: E402
-from nestflex.deploy.profiler import NetworkProfiler  # noqa: E402
-from nestflex.deploy.split import SERVER_ONLY, SplitRuntime, split_names  # noqa: E402
-from nestflex.deploy.wire import RUN_METHOD, bundle_id, request_metadata  # noqa: E402
+from nestflex.deploy.split.offload import Offloader, SplitConfig
+from nestflex.deploy.split.network import NetworkProfiler
+from nestflex.deploy.split.runtime import SERVER_ONLY, SplitRuntime, split_names
+from nestflex.deploy.split.wire import RUN_METHOD, request_metadata
+from nestflex.deploy.bundle.loader import bundle_id
 from nestflex.serve import TailServer  # noqa: E402
 from tests.deploy.split_bundle import write_split_bundle  # noqa: E402
 
@@ -65,7 +66,7 @@ def _send(client, rt, head, bits=None, thresholds=None, deadline_s=5.0):
 def test_device_head_plus_server_tail_answers_the_bundles_logits_at_every_split(bundle, client):
     x = _x(6)
     thr = [1.0, 1.0]  # every sample crosses, so every split is exercised on all of them
-    ref = bundle.progressive(exit_set="exits")(x, thresholds=thr)
+    ref = nd.ProgressiveRuntime(bundle, exit_set="exits")(x, thresholds=thr)
     for name in split_names(bundle):
         rt = SplitRuntime(bundle, name, "exits")
         head = rt.head(x, thr)
@@ -173,7 +174,7 @@ def test_the_device_cancels_when_its_next_exit_is_confident(bundle):
         a = off.infer(_x(1))
         assert a.where == "local" and a.result.exit_index.tolist() == [1]
         time.sleep(0.3)
-    assert torch.equal(a.result.logits, bundle.progressive(exit_set="exits").exit_logits(_x(1), 1))
+    assert torch.equal(a.result.logits, nd.ProgressiveRuntime(bundle, exit_set="exits").exit_logits(_x(1), 1))
 
 
 def test_pipelining_answers_the_same_frames_in_order(bundle, client):
@@ -211,7 +212,7 @@ def test_concurrent_clients_lose_nothing(bundle, server):
 
 
 def test_nestflex_serve_process_killed_mid_stream_every_frame_is_answered(path, bundle):
-    proc = subprocess.Popen([sys.executable, "-m", "nestflex.deploy", "serve", str(path), "--port", "0"],
+    proc = subprocess.Popen([sys.executable, "-m", "nestflex", "serve", str(path), "--port", "0"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         line = proc.stdout.readline()
@@ -239,4 +240,4 @@ def test_server_only_split_without_a_server_still_answers(bundle):
     with TailClient(address, bundle) as c:  # nothing listens there any more
         a = Offloader(bundle, c, SplitConfig(SERVER_ONLY, bits=8, deadline_ms=500)).infer(_x(1))
     assert a.where == "fallback"
-    torch.testing.assert_close(a.result.logits, bundle.progressive(exit_set="exits")(_x(1)).logits)
+    torch.testing.assert_close(a.result.logits, nd.ProgressiveRuntime(bundle, exit_set="exits")(_x(1)).logits)

@@ -3,10 +3,10 @@
 Invariant (DESIGN.md 6): importing this package pulls in no training dependency (Lightning,
 timm, torchmetrics, onnx). Here: the bundle loader (:func:`load`, :mod:`nestflex.deploy.bundle`),
 the multi-capacity and progressive runtimes (:mod:`nestflex.deploy.runtime`), the CLI
-(``nestflex`` / ``python -m nestflex.deploy``), the split-tensor codec
+(``nestflex`` / ``python -m nestflex``), the split-tensor codec
 (:mod:`nestflex.deploy.codec`), the early-exit confidence measures and policy
 (:mod:`nestflex.deploy.exits`), and the device side of split inference (:mod:`nestflex.deploy.split`,
-:mod:`~nestflex.deploy.client`, :mod:`~nestflex.deploy.offload`, :mod:`~nestflex.deploy.link`;
+:mod:`~nestflex.deploy.split.client`, :mod:`~nestflex.deploy.split.offload`, :mod:`~nestflex.testing.link`;
 gRPC is imported only when a :class:`TailClient` is made).
 """
 
@@ -26,7 +26,8 @@ from nestflex.deploy.codec import (
     list_codecs,
     register_codec,
 )
-from nestflex.deploy.bundle import SCHEMA_VERSION, Bundle, BundleError, load
+from nestflex.deploy.bundle.schema import SCHEMA_VERSION, BundleError
+from nestflex.deploy.bundle.loader import Bundle, load
 from nestflex.deploy.exits import (
     ExitError,
     ExitResult,
@@ -36,12 +37,15 @@ from nestflex.deploy.exits import (
     list_confidences,
     register_confidence,
 )
-from nestflex.deploy.runtime import CapacityRuntime, PagingReport, ProgressiveRuntime
+from nestflex.deploy.runtime.capacity import CapacityRuntime, PagingReport
+from nestflex.deploy.runtime.progressive import ProgressiveRuntime
 from nestflex.deploy.engine import Engine, EngineError, FrameResult
-from nestflex.deploy.profiler import NetworkProfiler, OnlineProfiler, ProfilerError
-from nestflex.deploy.split import SERVER_ONLY, SplitRuntime, accuracy_drops, measure_bytes, measure_costs
-from nestflex.deploy.client import SplitError, TailClient
-from nestflex.deploy.offload import Offloader, SplitAnswer, SplitConfig
+from nestflex.deploy.split.network import NetworkProfiler
+from nestflex.deploy.profiler import OnlineProfiler, ProfilerError
+from nestflex.deploy.split.runtime import SERVER_ONLY, SplitRuntime
+from nestflex.deploy.split.costs import accuracy_drops, measure_bytes, measure_costs
+from nestflex.deploy.split.client import SplitError, TailClient
+from nestflex.deploy.split.offload import Offloader, SplitAnswer, SplitConfig
 from nestflex.deploy.scheduler.split import SplitCosts, SplitPlan, SplitScheduler
 from nestflex.deploy.scheduler import (
     AppProfile,
@@ -102,7 +106,7 @@ __all__ = [
     "list_schedulers",
     "get_scheduler",
     # split inference, device side (nestflex.deploy.split, .client, .offload, .scheduler.split);
-    # the server is nestflex.serve, the link emulator nestflex.deploy.link
+    # the server is nestflex.serve, the link emulator nestflex.testing.link
     "SERVER_ONLY",
     "SplitRuntime",
     "measure_costs",

@@ -44,19 +44,20 @@ from __future__ import annotations
 
 import math
 import os
-import statistics
 import threading
 import time
 from collections import deque
 from concurrent.futures import Future
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 import torch
 
-from nestflex.deploy.bundle import Bundle, load
+from nestflex.deploy.bundle.loader import Bundle, load
 from nestflex.deploy.profiler import OnlineProfiler
+from nestflex.deploy.runtime.capacity import CapacityRuntime
+from nestflex.deploy.runtime.progressive import ProgressiveRuntime
 from nestflex.deploy.scheduler import AppProfile, Decision, Scheduler, SchedulerError, get_scheduler
 from nestflex.deploy.timing import median_ms
 from nestflex.errors import NestflexError
@@ -701,7 +702,7 @@ class Engine:
             raise EngineError(f"app {app.name!r} is already registered. HINT: remove_app({app.name!r}) first, or "
                               f"choose another name")
         try:
-            app.runtime = app.bundle.capacity(level=0)
+            app.runtime = CapacityRuntime(app.bundle, level=0)
             if app.exit_key is not None:
                 app.points, app.lossless, app.accuracy_ref = operating_points(app.bundle, app.exit_key)
         except NestflexError as e:
@@ -736,7 +737,7 @@ class Engine:
         if seen is not None and (app.exit_key is None or rt.level_bytes(app.top) <= budget):
             app.level_ms, app.exit_ms = list(seen[0]), list(seen[1])
             if app.exit_key is not None:
-                app.progressive = app.bundle.progressive(rt, exit_set=app.exit_key)
+                app.progressive = ProgressiveRuntime(app.bundle, rt, exit_set=app.exit_key)
             rt.set_level(0)
             app.level = 0
             return
@@ -755,7 +756,7 @@ class Engine:
                 app.level_ms.append(app.level_ms[j] * scale)
         fits_exits = app.exit_key is not None and rt.level_bytes(app.top) <= budget
         if app.exit_key is not None and fits_exits:
-            app.progressive = app.bundle.progressive(rt, exit_set=app.exit_key)
+            app.progressive = ProgressiveRuntime(app.bundle, rt, exit_set=app.exit_key)
             early = app.progressive.num_exits - 1
             app.exit_ms = []
             for k in range(early + 1):

@@ -1,7 +1,7 @@
 """Write a nestflex bundle: :func:`export_bundle`.
 
 The bundle layout and the manifest are defined by the deploy side: the manifest is a
-:class:`nestflex.deploy.schema.Manifest` built here from typed records and written with
+:class:`nestflex.deploy.bundle.schema.Manifest` built here from typed records and written with
 ``to_json()``; before it is written it is read back with ``Manifest.from_json`` and the weights
 file's header, the same call :func:`nestflex.deploy.load` makes, so a bundle that this writer
 finishes is one the runtime reads (docs/deploy.md lists the keys). The bundle is built in a
@@ -31,10 +31,10 @@ from torch import nn
 from nestflex import __version__
 from nestflex._io import atomic_write_bytes, write_json
 from nestflex.capacity.nested import extract_level, is_nested, nested_modules, num_levels
-from nestflex.deploy import schema as S
-from nestflex.deploy.bundle import EXIT_SETS, file_digest
+from nestflex.deploy.bundle import schema as S
+from nestflex.deploy.bundle.loader import EXIT_SETS, file_digest
 from nestflex.deploy.exits import FALLBACKS, check_thresholds, list_confidences
-from nestflex.deploy.schema import FORMAT, MANIFEST, SAMPLES, SCHEMA_VERSION, WEIGHTS, BundleError, manifest_digest
+from nestflex.deploy.bundle.schema import FORMAT, MANIFEST, SAMPLES, SCHEMA_VERSION, WEIGHTS, BundleError, manifest_digest
 from nestflex.export._program import ExportError, Program, build_program
 from nestflex.graph import trace
 
@@ -153,7 +153,7 @@ def export_bundle(
             otherwise its backbone is stored as its own component (``"own"``).
         levels: per-level profile rows (:func:`~nestflex.capacity.profile.profile_levels`); if
             ``None``, params/MACs/memory are computed and accuracy/latency left ``None``. Each row
-            is checked as the runtime will read it (:class:`~nestflex.deploy.schema.LevelRow`:
+            is checked as the runtime will read it (:class:`~nestflex.deploy.bundle.schema.LevelRow`:
             accuracy a fraction in [0, 1] or ``None``, finite numbers).
         input_shape: per-sample input shape.
         mean, std: per-channel normalisation the caller must apply (recorded, not applied).

@@ -5,7 +5,7 @@ The same stateless tail as :class:`nestflex.serve.TailServer` (one
 existing engine instead of a home-made cluster manager: Ray Serve places the replicas, routes each
 request to one of them, scales their number on ongoing requests (``autoscaling_config`` with
 ``target_ongoing_requests``) and batches concurrent requests (``serve.batch``). The messages are
-the wire format of :mod:`nestflex.deploy.wire`: a request is ``(body, metadata)``, the codec frame
+the wire format of :mod:`nestflex.deploy.split.wire`: a request is ``(body, metadata)``, the codec frame
 and the string pairs (``nf-protocol``, ``nf-bundle``, ``nf-split``, ``nf-exits``,
 ``nf-thresholds``); the answer is ``(response body, trailing metadata)`` with ``nf-server-ms``,
 ``nf-queue-ms`` and ``nf-batch``.
@@ -15,8 +15,8 @@ and the string pairs (``nf-protocol``, ``nf-bundle``, ``nf-split``, ``nf-exits``
   and Serve config files.
 * :class:`TailDeployment` is the replica class (``__call__(body, metadata)`` answers one request).
 * :class:`RayTailClient` is the caller's side over a ``DeploymentHandle``, with the API of
-  :class:`~nestflex.deploy.client.TailClient` (``submit`` returns a
-  :class:`~nestflex.deploy.client.TailCall`), so :class:`~nestflex.deploy.offload.Offloader`
+  :class:`~nestflex.deploy.split.client.TailClient` (``submit`` returns a
+  :class:`~nestflex.deploy.split.client.TailCall`), so :class:`~nestflex.deploy.split.offload.Offloader`
   takes either.
 
 Ray is an optional dependency, imported on first use: ``pip install "nestflex[ray]"`` (neither
@@ -51,11 +51,12 @@ from typing import Any, Mapping, Sequence
 
 import torch
 
-from nestflex.deploy.bundle import Bundle, BundleError
-from nestflex.deploy.client import SplitError, _LoopClient
+from nestflex.deploy.bundle.loader import Bundle
+from nestflex.deploy.bundle.schema import BundleError
+from nestflex.deploy.split.client import SplitError, _LoopClient
 from nestflex.deploy.codec import CodecError
 from nestflex.deploy.exits import ExitError
-from nestflex.deploy.wire import Request, WireError, encode_response, parse_request_metadata
+from nestflex.deploy.split.wire import Request, WireError, encode_response, parse_request_metadata
 from nestflex.errors import NestflexError
 from nestflex.serve.server import TailCore
 
@@ -112,7 +113,7 @@ class TailDeployment:
     request is checked and decoded as it arrives, so a bad one raises to its caller alone and
     never enters a batch. The good ones go through ``serve.batch`` (``max_batch_size`` samples,
     ``batch_wait_timeout_s``); a batch is grouped by split and policy
-    (:meth:`~nestflex.deploy.wire.Request.key`) and each group runs as one tail batch on the
+    (:meth:`~nestflex.deploy.split.wire.Request.key`) and each group runs as one tail batch on the
     replica's compute thread, so the replica's event loop keeps accepting. A request cancelled by
     its caller before its batch starts is dropped from the batch (no further work).
 
@@ -173,10 +174,10 @@ class TailDeployment:
 
         Args:
             body: the codec frame of the crossing tensors.
-            metadata: the request's metadata pairs (:func:`~nestflex.deploy.wire.request_metadata`).
+            metadata: the request's metadata pairs (:func:`~nestflex.deploy.split.wire.request_metadata`).
 
         Returns:
-            the response body (:func:`~nestflex.deploy.wire.encode_response`) and the trailing
+            the response body (:func:`~nestflex.deploy.split.wire.encode_response`) and the trailing
             metadata pairs ``nf-server-ms``, ``nf-queue-ms``, ``nf-batch``.
 
         Raises:
@@ -331,14 +332,14 @@ def app_builder(args: Mapping[str, Any]) -> Any:
 
 
 class RayTailClient(_LoopClient):
-    """The caller's side of a Ray Serve tail: :class:`~nestflex.deploy.client.TailClient`'s API on a handle.
+    """The caller's side of a Ray Serve tail: :class:`~nestflex.deploy.split.client.TailClient`'s API on a handle.
 
     Calls go through a ``DeploymentHandle`` from a background event loop, so synchronous device
-    code gets :class:`~nestflex.deploy.client.TailCall` futures (``submit``, ``info``, ``ping_ms``
+    code gets :class:`~nestflex.deploy.split.client.TailCall` futures (``submit``, ``info``, ``ping_ms``
     and ``close`` as on the gRPC client). The deadline is enforced here (Ray Serve's handles have
     none): past it, or on ``TailCall.cancel``, the response is cancelled
     (``DeploymentResponse.cancel``), so a request still waiting for its batch costs the replica
-    nothing more. Failures surface as :class:`~nestflex.deploy.client.SplitError` with the codes of
+    nothing more. Failures surface as :class:`~nestflex.deploy.split.client.SplitError` with the codes of
     the gRPC client: ``INVALID_ARGUMENT``, ``FAILED_PRECONDITION`` (another bundle, unknown split),
     ``DEADLINE_EXCEEDED``, ``CANCELLED``, ``RESOURCE_EXHAUSTED`` (every replica and the caller's
     queue full), ``UNAVAILABLE`` (no replica, a replica died), ``INTERNAL``; or ``BAD_REPLY``.
@@ -406,7 +407,7 @@ def _cause(e: BaseException) -> BaseException:
 
 
 def _code(e: BaseException) -> str:
-    """The gRPC status name of a failed call, as :class:`~nestflex.deploy.client.TailClient` reports it."""
+    """The gRPC status name of a failed call, as :class:`~nestflex.deploy.split.client.TailClient` reports it."""
     from ray import exceptions as rex
     from ray.serve import exceptions as sex
 

@@ -1,6 +1,6 @@
 """The tail server: runs the rest of a bundle's network for any split point, over gRPC (asyncio).
 
-Stateless: every request carries its split, exit set and thresholds (:mod:`nestflex.deploy.wire`),
+Stateless: every request carries its split, exit set and thresholds (:mod:`nestflex.deploy.split.wire`),
 so any replica that loaded the same bundle can answer it. Concurrent requests for the same
 split and policy are batched: one dispatcher takes the oldest waiting request's group (up to
 ``max_batch`` samples, after at most ``max_wait_ms``), runs it on one compute thread (torch
@@ -25,6 +25,7 @@ Example::
 
 from __future__ import annotations
 
+from nestflex.deploy.runtime.capacity import CapacityRuntime
 import asyncio
 import json
 import logging
@@ -38,12 +39,13 @@ from typing import Any, Sequence
 
 import torch
 
-from nestflex.deploy.bundle import Bundle, BundleError
+from nestflex.deploy.bundle.loader import Bundle
+from nestflex.deploy.bundle.schema import BundleError
 from nestflex.deploy.codec import CodecError, decode
 from nestflex.deploy.exits import ExitError
-from nestflex.deploy.split import SplitRuntime, TailResult
-from nestflex.deploy.wire import (INFO_METHOD, PROTOCOL, RUN_METHOD, SERVICE, Request, WireError, bundle_id,
-                                  encode_response, parse_request_metadata)
+from nestflex.deploy.split.runtime import SplitRuntime, TailResult
+from nestflex.deploy.split.wire import INFO_METHOD, PROTOCOL, RUN_METHOD, SERVICE, Request, WireError, encode_response, parse_request_metadata
+from nestflex.deploy.bundle.loader import bundle_id
 from nestflex.errors import NestflexError
 
 __all__ = ["TailServer", "ServerHandle"]
@@ -79,7 +81,7 @@ class TailCore:
         if not (isinstance(slowdown, (int, float)) and math.isfinite(slowdown) and slowdown >= 1):
             raise NestflexError(f"`slowdown` must be a number >= 1 (1: as fast as this machine), got {slowdown!r}")
         self.bundle, self.id, self.max_batch, self.slowdown = bundle, bundle_id(bundle), max_batch, float(slowdown)
-        self._capacity = bundle.capacity(bundle.num_levels - 1, plan=None)
+        self._capacity = CapacityRuntime(bundle, bundle.num_levels - 1, plan=None)
         self._runtimes: dict[tuple[str, str | None], SplitRuntime] = {}
 
     def info(self) -> dict[str, Any]:
@@ -117,7 +119,7 @@ class TailCore:
         if request.thresholds is not None and len(request.thresholds) != rt.num_exits - 1:
             raise WireError(f"exit set {request.exit_set!r} has {rt.num_exits - 1} early exits, got "
                             f"{len(request.thresholds)} thresholds")
-        return [t.float() for t in tensors], int(tensors[0].shape[0])
+        return [torch.from_numpy(t).float() for t in tensors], int(tensors[0].shape[0])
 
     def run_batch(self, batch: Sequence[Any]) -> tuple[TailResult, float]:
         """Run requests of one group (same split and policy; items with ``.request``, ``.tensors``) as one batch.

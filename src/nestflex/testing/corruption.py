@@ -30,7 +30,7 @@ Kinds (``KINDS``):
 
 Example::
 
-    from _corruption import KINDS, corrupt, tiny_bundle
+    from nestflex.testing.corruption import KINDS, corrupt, tiny_bundle
     good = tiny_bundle(Path("/tmp/c") / "good.nfx")
     case = corrupt(good, Path("/tmp/c/bad.nfx"), "truncate", seed=3)
     case.description   # "onnx/level_1.onnx truncated to 8 of 263549 bytes"
@@ -50,8 +50,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from nestflex.deploy.bundle import MAX_MANIFEST_BYTES
-from nestflex.deploy.schema import MANIFEST, MAX_HEADER_BYTES, MAX_JSON_DEPTH, MAX_JSON_ITEMS, WEIGHTS, manifest_digest
+from nestflex.deploy.bundle.loader import MAX_MANIFEST_BYTES
+from nestflex.deploy.bundle.schema import (
+    MANIFEST,
+    MAX_HEADER_BYTES,
+    MAX_JSON_DEPTH,
+    MAX_JSON_ITEMS,
+    WEIGHTS,
+    manifest_digest,
+)
+from nestflex.deploy.runtime.capacity import CapacityRuntime
+from nestflex.deploy.runtime.progressive import ProgressiveRuntime
 
 __all__ = ["KINDS", "Case", "corrupt", "outcome", "run_outputs", "tiny_bundle"]
 
@@ -118,13 +127,13 @@ def run_outputs(bundle: Any) -> dict[str, Any]:
     import torch
 
     x = torch.randn(1, *bundle.input_spec["shape"], generator=torch.Generator().manual_seed(0))
-    rt = bundle.capacity(0)
+    rt = CapacityRuntime(bundle, 0)
     out = {}
     for k in range(bundle.num_levels):
         rt.set_level(k)
         out[f"level_{k}"] = rt(x)
     for key in bundle.exit_sets:
-        r = bundle.progressive(rt, exit_set=key)(x)
+        r = ProgressiveRuntime(bundle, rt, exit_set=key)(x)
         out[f"{key}_logits"], out[f"{key}_exit"] = r.logits, r.exit_index
     return out
 

@@ -18,7 +18,7 @@ Only the two built-in confidences (``max_prob``, ``entropy``) have a graph form;
 custom one runs stage by stage.
 
 ``active`` keeps only some early exits (the synthesis's time-aware exit choice,
-:func:`nestflex.deploy.backends.choose_active_exits`): the stages between two kept exits run as
+:func:`nestflex.deploy.tune.choose_active_exits`): the stages between two kept exits run as
 one block and a dropped exit's head is never computed. ``exit_index`` / ``answer_index`` still
 number the exits of the whole set, and ``thresholds`` still has one entry per early exit (the
 dropped ones' are not read).

@@ -2,8 +2,8 @@
 
 A bundle is one directory (``model.nfx`` by convention) that describes itself:
 
-* ``manifest.json``: the :class:`~nestflex.deploy.schema.Manifest` (one typed definition, in
-  :mod:`nestflex.deploy.schema`): schema and producer version, the input spec, the classes, the
+* ``manifest.json``: the :class:`~nestflex.deploy.bundle.schema.Manifest` (one typed definition, in
+  :mod:`nestflex.deploy.bundle.schema`): schema and producer version, the input spec, the classes, the
   multi-capacity levels (profile rows + widths) and the program that runs them, the exit sets
   (``exit_sets``: a list of sets with a ``kind``, ``progressive`` for SPINN/SDN and ``flexdnn``
   for FlexDNN, same layout: heads, thresholds, confidence, fallback, calibration or plan), the
@@ -16,7 +16,7 @@ A bundle is one directory (``model.nfx`` by convention) that describes itself:
 
 :func:`load` checks the schema and producer versions, the manifest's own digest, each file's size
 and sha256, then reads the manifest through :meth:`Manifest.from_json
-<nestflex.deploy.schema.Manifest.from_json>` with the safetensors header (every field the runtime
+<nestflex.deploy.bundle.schema.Manifest.from_json>` with the safetensors header (every field the runtime
 uses: types, ranges, shapes, programs, regions, taps, FlexDNN filter indices), and reports every
 problem in one :class:`BundleError`. Schema-1 bundles (``exits`` / ``flex_exits`` keys) are
 upgraded on read. Nothing is unpickled: the manifest is JSON, the weights are safetensors. The
@@ -42,7 +42,8 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from nestflex import __version__
-from nestflex.deploy.schema import (
+from nestflex.deploy.bundle.program import check_shapes
+from nestflex.deploy.bundle.schema import (
     EXIT_SET_KEYS,
     FORMAT,
     MANIFEST,
@@ -318,12 +319,12 @@ class Bundle:
 
     Args:
         path: the bundle directory.
-        spec: its :class:`~nestflex.deploy.schema.Manifest` (or a manifest dict, validated here
+        spec: its :class:`~nestflex.deploy.bundle.schema.Manifest` (or a manifest dict, validated here
             without the weights header; :func:`load` is the usual way in).
 
     Attributes:
         path: the bundle directory.
-        spec: the typed :class:`~nestflex.deploy.schema.Manifest`.
+        spec: the typed :class:`~nestflex.deploy.bundle.schema.Manifest`.
         manifest: ``spec.to_json()``: the manifest as a plain dict, in the current schema (a
             schema-1 bundle reads as its upgrade; ``spec.schema_version`` says what was on disk).
         levels: one profile row per multi-capacity level (level, accuracy, params, macs,
@@ -424,46 +425,6 @@ class Bundle:
                               f"[{int(y.min())}, {int(y.max())}]. HINT: re-export the bundle")
         return x, y
 
-    def capacity(self, level: int | None = None, plan: Any = "auto", batch: int = 1):
-        """A :class:`~nestflex.deploy.runtime.CapacityRuntime` with ``level`` resident (default: the largest).
-
-        ``plan``: an :class:`~nestflex.deploy.backends.ExecutionPlan`, ``None`` (eager), or
-        ``"auto"``: the plan ``nestflex tune`` stored beside the bundle, if there is one.
-        ``batch``: the batch size it will mostly run; a plan tuned with ``--batches`` then gives
-        that size's configuration per level.
-        """
-        from nestflex.deploy.runtime import CapacityRuntime
-
-        if isinstance(plan, str) and plan == "auto":
-            from nestflex.deploy.backends import load_plan
-
-            plan = load_plan(self)
-        return CapacityRuntime(self, self.num_levels - 1 if level is None else level, plan, batch)
-
-    def progressive(self, capacity=None, exit_set: str = "exits", plan: Any = "auto", active=None):
-        """A :class:`~nestflex.deploy.runtime.ProgressiveRuntime` (batched early exit).
-
-        Args:
-            capacity: when the exits share the multi-capacity backbone, the
-                :class:`~nestflex.deploy.runtime.CapacityRuntime` to run on (a new one if ``None``);
-                it is switched to the largest level.
-            exit_set: which exits: ``"exits"`` or ``"progressive"`` (SPINN/SDN), ``"flex_exits"`` or
-                ``"flexdnn"`` (FlexDNN).
-            plan: an :class:`~nestflex.deploy.backends.ExecutionPlan`, ``None`` (eager), or
-                ``"auto"``: the plan ``nestflex tune`` stored beside the bundle, if there is one.
-            active: the early exits to evaluate, overriding the plan's choice (``None``: the plan's, else all).
-
-        Raises:
-            BundleError: the bundle has no such exit set, or ``active`` names an exit it lacks.
-        """
-        from nestflex.deploy.runtime import ProgressiveRuntime
-
-        if isinstance(plan, str) and plan == "auto":
-            from nestflex.deploy.backends import load_plan
-
-            plan = load_plan(self)
-        return ProgressiveRuntime(self, capacity, exit_set, plan, active)
-
     def __repr__(self) -> str:
         sets = "".join(f", {s.key}={len(s.names)}" for s in self._spec.exit_sets if s.kind != "progressive")
         ex = self._spec.exit_set("progressive")
@@ -471,15 +432,20 @@ class Bundle:
                 f"schema_version={self._spec.schema_version})")
 
 
+def bundle_id(bundle: Any) -> str:
+    """The identity both ends of a split compare: the manifest's sha256 (it covers every file's digest)."""
+    return str((bundle.manifest.get("integrity") or {}).get("manifest_sha256", ""))
+
+
 def load(path: str | os.PathLike) -> Bundle:
     """Open and validate a bundle.
 
     Checks, in order: the directory and ``manifest.json`` exist, are regular files inside the
     bundle, within :data:`MAX_MANIFEST_BYTES`, and parse as strict JSON
-    (:func:`~nestflex.deploy.schema.parse_json`: bounded depth, items and number length, no
+    (:func:`~nestflex.deploy.bundle.schema.parse_json`: bounded depth, items and number length, no
     NaN/Infinity), the schema version is one this runtime reads, the producer is nestflex of the same major version (these stop at the
     first problem); then the manifest digest, every listed file's size and sha256, and the whole
-    manifest through :meth:`Manifest.from_json <nestflex.deploy.schema.Manifest.from_json>` with
+    manifest through :meth:`Manifest.from_json <nestflex.deploy.bundle.schema.Manifest.from_json>` with
     the safetensors header (types, finite numbers, ranges, tensor shapes and dtypes, programs,
     regions, exit taps, split nodes, FlexDNN filter indices, also against the index tensors'
     values). Every problem of the second group is reported together. Schema-1 bundles are
@@ -510,8 +476,6 @@ def load(path: str | os.PathLike) -> Bundle:
     if spec is not None and not integrity:
         schema += _check_index_values(root, spec)
     if spec is not None and not integrity and not schema:
-        from nestflex.deploy.runtime import check_shapes  # the runtime imports this module
-
         schema += check_shapes(spec)
     if integrity or schema:
         raise BundleError(_message(root, integrity, schema), [*integrity, *schema])

@@ -2148,7 +2148,7 @@ def parse_json(data: bytes, what: str, hint: str) -> Any:
         {'a': [1, 2.5]}
         >>> parse_json(b'{"a": NaN}', "x.json", "fix it")
         Traceback (most recent call last):
-        nestflex.deploy.schema.BundleError: x.json exceeds a JSON limit: it holds NaN, which JSON does not have (no NaN or Infinity). HINT: fix it
+        nestflex.deploy.bundle.schema.BundleError: x.json exceeds a JSON limit: it holds NaN, which JSON does not have (no NaN or Infinity). HINT: fix it
     """
     try:
         # quotes and structural characters anywhere: an upper bound on the tokens scanned below, so

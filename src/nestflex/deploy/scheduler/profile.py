@@ -25,6 +25,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
+from nestflex.deploy.bundle.loader import load
 from nestflex.deploy.scheduler.errors import SchedulerError
 
 __all__ = [
@@ -237,20 +238,13 @@ class AppProfile:
             **kwargs: forwarded to :meth:`from_levels`.
 
         Raises:
-            SchedulerError: the loader is not available or the bundle carries no levels.
+            SchedulerError: the bundle carries no levels.
+            BundleError: the path is not a valid bundle.
         """
         source = None
         if isinstance(bundle, (str, os.PathLike)):
             source = Path(bundle)
-            import nestflex.deploy as deploy  # lazy: the loader lives beside this package
-
-            loader = getattr(deploy, "load", None)
-            if loader is None:
-                raise SchedulerError(
-                    f"cannot open bundle {str(source)!r}: nestflex.deploy.load is not available in this "
-                    "version. HINT: pass the recipe's grow/profile.json instead (--profiles)."
-                )
-            bundle = loader(source)
+            bundle = load(source)
         manifest = getattr(bundle, "manifest", None) or {}
         rows = getattr(bundle, "levels", None) or manifest.get("levels")
         if not rows:

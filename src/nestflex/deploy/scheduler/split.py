@@ -183,7 +183,7 @@ class SplitScheduler:
         targets: lexicographic soft targets (default :data:`DEFAULT_TARGETS`).
         tolerance: relative slack within which candidates tie on a target.
         depth: frames in flight (1: one at a time; more: pipelined, DynO), as the device's
-            :meth:`~nestflex.deploy.offload.Offloader.stream` runs them.
+            :meth:`~nestflex.deploy.split.offload.Offloader.stream` runs them.
         server_speedup: how much faster the server runs the same segments than this device.
         replan_threshold: :meth:`needs_replan` fires when an input moves by more than this share.
     """

@@ -26,9 +26,9 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from typing import Any, Sequence, TypeVar
 
-from nestflex.deploy.bundle import Bundle
-from nestflex.deploy.split import TailResult
-from nestflex.deploy.wire import INFO_METHOD, RUN_METHOD, bundle_id, decode_response, request_metadata
+from nestflex.deploy.bundle.loader import Bundle, bundle_id
+from nestflex.deploy.split.runtime import TailResult
+from nestflex.deploy.split.wire import INFO_METHOD, RUN_METHOD, decode_response, request_metadata
 from nestflex.errors import NestflexError
 
 __all__ = ["TailClient", "TailCall", "TailReply", "SplitError"]
@@ -148,7 +148,7 @@ class _LoopClient:
         """Send one request: ``frame`` (a codec frame of the crossing tensors of ``n`` samples).
 
         Args:
-            split, exit_set, thresholds: what the server runs (see :mod:`nestflex.deploy.wire`).
+            split, exit_set, thresholds: what the server runs (see :mod:`nestflex.deploy.split.wire`).
             n: samples in the frame; ``num_exits``: exits of the set (to check the reply).
             deadline_s: the request's deadline; the server stops working on the request after it.
         """

@@ -18,7 +18,7 @@ exit thresholds, deadline), which a scheduler may change between any two frames
 :meth:`Offloader.stream` pipelines consecutive frames (DynO): while frame ``i`` is on the network
 and the server, frame ``i + 1``'s head and packing run on the device; ``depth`` frames may be in
 flight. Each answer says where it came from and what it cost; an optional
-:class:`~nestflex.deploy.profiler.NetworkProfiler` is fed every completed transfer.
+:class:`~nestflex.deploy.split.network.NetworkProfiler` is fed every completed transfer.
 """
 
 from __future__ import annotations
@@ -32,11 +32,12 @@ from typing import Any, Iterable, Iterator
 
 import torch
 
-from nestflex.deploy.bundle import Bundle
-from nestflex.deploy.client import SplitError, TailCall, TailClient
+from nestflex.deploy.bundle.loader import Bundle
 from nestflex.deploy.codec import encode
 from nestflex.deploy.exits import ExitResult
-from nestflex.deploy.split import SERVER_ONLY, HeadResult, SplitRuntime, TailResult
+from nestflex.deploy.runtime.capacity import CapacityRuntime
+from nestflex.deploy.split.client import SplitError, TailCall, TailClient
+from nestflex.deploy.split.runtime import SERVER_ONLY, HeadResult, SplitRuntime, TailResult
 from nestflex.errors import NestflexError
 
 __all__ = ["SplitConfig", "SplitAnswer", "Offloader"]
@@ -82,7 +83,7 @@ class SplitAnswer:
         bytes_sent: request bytes (0 when nothing was sent).
         latency_ms: from :meth:`Offloader.infer` (or the frame's start in a stream) to the answer.
         device_ms: head + packing (+ continuation) time on the device.
-        reply: the server's :class:`~nestflex.deploy.client.TailReply` when it answered.
+        reply: the server's :class:`~nestflex.deploy.split.client.TailReply` when it answered.
         config: the configuration that ran the frame.
     """
 
@@ -112,11 +113,11 @@ class Offloader:
 
     Args:
         bundle: the bundle (the server must serve the same one).
-        client: a :class:`~nestflex.deploy.client.TailClient`, or ``None`` (device only: every
+        client: a :class:`~nestflex.deploy.split.client.TailClient`, or ``None`` (device only: every
             split then answers from local exits).
         config: the first :class:`SplitConfig`.
         exit_set: the exit set (``"exits"`` / ``"flex_exits"``), or ``None`` for the backbone alone.
-        profiler: a :class:`~nestflex.deploy.profiler.NetworkProfiler` to feed, or ``None``.
+        profiler: a :class:`~nestflex.deploy.split.network.NetworkProfiler` to feed, or ``None``.
     """
 
     def __init__(self, bundle: Bundle, client: TailClient | None, config: SplitConfig | None = None,
@@ -127,7 +128,7 @@ class Offloader:
         if isinstance(replan_every, bool) or not isinstance(replan_every, int) or replan_every < 1:
             raise NestflexError(f"`replan_every` must be an int >= 1 (frames), got {replan_every!r}")
         if scheduler is not None and profiler is None:
-            from nestflex.deploy.profiler import NetworkProfiler
+            from nestflex.deploy.split.network import NetworkProfiler
 
             profiler = NetworkProfiler()
         if config is None and scheduler is None:
@@ -136,7 +137,7 @@ class Offloader:
         self.exit_set = exit_set if exit_set is not None and exit_set in bundle.exit_sets else None
         self.slowdown, self.replan_every, self.probe_every_s = float(slowdown), replan_every, float(probe_every_s)
         self._last_transfer = -math.inf
-        self._capacity = bundle.capacity(bundle.num_levels - 1, plan=None)  # the split program runs eager
+        self._capacity = CapacityRuntime(bundle, bundle.num_levels - 1, plan=None)  # the split program runs eager
         self._runtimes: dict[str, SplitRuntime] = {}
         self._device_ratio: deque[float] = deque(maxlen=32)
         self._frames = 0

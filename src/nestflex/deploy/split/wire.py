@@ -30,10 +30,10 @@ from typing import Any, Mapping, Sequence
 import torch
 
 from nestflex.deploy.codec import decode, encode
-from nestflex.deploy.split import TailResult
+from nestflex.deploy.split.runtime import TailResult
 from nestflex.errors import NestflexError
 
-__all__ = ["bundle_id", "PROTOCOL", "SERVICE", "RUN_METHOD", "INFO_METHOD", "WireError", "Request", "request_metadata",
+__all__ = ["PROTOCOL", "SERVICE", "RUN_METHOD", "INFO_METHOD", "WireError", "Request", "request_metadata",
            "parse_request_metadata", "encode_response", "decode_response", "MAX_THRESHOLDS"]
 
 PROTOCOL = "1"
@@ -42,11 +42,6 @@ RUN_METHOD = f"/{SERVICE}/Run"
 INFO_METHOD = f"/{SERVICE}/Info"
 MAX_THRESHOLDS = 64  # far above any exit set (SPINN: 6 exits)
 _MAX_FIELD = 256  # characters in one metadata value
-
-
-def bundle_id(bundle: Any) -> str:
-    """The identity both ends compare: the manifest's sha256 (it covers every file's digest)."""
-    return str((bundle.manifest.get("integrity") or {}).get("manifest_sha256", ""))
 
 
 class WireError(NestflexError, ValueError):
@@ -121,7 +116,7 @@ def encode_response(result: TailResult) -> bytes:
 
 def decode_response(body: bytes, n: int, num_classes: int, num_exits: int) -> TailResult:
     """Parse a response body for ``n`` samples. Raises :class:`WireError` (or ``CodecError`` for a bad frame)."""
-    tensors = decode(body, max_elements=max(1, n * (num_classes + 4)), max_tensors=2)
+    tensors = [torch.from_numpy(t) for t in decode(body, max_elements=max(1, n * (num_classes + 4)), max_tensors=2)]
     if len(tensors) != 2 or tuple(tensors[0].shape) != (n, num_classes) or tuple(tensors[1].shape) != (n, 4):
         raise WireError(f"a response must hold logits ({n}, {num_classes}) and info ({n}, 4), got "
                         f"{[tuple(t.shape) for t in tensors]}")
