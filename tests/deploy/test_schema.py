@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from nestflex.deploy.backends import eager as runtime
+from nestflex.deploy.backends import torch_program as runtime
 from nestflex.deploy.bundle import schema as S
 
 FIXTURE = Path(__file__).parent / "fixtures" / "bundle_v1.nfx"

@@ -5,30 +5,106 @@ bundle where backends keep what they build for this device (tuned graphs, quanti
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Mapping, Sequence
 
-import torch
+import numpy as np
 
 from nestflex.deploy._registry import Registry
 from nestflex.errors import NestflexError
 
-__all__ = ["BackendError", "Backend", "register_backend", "list_backends", "get_backend", "tuned_dir", "calibration_split", "level_onnx"]
+__all__ = ["BackendError", "Backend", "LevelContext", "ExitsContext", "Prepared", "PreparedExits", "register_backend",
+           "list_backends", "get_backend", "tuned_dir", "calibration_split"]
+
 
 class BackendError(NestflexError, ValueError):
     """An unknown backend, a bad plan, or a plan that cannot be written."""
 
 
-Fn = Callable[[torch.Tensor], torch.Tensor]
+#: a prepared level: numpy input batch -> numpy logits
+Fn = Callable[[np.ndarray], np.ndarray]
+
+
+@dataclass(frozen=True)
+class LevelContext:
+    """What a backend is given to prepare one level of the capacity backbone.
+
+    Attributes:
+        bundle: the loaded bundle.
+        level: the level to run.
+        threads: intra-op threads for it.
+        tensors: the level's weights on demand (numpy, cut to the level's region), for a backend
+            that runs on the runtime's own copy; one that builds its own (an onnxruntime session)
+            never calls it, so the runtime keeps nothing paged for it.
+    """
+
+    bundle: Any
+    level: int
+    threads: int
+    tensors: Callable[[], Mapping[str, np.ndarray]]
+
+
+@dataclass(frozen=True)
+class ExitsContext:
+    """What a backend is given to prepare an exit set's stages and heads.
+
+    Attributes:
+        bundle: the loaded bundle.
+        key: the set's key (``exits`` / ``flex_exits``).
+        spec: the set's :class:`~nestflex.deploy.bundle.schema.ExitSet`.
+        threads: intra-op threads.
+        confidence, fallback: the policy a fused graph bakes in.
+        active: the early exits evaluated (ascending).
+        backbone: the backbone program's nodes (the capacity program when shared).
+        level: the level the backbone runs at (its largest when shared, 0 when own).
+        backbone_tensors, head_tensors: their weights on demand (numpy).
+    """
+
+    bundle: Any
+    key: str
+    spec: Any
+    threads: int
+    confidence: str
+    fallback: str
+    active: tuple[int, ...]
+    backbone: Sequence[Any]
+    level: int
+    backbone_tensors: Callable[[], Mapping[str, np.ndarray]]
+    head_tensors: Callable[[], Mapping[str, np.ndarray]]
+
+
+@dataclass
+class Prepared:
+    """A prepared level: ``fn`` (numpy in, numpy out) and the bytes it holds (its own weights' copy;
+    0 when it runs on the runtime's paged tensors)."""
+
+    fn: Fn
+    bytes: int = 0
+
+
+@dataclass
+class PreparedExits:
+    """A prepared exit set: per exit a stage (``fn(*arrays) -> tuple``) and per early exit a head
+    (``fn(state tuple) -> logits``; the final head is the last stage's output), an optional one-call
+    early exit for a single frame (``fused(x, thresholds) -> ExitResult``), and ``bytes()``: what
+    it holds now (sessions opened on first use count once open)."""
+
+    stages: list[Callable[..., tuple]]
+    heads: list[Callable[[tuple], np.ndarray]]
+    fused: Callable[..., Any] | None = None
+    bytes: Callable[[], int] = lambda: 0
 
 
 class Backend:
-    """How one level runs. Subclasses set ``name`` and ``package`` and implement :meth:`prepare`."""
+    """How one level or exit set runs. Subclasses set ``name`` and ``package`` and implement
+    :meth:`prepare` (and :meth:`prepare_exits` for exit sets). A backend gets a small context and
+    returns a prepared callable; it never reaches into a runtime."""
 
     name: str = ""
     package: str | None = None  # the pip package it needs, for the fallback warning
-    precision: str = "float32"  # float32 backends must match the eager program; others the accuracy budget
-    own_weights: bool = False  # runs from its own copy of the weights (the runtime's paged tensors are released)
+    precision: str = "float32"  # float32 backends must match the reference; others the accuracy budget
+    own_weights: bool = False  # runs from its own copy of the weights (the runtime pages nothing for it)
 
     def available(self) -> bool:
         if self.package is None:
@@ -37,17 +113,14 @@ class Backend:
 
         return importlib.util.find_spec(self.package) is not None
 
-    def prepare(self, runtime: Any, level: int, threads: int) -> Fn:
-        """A function running the resident ``level`` of ``runtime`` (a CapacityRuntime)."""
+    def prepare(self, ctx: LevelContext) -> Prepared:
+        """The level ``ctx.level`` ready to run."""
         raise NotImplementedError
 
-    def prepare_exits(self, runtime: Any, threads: int) -> tuple[list[Callable], list[Callable]]:
-        """An exit set's stage and head functions (``runtime``: a
-        :class:`~nestflex.deploy.runtime.ProgressiveRuntime`), in the eager ones' conventions: a
-        stage maps its input tensors to a tuple, a head maps that tuple to logits, the final head
-        is the last stage's logits."""
-        raise BackendError(f"execution backend {self.name!r} runs levels, not exit sets. HINT: plan `eager` or "
-                           f"`onnxruntime` for exits (`nestflex tune` does)")
+    def prepare_exits(self, ctx: ExitsContext) -> PreparedExits:
+        """An exit set's stages and heads ready to run."""
+        raise BackendError(f"execution backend {self.name!r} runs levels, not exit sets. HINT: plan "
+                           f"`onnxruntime` (or `eager`) for exits (`nestflex tune` does)")
 
 
 _BACKENDS: Registry[Backend] = Registry("execution backend", BackendError, accepts=lambda v: isinstance(v, Backend),
@@ -78,7 +151,7 @@ def tuned_dir(bundle: Any) -> Path:
     return p.with_name(p.name + ".tuned") / bundle_id(bundle)[:16]
 
 
-def calibration_split(bundle: Any) -> tuple[tuple[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
+def calibration_split(bundle: Any) -> tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]:
     """The bundle's samples as (calibration half, check half): int8 ranges are fitted on the first,
     accuracy is judged on the second, so the check is not in-sample.
 
@@ -113,16 +186,3 @@ def _built(bundle: Any, name: str, build: Callable[[Path], Any]) -> Path:
         target.parent.mkdir(parents=True, exist_ok=True)
     build(target)
     return target
-
-
-def level_onnx(bundle: Any, level: int) -> Path:
-    """The ONNX file the bundle ships for ``level``.
-
-    Raises:
-        BackendError: the bundle has none for that level.
-    """
-    entry = next((o for o in bundle.spec.onnx if o.kind == "level" and o.extra.get("level") == level), None)
-    if entry is None:
-        raise BackendError(f"bundle {str(bundle.path)!r} has no ONNX file for level {level}. HINT: export it "
-                           f"with onnx=True, or plan another backend for this level")
-    return bundle.file(entry.file)

@@ -1,134 +1,82 @@
-"""The torch eager backends (optional: torch is imported only when one is asked for): the op-program
-interpreter in NCHW (``eager``) and in channels-last memory order (``channels_last``).
+"""The torch eager backends, optional (torch is imported only when one prepares something): the
+bundle's op program interpreted in torch (:mod:`.torch_program`), in NCHW (``eager``) or with every
+4-D weight and the input in channels-last memory order (``channels_last``: Cappuccino's map-major
+layout, oneDNN's NHWC kernels). The reference for parity and debugging; numpy in, numpy out like
+every backend (the tensors are views of the runtime's numpy arrays, nothing is copied).
 """
 
 from __future__ import annotations
 
-import operator
 from typing import Any, Callable, Mapping, Sequence
 
-import torch
-import torch.nn.functional as F
+import numpy as np
 
-from nestflex.deploy.backends.base import Backend, Fn
-from nestflex.deploy.bundle.program import _nodes
-from nestflex.deploy.bundle.schema import ProgramNode as Node
+from nestflex.deploy.backends.base import Backend, ExitsContext, LevelContext, Prepared, PreparedExits
+from nestflex.deploy.bundle.program import cut_program
 
-__all__ = ["OPS", "run_program", "EagerBackend", "ChannelsLastBackend"]
-
-# --------------------------------------------------------------------------------------------
-# the op-program interpreter
-def _arg(a: Any, env: Mapping[str, Any]) -> Any:
-    return env[a] if isinstance(a, str) else a
+__all__ = ["EagerBackend", "ChannelsLastBackend"]
 
 
-def _conv2d(node: Node, x: torch.Tensor, w: Mapping[str, torch.Tensor]) -> torch.Tensor:
-    at = node.attrs
-    weight = w["weight"]
-    groups = weight.shape[0] if at.get("depthwise") else at["groups"]
-    return F.conv2d(x, weight, w.get("bias"), at["stride"], at["padding"], at["dilation"], groups)
+def _torch_tensors(arrays: Mapping[str, np.ndarray]) -> dict[str, Any]:
+    import torch
+
+    return {k: torch.from_numpy(v) for k, v in arrays.items()}
 
 
-def _batch_norm(node: Node, x: torch.Tensor, w: Mapping[str, torch.Tensor]) -> torch.Tensor:
-    return F.batch_norm(x, w["running_mean"], w["running_var"], w.get("weight"), w.get("bias"), False, 0.0,
-                        node.attrs["eps"])
+def _program(nodes: Sequence[Any], inputs: Sequence[str], outputs: Sequence[str], tensors: Callable[[], Any], level: int,
+             convert: Callable[[Any], Any] = lambda t: t) -> Callable[..., Any]:
+    """``fn(*numpy arrays) -> tuple of numpy arrays`` (the program's output when ``outputs`` is empty)."""
+    import torch
 
+    from nestflex.deploy.backends.torch_program import run_program
 
-def _max_pool(node: Node, x: torch.Tensor, w) -> torch.Tensor:
-    at = node.attrs
-    return F.max_pool2d(x, at["kernel_size"], at["stride"], at["padding"], at["dilation"], at["ceil_mode"])
+    def run(*values: np.ndarray) -> tuple[np.ndarray, ...]:
+        with torch.no_grad():
+            env = {name: convert(torch.from_numpy(np.ascontiguousarray(v))) for name, v in zip(inputs, values)}
+            result = run_program(nodes, env, tensors(), level)
+            got = tuple(env[o] for o in outputs) if outputs else (result,)
+            return tuple(t.contiguous().numpy() for t in got)
 
-
-def _avg_pool(node: Node, x: torch.Tensor, w) -> torch.Tensor:
-    at = node.attrs
-    return F.avg_pool2d(x, at["kernel_size"], at["stride"], at["padding"], at["ceil_mode"], at["count_include_pad"],
-                        at.get("divisor_override"))
-
-
-def _size(v: Any) -> Any:
-    return tuple(v) if isinstance(v, list) else v
-
-
-#: op name -> fn(node, first input, weights of this node) for ops with one tensor input
-OPS: dict[str, Callable[..., torch.Tensor]] = {
-    "conv2d": _conv2d,
-    "linear": lambda node, x, w: F.linear(x, w["weight"], w.get("bias")),
-    "batch_norm": _batch_norm,
-    "relu": lambda node, x, w: F.relu(x),
-    "relu6": lambda node, x, w: F.hardtanh(x, 0.0, 6.0),
-    "identity": lambda node, x, w: x,
-    "max_pool2d": _max_pool,
-    "avg_pool2d": _avg_pool,
-    "adaptive_avg_pool2d": lambda node, x, w: F.adaptive_avg_pool2d(x, _size(node.attrs["output_size"])),
-    "adaptive_max_pool2d": lambda node, x, w: F.adaptive_max_pool2d(x, _size(node.attrs["output_size"])),
-    "flatten": lambda node, x, w: torch.flatten(x, node.attrs["start_dim"], node.attrs["end_dim"]),
-}
-
-
-_BINARY = {"add": operator.add, "sub": operator.sub, "mul": operator.mul}
-
-
-#: ops run_program handles itself; with OPS and _BINARY exactly the schema's PROGRAM_OPS (tested)
-_SPECIAL = ("input", "output", "param", "index_select")
-
-
-def _node_weights(node: Node, tensors: Mapping[str, torch.Tensor], level: int) -> dict[str, torch.Tensor]:
-    return {role: tensors[name] for role, name in node.level_params(level).items()}
-
-
-def run_program(nodes: Sequence[Node], env: dict[str, Any], tensors: Mapping[str, torch.Tensor], level: int = 0) -> Any:
-    """Run ``nodes`` (:class:`~nestflex.deploy.bundle.schema.ProgramNode`, or their JSON dicts) in order;
-    ``env`` holds the inputs by node name and receives every result.
-
-    The program was validated when the bundle was loaded (:mod:`nestflex.deploy.bundle.schema`), so
-    this loop only dispatches.
-
-    Returns the ``output`` node's value (a tensor or a tuple), or ``None`` if ``nodes`` has none.
-    """
-    for node in _nodes(nodes):
-        op = node.op
-        if op == "input":
-            continue
-        if op == "output":
-            args = [_arg(a, env) for a in node.args]
-            return args[0] if len(args) == 1 else tuple(args)
-        if op == "param":
-            env[node.name] = tensors[node.params["value"]]
-        elif op in _BINARY:
-            a, b = (_arg(x, env) for x in node.args)
-            env[node.name] = _BINARY[op](a, b)
-        elif op == "index_select":  # FlexDNN exits: the top-k filters of the tapped map
-            a, index = (_arg(x, env) for x in node.args)
-            env[node.name] = torch.index_select(a, node.attrs["dim"], index)
-        else:
-            env[node.name] = OPS[op](node, _arg(node.args[0], env), _node_weights(node, tensors, level))
-    return None
-
-
-# --------------------------------------------------------------------------------------------
-# the backends
+    return run
 
 
 class EagerBackend(Backend):
+    """The op program in torch eager, NCHW."""
+
     name = "eager"
+    package = "torch"
 
-    def prepare(self, runtime: Any, level: int, threads: int) -> Fn:
-        return runtime._eager
+    def prepare(self, ctx: LevelContext) -> Prepared:
+        nodes = ctx.bundle.spec.capacity.program.nodes
+        run = _program(nodes, [nodes[0].name], [], lambda: _torch_tensors(ctx.tensors()), ctx.level)
+        return Prepared(lambda x: run(x)[0])
 
-    def prepare_exits(self, runtime: Any, threads: int) -> tuple[list[Callable], list[Callable]]:
-        return list(runtime._eager_stages), list(runtime._eager_heads)
+    def prepare_exits(self, ctx: ExitsContext) -> PreparedExits:
+        backbone = lambda: _torch_tensors(ctx.backbone_tensors())  # noqa: E731
+        heads_t = lambda: _torch_tensors(ctx.head_tensors())  # noqa: E731
+        stages = [_program(body, ins, outs, backbone, ctx.level) for ins, body, outs in cut_program(ctx.backbone, ctx.spec.taps)]
+        heads = []
+        for h in ctx.spec.heads:
+            nodes = h.program.nodes
+            run = _program(nodes, [nodes[0].name], [], heads_t, 0)
+            heads.append(lambda state, run=run: run(state[0])[0])
+        return PreparedExits(stages, heads + [lambda state: state[0]])
 
 
 class ChannelsLastBackend(Backend):
+    """The op program in torch eager with the input and every 4-D weight in channels-last order (a
+    channels-last copy of the level's weights is made once per switch)."""
+
     name = "channels_last"
+    package = "torch"
 
-    def prepare(self, runtime: Any, level: int, threads: int) -> Fn:
-        tensors = runtime._store.tensors
-        for k, t in tensors.items():  # in place: the same bytes, another order
-            if t.dim() == 4:
-                tensors[k] = t.contiguous(memory_format=torch.channels_last)
+    def prepare(self, ctx: LevelContext) -> Prepared:
+        import torch
 
-        def run(x: torch.Tensor) -> torch.Tensor:
-            return runtime._eager(x.contiguous(memory_format=torch.channels_last))
-
-        return run
+        nodes = ctx.bundle.spec.capacity.program.nodes
+        tensors = {k: t.contiguous(memory_format=torch.channels_last) if t.dim() == 4 else t
+                   for k, t in _torch_tensors(ctx.tensors()).items()}
+        held = sum(t.numel() * t.element_size() for t in tensors.values() if t.dim() == 4)
+        run = _program(nodes, [nodes[0].name], [], lambda: tensors, ctx.level,
+                       lambda t: t.contiguous(memory_format=torch.channels_last) if t.dim() == 4 else t)
+        return Prepared(lambda x: run(x)[0], held)

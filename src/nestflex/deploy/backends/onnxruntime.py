@@ -5,122 +5,117 @@ sets as stage/head sessions or one fused early-exit graph.
 from __future__ import annotations
 
 import os
+import threading
 import warnings
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-import torch
+import numpy as np
 
-from nestflex.deploy.backends.base import Backend, BackendError, Fn, _built, level_onnx, tuned_dir
+from nestflex.deploy.backends.base import (Backend, ExitsContext, LevelContext, Prepared, PreparedExits, _built,
+                                           tuned_dir)
+from nestflex.deploy.backends.graphs import exit_graphs, level_graph
 from nestflex.deploy.backends.fused_exits import FUSED_CONFIDENCES, fuse_exits
 from nestflex.deploy.backends.quantize import mixed_float_layers, pad_level, quantize_level
+from nestflex.deploy.exits import ExitResult
 
 __all__ = ["OnnxRuntimeBackend", "OnnxRuntimeInt8Backend", "OnnxRuntimeMixedBackend", "OnnxRuntimePaddedBackend", "OnnxRuntimeInt8PaddedBackend", "OnnxRuntimeMixedPaddedBackend", "fused_exits_path"]
 
 class OnnxRuntimeBackend(Backend):
+    """The level's ONNX graph (the bundle's, or one written from its program:
+    :func:`~nestflex.deploy.backends.graphs.level_graph`) in an onnxruntime session with every graph
+    optimisation; exit sets as one session per stage and head, plus the fused one-call early exit
+    for a single frame when it can be built (:mod:`nestflex.deploy.backends.fused_exits`)."""
+
     name = "onnxruntime"
     package = "onnxruntime"
     own_weights = True
     pad_to = 1  # >1: the level's widths zero-padded to this multiple (pad_level)
 
     def model_path(self, bundle: Any, level: int) -> Path:
-        """The ONNX file this backend runs for ``level``: the one the bundle ships."""
-        return level_onnx(bundle, level)
+        """The ONNX file this backend runs for ``level``."""
+        return level_graph(bundle, level)
 
-    def prepare(self, runtime: Any, level: int, threads: int) -> Fn:
-        path = self.model_path(runtime.bundle, level)
-        session = _session(path, threads, tuned_dir(runtime.bundle) / f"{path.stem}.optimized.onnx")
+    def prepare(self, ctx: LevelContext) -> Prepared:
+        path = self.model_path(ctx.bundle, ctx.level)
+        session = _session(path, ctx.threads, tuned_dir(ctx.bundle) / f"{path.stem}.optimized.onnx")
         name = session.get_inputs()[0].name
-        runtime._session_bytes = path.stat().st_size
 
-        def run(x: torch.Tensor) -> torch.Tensor:
-            return torch.from_numpy(session.run(None, {name: x.detach().contiguous().numpy()})[0])
+        def run(x: np.ndarray) -> np.ndarray:
+            return session.run(None, {name: x})[0]
 
-        return run
+        return Prepared(run, path.stat().st_size)
 
-
-    def prepare_exits(self, runtime: Any, threads: int) -> tuple[list[Callable], list[Callable]]:
+    def prepare_exits(self, ctx: ExitsContext) -> PreparedExits:
         if self.precision != "float32" or self.pad_to > 1:
-            return super().prepare_exits(runtime, threads)
-        bundle, kind = runtime.bundle, runtime.spec.kind
-        files = {(o.kind, o.extra.get("stage", o.extra.get("exit"))): o for o in bundle.spec.onnx
-                 if o.kind in ("stage", "exit") and o.exit_set == kind}
-        n = runtime.num_exits
-        missing = [f"{k} {i}" for k, count in (("stage", n), ("exit", n - 1)) for i in range(count) if (k, i) not in files]
-        if missing:
-            raise BackendError(f"bundle {str(bundle.path)!r} has no ONNX file for {kind} exits' {', '.join(missing)}. "
-                               f"HINT: re-export it with onnx=True, or plan `eager` for its exits")
+            return super().prepare_exits(ctx)
+        bundle = ctx.bundle
+        stage_files, head_files, taps = exit_graphs(bundle, ctx.key)
         tuned = tuned_dir(bundle)
-        runtime._session_bytes = 0
-        taps = [int(files[("stage", k)].extra.get("tap_output") or 0) for k in range(n - 1)]
+        held = [0]
 
         def open_(path: Path, optimized_copy: bool = True) -> Any:
             # no optimised copy of the fused graph: onnxruntime (1.31) saves its If branches with
             # clashing names (its NCHWc `reorder` outputs), a file it then refuses to load
-            session = _session(path, threads, tuned / f"{path.stem}.optimized.onnx" if optimized_copy else None)
-            runtime._session_bytes += path.stat().st_size  # counted once it is open
+            session = _session(path, ctx.threads, tuned / f"{path.stem}.optimized.onnx" if optimized_copy else None)
+            held[0] += path.stat().st_size  # counted once it is open
             return session
 
-        def lazy(entry: Any) -> Callable[[], Any]:
-            """The entry's session, opened on first use: with the fused graph serving single
-            frames, the per-stage sessions (batches, single exits) cost memory only once used."""
-            import threading
-
+        def lazy(path: Path) -> Callable[[], Any]:
+            """The file's session, opened on first use: with the fused graph serving single frames,
+            the per-stage sessions (batches, single exits) cost memory only once used."""
             opened: list[Any] = []
             lock = threading.Lock()
 
             def get() -> Any:
                 if not opened:
-                    with lock:  # one session per entry, even when two threads ask first
+                    with lock:  # one session per file, even when two threads ask first
                         if not opened:
-                            opened.append(open_(bundle.file(entry.file)))
+                            opened.append(open_(path))
                 return opened[0]
 
             return get
 
         def stage(session: Callable[[], Any]) -> Callable:
-            def run(*values: torch.Tensor) -> tuple[torch.Tensor, ...]:
+            def run(*values: np.ndarray) -> tuple[np.ndarray, ...]:
                 s = session()
-                feed = {i.name: v.detach().contiguous().numpy() for i, v in zip(s.get_inputs(), values)}
-                return tuple(torch.from_numpy(o) for o in s.run(None, feed))
+                return tuple(s.run(None, {i.name: v for i, v in zip(s.get_inputs(), values)}))
 
             return run
 
         def head(session: Callable[[], Any], tap: int) -> Callable:
-            def run(state: tuple[torch.Tensor, ...]) -> torch.Tensor:
+            def run(state: tuple[np.ndarray, ...]) -> np.ndarray:
                 s = session()
-                return torch.from_numpy(s.run(None, {s.get_inputs()[0].name: state[tap].detach().contiguous().numpy()})[0])
+                return s.run(None, {s.get_inputs()[0].name: state[tap]})[0]
 
             return run
 
-        runtime._fused = None
-        if runtime.confidence in FUSED_CONFIDENCES:
+        fused = None
+        if ctx.confidence in FUSED_CONFIDENCES:
             try:
-                path = fused_exits_path(bundle, runtime.exit_set, runtime.confidence, runtime.fallback,
-                                        [bundle.file(files[("stage", k)].file) for k in range(n)],
-                                        [bundle.file(files[("exit", k)].file) for k in range(n - 1)], taps,
-                                        runtime.active)
-                runtime._fused = _fused_call(open_(path, optimized_copy=False))
+                path = fused_exits_path(bundle, ctx.key, ctx.confidence, ctx.fallback, stage_files, head_files, taps,
+                                        ctx.active)
+                fused = _fused_call(open_(path, optimized_copy=False))
+            except ModuleNotFoundError as e:  # the graph is built with `onnx` (nestflex[tune]); `nestflex tune` builds it
+                warnings.warn(f"{ctx.key} of {str(bundle.path)!r}: no fused early-exit graph ({e.name} is not "
+                              f"installed); single frames run stage by stage. HINT: run `nestflex tune` where "
+                              f"nestflex[tune] is installed, it keeps the graph beside the bundle", stacklevel=4)
             except Exception as e:  # an optimisation, not a requirement: the stages still run one by one
-                warnings.warn(f"{runtime.exit_set} of {str(bundle.path)!r}: the fused early-exit graph could not "
+                warnings.warn(f"{ctx.key} of {str(bundle.path)!r}: the fused early-exit graph could not "
                               f"be built ({type(e).__name__}: {str(e)[:200]}); single frames run stage by stage",
-                              stacklevel=3)
-        stages = [stage(lazy(files[("stage", k)])) for k in range(n)]
-        heads = [head(lazy(files[("exit", k)]), taps[k]) for k in range(n - 1)]
-        return stages, heads + [lambda state: state[0]]
+                              stacklevel=4)
+        stages = [stage(lazy(p)) for p in stage_files]
+        heads = [head(lazy(p), t) for p, t in zip(head_files, taps)]
+        return PreparedExits(stages, heads + [lambda state: state[0]], fused, lambda: held[0])
 
 
-def _fused_call(session: Any) -> Callable[[torch.Tensor, Sequence[float]], Any]:
+def _fused_call(session: Any) -> Callable[[np.ndarray, Sequence[float]], Any]:
     """``fn(x (1, ...), thresholds) -> ExitResult`` over a fused early-exit session."""
-    import numpy as np
 
-    from nestflex.deploy.exits import ExitResult
-
-    def run(x: torch.Tensor, thresholds: Sequence[float]) -> ExitResult:
+    def run(x: np.ndarray, thresholds: Sequence[float]) -> ExitResult:
         thr = np.asarray(thresholds if thresholds else [1.0], dtype=np.float32)
-        logits, index, answer, conf = session.run(None, {"input": x.detach().contiguous().numpy(), "thresholds": thr})
-        return ExitResult(torch.from_numpy(logits), torch.from_numpy(index), torch.from_numpy(answer),
-                          torch.from_numpy(conf).to(torch.get_default_dtype()))
+        logits, index, answer, conf = session.run(None, {"input": x, "thresholds": thr})
+        return ExitResult(logits, index, answer, conf.astype(np.float32, copy=False))
 
     return run
 

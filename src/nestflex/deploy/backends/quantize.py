@@ -10,9 +10,10 @@ import warnings
 from pathlib import Path
 from typing import Any, Sequence
 
-import torch
+import numpy as np
 
-from nestflex.deploy.backends.base import BackendError, _built, calibration_split, level_onnx
+from nestflex.deploy.backends.base import BackendError, _built, calibration_split
+from nestflex.deploy.backends.graphs import level_graph
 from nestflex.deploy.backends.padding import pad_channels
 
 __all__ = ["float_layers", "mixed_float_layers", "slow_int8_layers", "quantize_level", "pad_level"]
@@ -59,14 +60,12 @@ def slow_int8_layers(bundle: Any, runs: int = 200) -> tuple[str, ...]:
     are measured again next time. The padded backends use the same list: the largest level's
     widths are usually multiples of 8 already, so padding leaves its kernels as they are.
     """
-    import numpy as np
-
     from nestflex._io import write_json
     from nestflex.deploy.backends.op_profile import CONV_OPS, layer_names, operator_times
 
     def build(target: Path) -> None:
         top = bundle.num_levels - 1
-        fp32 = level_onnx(bundle, top)
+        fp32 = level_graph(bundle, top)
         x = np.random.default_rng(0).standard_normal((1, *bundle.spec.input.shape)).astype(np.float32)
         names = layer_names(fp32)
         t32 = [o["us"] for o in operator_times(fp32, x, runs) if o["op"] in CONV_OPS]
@@ -108,7 +107,7 @@ def quantize_level(bundle: Any, level: int, keep_float: Sequence[str] = (), pad_
     tag = "int8" if not keep_float else "mixed-" + hashlib.sha256("\n".join(keep_float).encode()).hexdigest()[:8]
 
     def build(target: Path) -> None:
-        src = level_onnx(bundle, level) if pad_to == 1 else pad_level(bundle, level, pad_to)
+        src = level_graph(bundle, level) if pad_to == 1 else pad_level(bundle, level, pad_to)
         work = Path(tempfile.mkdtemp(dir=target.parent, prefix=".int8-"))
         try:
             _quantize(src, work / "model.onnx", calibration_split(bundle)[0][0], work, keep_float)
@@ -126,11 +125,11 @@ def pad_level(bundle: Any, level: int, multiple: int) -> Path:
     Raises:
         PaddingError: the graph has an operator the padding does not support.
     """
-    src = level_onnx(bundle, level)
+    src = level_graph(bundle, level)
     return _built(bundle, f"level_{level}.pad{multiple}.onnx", lambda target: pad_channels(src, target, multiple))
 
 
-def _quantize(src: Path, dst: Path, inputs: torch.Tensor, work: Path, keep_float: Sequence[str] = ()) -> None:
+def _quantize(src: Path, dst: Path, inputs: np.ndarray, work: Path, keep_float: Sequence[str] = ()) -> None:
     import logging
 
     import onnx
@@ -151,7 +150,7 @@ def _quantize(src: Path, dst: Path, inputs: torch.Tensor, work: Path, keep_float
         quant_pre_process(str(src), str(pre))
         name = ort.InferenceSession(str(pre), providers=["CPUExecutionProvider"]).get_inputs()[0].name
         exclude = _nodes_of(onnx.load(str(pre)), keep_float, src) if keep_float else []
-        batches = [{name: inputs[i:i + 1].numpy()} for i in range(inputs.shape[0])]
+        batches = [{name: inputs[i:i + 1]} for i in range(inputs.shape[0])]
 
         class Reader(CalibrationDataReader):
             def __init__(self) -> None:

@@ -41,6 +41,8 @@ import stat
 from pathlib import Path
 from typing import Any, Mapping
 
+import numpy as np
+
 from nestflex import __version__
 from nestflex.deploy.bundle.program import check_shapes
 from nestflex.deploy.bundle.schema import (
@@ -403,8 +405,7 @@ class Bundle:
         s = self._spec.samples
         if s is None:
             return None
-        import torch
-        from safetensors.torch import load_file
+        from safetensors.numpy import load_file
 
         path = self.file(s.file)
         where = f"bundle {str(self.path)!r}: {s.file}"
@@ -414,10 +415,10 @@ class Bundle:
             raise BundleError(f"{where} cannot be read ({type(e).__name__}: {e}). HINT: re-export the bundle") from None
         x, y = t.get("inputs"), t.get("labels")
         shape = (s.count, *self._spec.input.shape)
-        if x is None or x.dtype != torch.float32 or tuple(x.shape) != shape:
+        if x is None or x.dtype != np.float32 or tuple(x.shape) != shape:
             raise BundleError(f"{where}: `inputs` must be float32 {list(shape)} (samples.count x input.shape), got "
                               f"{'nothing' if x is None else f'{x.dtype} {list(x.shape)}'}. HINT: re-export the bundle")
-        if y is None or y.dtype != torch.int64 or tuple(y.shape) != (s.count,):
+        if y is None or y.dtype != np.int64 or tuple(y.shape) != (s.count,):
             raise BundleError(f"{where}: `labels` must be int64 [{s.count}], got "
                               f"{'nothing' if y is None else f'{y.dtype} {list(y.shape)}'}. HINT: re-export the bundle")
         if s.count and (int(y.min()) < 0 or int(y.max()) >= self._spec.num_classes):

@@ -5,18 +5,18 @@ FlexDNN exits), on the capacity backbone or on the set's own.
 from __future__ import annotations
 
 import operator
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
-import torch
+import numpy as np
 
-from nestflex.deploy.backends.eager import run_program
-from nestflex.deploy.backends.plan import load_plan
+from nestflex.deploy._arrays import as_numpy
+from nestflex.deploy.backends.base import ExitsContext
+from nestflex.deploy.backends.plan import ExitsPlan, resolve
 from nestflex.deploy.bundle.loader import EXIT_SETS, Bundle
-from nestflex.deploy.bundle.program import cut_program
 from nestflex.deploy.bundle.schema import EXIT_SET_KEYS, BundleError, ExitSet
-from nestflex.deploy.bundle.schema import ProgramNode as Node
+from nestflex.deploy.bundle.weights import WeightStore
 from nestflex.deploy.exits import ConfidenceFn, ExitResult, check_thresholds, early_exit
-from nestflex.deploy.runtime.capacity import CapacityRuntime, _check_input, _Store
+from nestflex.deploy.runtime.capacity import DEFAULT_BACKEND, CapacityRuntime, check_input, resolve_plan
 
 __all__ = ["ProgressiveRuntime"]
 
@@ -31,13 +31,14 @@ class ProgressiveRuntime:
 
     Args:
         bundle: a loaded bundle with exits.
-        capacity: for a shared backbone, the :class:`CapacityRuntime` to run on (switched to the
-            largest level); a new one if ``None``.
+        capacity: for a shared backbone, a :class:`CapacityRuntime` whose tensors the ``eager``
+            backend runs on (one copy of the weights; switched to the largest level); an
+            onnxruntime exit set holds its own copy in its sessions and only checks the level.
         exit_set: which set: ``"exits"`` / ``"progressive"`` or ``"flex_exits"`` / ``"flexdnn"``.
-        plan: an :class:`~nestflex.deploy.backends.ExecutionPlan`: its entry for this set (if any)
-            says which backend runs the stages and heads (``onnxruntime``: the bundle's stage and
-            head graphs) and which early exits are evaluated; ``None``: eager, every exit;
-            ``"auto"``: the plan ``nestflex tune`` stored beside the bundle, if there is one.
+        plan: ``"auto"`` (the plan ``nestflex tune`` stored beside the bundle, else onnxruntime),
+            ``None`` (onnxruntime), a backend name, or an
+            :class:`~nestflex.deploy.backends.ExecutionPlan`: its entry for this set says which
+            backend runs the stages and heads and which early exits are evaluated.
         active: the early exits to evaluate (indices in ``[0, num_exits - 1)``), overriding the
             plan's; a dropped exit's head never runs and its samples go on to the next kept exit.
             ``None``: the plan's choice, else all.
@@ -55,8 +56,6 @@ class ProgressiveRuntime:
 
     def __init__(self, bundle: Bundle, capacity: CapacityRuntime | None = None, exit_set: str = "exits",
                  plan: Any = "auto", active: Sequence[int] | None = None) -> None:
-        if isinstance(plan, str) and plan == "auto":
-            plan = load_plan(bundle)
         key = EXIT_SET_KEYS.get(exit_set, exit_set)
         if key not in EXIT_SETS:
             raise BundleError(f"`exit_set` must be one of {', '.join(EXIT_SETS)} (or the kinds "
@@ -74,49 +73,42 @@ class ProgressiveRuntime:
         self.thresholds: list[float] = list(ex.thresholds)
         self.confidence: str = ex.confidence
         self.fallback: str = ex.fallback
+        plan = resolve_plan(bundle, plan)
+        entry = plan.exits.get(key) or ExitsPlan(DEFAULT_BACKEND, 1)
+        if active is None:
+            active = entry.active
+        self._num_heads = len(ex.heads)
+        self._active: tuple[int, ...] = self._check_active(active)
+        backend, threads = resolve(entry)
         if ex.backbone == "shared":
-            self.capacity = capacity if capacity is not None else \
-                CapacityRuntime(bundle, bundle.num_levels - 1, plan=None)  # exits run the eager program
-            if self.capacity.level != bundle.num_levels - 1:
-                self.capacity.set_level(bundle.num_levels - 1)
             self._level = bundle.num_levels - 1
-            nodes, store = self.capacity.nodes, self.capacity._store
+            self.capacity = capacity
+            if capacity is not None and capacity.level != self._level:
+                capacity.set_level(self._level)
+            if capacity is not None and not backend.own_weights:  # run on the capacity runtime's tensors
+                store = capacity._store
+            else:
+                cap = bundle.spec.capacity
+                store = WeightStore(bundle, cap.program.tensor_names(), cap.regions, cap.num_levels)
+            nodes = bundle.spec.capacity.program.nodes
         else:
             self.capacity = None
             self._level = 0
             nodes = ex.program.nodes
-            store = _Store(bundle, ex.program.tensor_names(), {}, 1)
-            store.page(0)
+            store = WeightStore(bundle, ex.program.tensor_names(), {}, 1)
         self._backbone_store = store
-        self._heads = [h.program.nodes for h in ex.heads]
-        self._head_store = _Store(bundle, list(dict.fromkeys(t for h in ex.heads for t in h.program.tensor_names())),
-                                  {}, 1)
-        self._head_store.page(0)
-        stages = cut_program(nodes, ex.taps)
-        self._eager_stages = [self._make_stage(*s) for s in stages]
-        self._eager_heads = self._make_heads()
-        self._stages, self._heads_fns = self._eager_stages, self._eager_heads
-        self.backend, self._session_bytes = "eager", 0
-        self._fused = None  # the backend's one-call early exit for a single sample, if it has one
-        entry = None if plan is None else plan.exits.get(key)
-        if active is None and entry is not None:
-            active = entry.active
-        self._active: tuple[int, ...] = self._check_active(active)
-        if entry is not None:
-            from nestflex.deploy.backends.plan import resolve
-
-            backend, threads = resolve(entry)
-            self._stages, self._heads_fns = backend.prepare_exits(self, threads)
-            self.backend = backend.name
-            torch.set_num_threads(threads)
-            if backend.own_weights:  # the sessions hold the stages and heads: keep no second copy
-                self._head_store.release(0)
-                if self.capacity is None or capacity is None:  # an own backbone, or one the caller does not run
-                    self._backbone_store.release(self._level)
+        self._head_store = WeightStore(bundle, list(dict.fromkeys(t for h in ex.heads for t in h.program.tensor_names())),
+                                       {}, 1)
+        prepared = backend.prepare_exits(ExitsContext(
+            bundle, key, ex, threads, self.confidence, self.fallback, self._active, nodes, self._level,
+            _paged(store, self._level), _paged(self._head_store, 0)))
+        self._stages, self._heads_fns, self._fused, self._prepared_bytes = (
+            prepared.stages, prepared.heads, prepared.fused, prepared.bytes)
+        self.backend = backend.name
 
     @property
     def num_exits(self) -> int:
-        return len(self._heads) + 1
+        return self._num_heads + 1
 
     @property
     def active(self) -> tuple[int, ...]:
@@ -124,7 +116,7 @@ class ProgressiveRuntime:
         return self._active
 
     def _check_active(self, active: Any) -> tuple[int, ...]:
-        early = self.num_exits - 1
+        early = self._num_heads
         if active is None:
             return tuple(range(early))
         given = active
@@ -150,44 +142,30 @@ class ProgressiveRuntime:
     def own_bytes(self) -> int:
         """Weight bytes this runtime holds beyond a shared backbone's: the heads (paged, or in the
         onnxruntime sessions with the stages), and an own backbone."""
-        own = 0 if self.capacity is not None else self._backbone_store.resident_bytes
-        return own + self._head_store.resident_bytes + self._session_bytes
+        own = 0 if self.capacity is not None and self._backbone_store is self.capacity._store \
+            else self._backbone_store.resident_bytes
+        return own + self._head_store.resident_bytes + self._prepared_bytes()
 
-    def _make_stage(self, inputs: list[str], nodes: list[Node], outputs: list[str]) -> Callable[..., Any]:
-        def run(*values: torch.Tensor) -> tuple[torch.Tensor, ...]:
-            env = dict(zip(inputs, values))
-            result = run_program(nodes, env, self._backbone_store.tensors, self._level)
-            return tuple(env[o] for o in outputs) if outputs else (result,)
-
-        return run
-
-    def _make_heads(self) -> list[Callable[[tuple[torch.Tensor, ...]], torch.Tensor]]:
-        def head(program: Sequence[Node]) -> Callable[[tuple[torch.Tensor, ...]], torch.Tensor]:
-            return lambda state: run_program(program, {program[0].name: state[0]}, self._head_store.tensors, 0)
-
-        return [head(p) for p in self._heads] + [lambda state: state[0]]
-
-    def _head_fns(self) -> list[Callable[[tuple[torch.Tensor, ...]], torch.Tensor]]:
+    def _head_fns(self) -> list[Callable[[tuple], np.ndarray]]:
         return self._heads_fns
 
-    def _ready(self, x: torch.Tensor) -> None:
-        _check_input(x, self.bundle.input_spec, "ProgressiveRuntime")
+    def _ready(self, x: Any) -> np.ndarray:
+        arr = check_input(x, self.bundle.input_spec, "ProgressiveRuntime")
         if self.capacity is not None and self.capacity.level != self._level:
             raise BundleError(f"the exits sit on level {self._level}, but the shared CapacityRuntime is at level "
                               f"{self.capacity.level}. HINT: call capacity.set_level({self._level}) first")
+        return arr
 
-    @torch.no_grad()
-    def all_exits(self, x: torch.Tensor) -> list[torch.Tensor]:
+    def all_exits(self, x: Any) -> list[Any]:
         """Logits of every exit for the whole batch (no early exit), final exit last."""
-        self._ready(x)
-        heads, state, out = self._head_fns(), (x,), []
+        arr, back = self._ready(x), as_numpy(x)[1]
+        heads, state, out = self._head_fns(), (arr,), []
         for stage, head in zip(self._stages, heads):
             state = stage(*state)
             out.append(head(state))
-        return out
+        return back(out)
 
-    @torch.no_grad()
-    def exit_logits(self, x: torch.Tensor, k: int) -> torch.Tensor:
+    def exit_logits(self, x: Any, k: int) -> Any:
         """Logits of exit ``k`` alone, running only the stages before it (what stopping there costs).
 
         Raises:
@@ -195,26 +173,25 @@ class ProgressiveRuntime:
         """
         if isinstance(k, bool) or not isinstance(k, int) or not 0 <= k < self.num_exits:
             raise BundleError(f"`k` must be an exit index in [0, {self.num_exits - 1}], got {k!r}")
-        self._ready(x)
-        state: tuple[torch.Tensor, ...] = (x,)
+        arr, back = self._ready(x), as_numpy(x)[1]
+        state: tuple = (arr,)
         for stage in self._stages[: k + 1]:
             state = stage(*state)
-        return self._head_fns()[k](state)
+        return back(self._head_fns()[k](state))
 
-    @torch.no_grad()
-    def path(self, x: torch.Tensor, k: int) -> torch.Tensor:
+    def path(self, x: Any, k: int) -> Any:
         """Logits of exit ``k`` after every stage and head up to it: what a sample that leaves at
         ``k`` costs under the policy (the kept heads before it were evaluated and declined; a
         dropped ``k``'s own head runs too, what stopping there would cost)."""
         if isinstance(k, bool) or not isinstance(k, int) or not 0 <= k < self.num_exits:
             raise BundleError(f"`k` must be an exit index in [0, {self.num_exits - 1}], got {k!r}")
-        self._ready(x)
-        heads, state, out = self._head_fns(), (x,), x
+        arr, back = self._ready(x), as_numpy(x)[1]
+        heads, state, out = self._head_fns(), (arr,), arr
         for j, (stage, head) in enumerate(zip(self._stages[: k + 1], heads)):
             state = stage(*state)
             if j == k or j in self.active:
                 out = head(state)
-        return out
+        return back(out)
 
     def _grouped(self) -> tuple[list[Callable[..., Any]], list[Callable[..., Any]], list[int]]:
         """Stages and heads of the kept exits: the stages between two kept exits as one callable;
@@ -222,10 +199,9 @@ class ProgressiveRuntime:
         stages, heads, ends = self._stages, self._head_fns(), [*self.active, self.num_exits - 1]
 
         def chain(run: Sequence[Callable[..., Any]]) -> Callable[..., Any]:
-            def go(*state: torch.Tensor) -> Any:
+            def go(*state: np.ndarray) -> Any:
                 for stage in run:
                     state = stage(*state)
-                    state = (state,) if isinstance(state, torch.Tensor) else state
                 return state
 
             return go
@@ -233,10 +209,9 @@ class ProgressiveRuntime:
         starts = [0, *(k + 1 for k in ends[:-1])]
         return [chain(stages[a:b + 1]) for a, b in zip(starts, ends)], [heads[k] for k in ends], ends
 
-    @torch.no_grad()
     def __call__(
         self,
-        x: torch.Tensor,
+        x: Any,
         thresholds: float | Sequence[float] | None = None,
         confidence: str | ConfidenceFn | None = None,
         fallback: str | None = None,
@@ -246,24 +221,36 @@ class ProgressiveRuntime:
         A single frame on an onnxruntime exit plan runs the whole policy as one fused graph
         (:mod:`nestflex.deploy.backends.fused_exits`) when the set's own confidence and fallback apply.
         Only the :attr:`active` early exits are evaluated; ``exit_index`` and ``answer_index``
-        number the exits of the whole set.
+        number the exits of the whole set. Numpy in, numpy out (a torch tensor in: torch out).
 
         Args:
             x: normalised input batch.
             thresholds, confidence, fallback: override the bundle's calibrated values
                 (``thresholds``: one per early exit of the set, kept or not).
         """
-        self._ready(x)
+        arr, back = self._ready(x), as_numpy(x)[1]
         thresholds = self.thresholds if thresholds is None else thresholds
         confidence = self.confidence if confidence is None else confidence
         fallback = self.fallback if fallback is None else fallback
-        if (self._fused is not None and x.shape[0] == 1 and confidence == self.confidence
+        if (self._fused is not None and arr.shape[0] == 1 and confidence == self.confidence
                 and fallback == self.fallback):  # one frame: the whole policy in one session call
-            return self._fused(x, check_thresholds(thresholds, self.num_exits - 1))
-        if len(self.active) == self.num_exits - 1:
-            return early_exit(self._stages, self._head_fns(), x, thresholds, confidence, fallback)
-        thr = check_thresholds(thresholds, self.num_exits - 1)
-        stages, heads, ends = self._grouped()
-        got = early_exit(stages, heads, x, [thr[k] for k in ends[:-1]], confidence, fallback)
-        number = torch.tensor(ends, device=got.exit_index.device)
-        return ExitResult(got.logits, number[got.exit_index], number[got.answer_index], got.confidence)
+            got = self._fused(arr, check_thresholds(thresholds, self.num_exits - 1))
+        elif len(self.active) == self.num_exits - 1:
+            got = early_exit(self._stages, self._head_fns(), arr, thresholds, confidence, fallback)
+        else:
+            thr = check_thresholds(thresholds, self.num_exits - 1)
+            stages, heads, ends = self._grouped()
+            got = early_exit(stages, heads, arr, [thr[k] for k in ends[:-1]], confidence, fallback)
+            number = np.asarray(ends, dtype=np.int64)
+            got = ExitResult(got.logits, number[got.exit_index], number[got.answer_index], got.confidence)
+        return ExitResult(*back((got.logits, got.exit_index, got.answer_index, got.confidence)))
+
+
+def _paged(store: WeightStore, level: int) -> Callable[[], Mapping[str, np.ndarray]]:
+    """The store's tensors for ``level``, paged in on first use (a backend with its own copy never asks)."""
+    def get() -> Mapping[str, np.ndarray]:
+        if store.level != level:
+            store.page(level)
+        return store.tensors
+
+    return get

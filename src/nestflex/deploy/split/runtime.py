@@ -36,12 +36,12 @@ from typing import Any, Sequence
 
 import torch
 
-from nestflex.deploy.backends.eager import run_program
+from nestflex.deploy.backends.torch_program import run_program
 from nestflex.deploy.bundle.loader import Bundle
 from nestflex.deploy.bundle.program import cut_program
 from nestflex.deploy.bundle.schema import BundleError
 from nestflex.deploy.exits import ExitResult, _check_fallback, check_thresholds, get_confidence
-from nestflex.deploy.runtime.capacity import CapacityRuntime, _check_input
+from nestflex.deploy.runtime.capacity import CapacityRuntime, check_input as _check_input
 from nestflex.deploy.runtime.progressive import ProgressiveRuntime
 
 State = tuple[torch.Tensor, ...]
