@@ -46,19 +46,20 @@ def _check_parity(prog, flex, spec):
 
 def test_flex_exits_on_the_shared_backbone_match_training(shared):
     bundle, net, _, flex, spec = shared
-    rt = nd.CapacityRuntime(bundle, level=0)
-    prog = nd.ProgressiveRuntime(bundle, rt, exit_set="flex_exits")
+    rt = nd.CapacityRuntime(bundle, level=0, plan="eager")  # the paged backend: one copy of the backbone
+    prog = nd.ProgressiveRuntime(bundle, rt, exit_set="flex_exits", plan="eager")
     assert rt.level == LEVELS - 1 and prog.exit_set == "flex_exits" and prog.capacity is rt
     _check_parity(prog, flex, spec)
     # heads on the shared backbone add only their own bytes (the filter indices included)
-    heads = sum(t.numel() * t.element_size() for t in prog._head_store.tensors.values())
+    heads = sum(t.nbytes for t in prog._head_store.tensors.values())
     assert prog.resident_bytes == bundle.manifest["capacity"]["largest_level_bytes"] + heads
 
 
-def test_flex_exits_on_their_own_backbone_match_training(own):
+@pytest.mark.parametrize("plan", ["onnxruntime", "eager"])
+def test_flex_exits_on_their_own_backbone_match_training(own, plan):
     bundle, net, _, flex, spec = own
-    prog = nd.ProgressiveRuntime(bundle, exit_set="flex_exits")
-    assert bundle.flex_exits["backbone"] == "own" and prog.capacity is None
+    prog = nd.ProgressiveRuntime(bundle, exit_set="flex_exits", plan=plan)
+    assert bundle.flex_exits["backbone"] == "own" and prog.capacity is None and prog.backend == plan
     _check_parity(prog, flex, spec)
 
 

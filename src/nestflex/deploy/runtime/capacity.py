@@ -5,14 +5,20 @@ by default ``onnxruntime`` on the level's ONNX graph (the bundle's, or one writt
 program), numpy in and numpy out; the torch ``eager`` reference when a plan asks for it. Torch
 tensors in give torch tensors out (:mod:`nestflex.deploy._arrays`).
 
-Why every level's session is kept ready (``preload=True``): a switch is then a pointer swap (no
-session is built on the frame path, measured in benchmarks/deploy_footprint.py), while building a
-session takes several to tens of milliseconds, more than a frame. The price is each level's own
-copy of its weights inside its session: the sum over levels rather than the largest level's
-(NestDNN's one-model memory holds for the paged ``eager`` backend, whose resident weights are only
-the active level's prefix). ``preload=False`` builds a level's session on its first switch and
-keeps it. :attr:`CapacityRuntime.resident_bytes` counts what the sessions hold (their graphs' sizes)
-plus any paged tensors.
+Memory against switch time, the two NestDNN claims (``keep``): an onnxruntime session holds its
+own copy of its level's weights, and nested levels cannot share one buffer (level ``k`` reads a
+prefix along the input channels too, which is not contiguous). So either
+
+* ``keep="all"`` (default): every level's session is built when the runtime is made and kept; a
+  switch is a pointer swap, no session is built on the frame path; memory is the sum of the
+  levels' weights rather than the largest level's; or
+* ``keep="active"``: only the running level's session is held (one model's memory, NestDNN's
+  claim); a switch drops it and builds the new one from the optimised graph cached beside the
+  bundle (a few milliseconds, measured in benchmarks/deploy_footprint.py).
+
+The paged ``eager`` backend keeps one copy of the nested weights and pages the delta on a switch
+(the accounting of :func:`nestflex.capacity.profile.paging_bytes`). :attr:`CapacityRuntime.resident_bytes`
+counts what the sessions hold (their graphs' sizes) plus any paged tensors.
 
 Example::
 
@@ -30,7 +36,7 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from nestflex.deploy._arrays import as_numpy
+from nestflex.deploy._arrays import as_numpy, like, to_numpy
 from nestflex.deploy.backends.base import LevelContext, Prepared
 from nestflex.deploy.backends.graphs import split_graphs
 from nestflex.deploy.backends.onnxruntime import _session
@@ -39,10 +45,12 @@ from nestflex.deploy.bundle.loader import Bundle
 from nestflex.deploy.bundle.schema import BundleError
 from nestflex.deploy.bundle.weights import WeightStore
 
-__all__ = ["PagingReport", "CapacityRuntime", "DEFAULT_BACKEND"]
+__all__ = ["PagingReport", "CapacityRuntime", "DEFAULT_BACKEND", "KEEP"]
 
 #: what runs a level, an exit set or a split when no plan says otherwise
 DEFAULT_BACKEND = "onnxruntime"
+#: the choices of ``CapacityRuntime(keep=...)``
+KEEP = ("all", "active")
 
 
 @dataclass(frozen=True)
@@ -108,7 +116,9 @@ class CapacityRuntime:
             :class:`~nestflex.deploy.backends.ExecutionPlan`.
         batch: the batch size it will mostly run: the plan's choices for that size
             (:meth:`~nestflex.deploy.backends.ExecutionPlan.for_batch`; batch 1's by default).
-        preload: prepare every level now, so no switch builds a session (see the module's notes).
+        keep: ``"all"``: prepare every level now and keep them, so no switch builds a session;
+            ``"active"``: hold only the running level's (one model's memory; a switch builds the
+            new level's session). See the module's notes.
 
     Attributes:
         level: the resident level.
@@ -123,7 +133,7 @@ class CapacityRuntime:
     """
 
     def __init__(self, bundle: Bundle, level: int | None = None, plan: Any = "auto", batch: int = 1,
-                 preload: bool = True) -> None:
+                 keep: str = "all") -> None:
         cap = bundle.spec.capacity
         self.bundle = bundle
         self.num_levels = cap.num_levels
@@ -134,6 +144,10 @@ class CapacityRuntime:
                               f"`nestflex tune` on this bundle")
         if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
             raise BundleError(f"`batch` must be an int >= 1 (the batch size the runtime will run), got {batch!r}")
+        if keep not in KEEP:
+            raise BundleError(f"`keep` must be one of {', '.join(map(repr, KEEP))}, got {keep!r}. HINT: \"all\" keeps "
+                              f"every level ready (fast switches), \"active\" one level (one model's memory)")
+        self.keep = keep
         self.batch = batch
         self._plan_levels = self.plan.for_batch(batch)
         self._store = WeightStore(bundle, cap.program.tensor_names(), cap.regions, self.num_levels)
@@ -145,7 +159,7 @@ class CapacityRuntime:
         self._fn: Callable[[np.ndarray], np.ndarray] | None = None
         level = self.num_levels - 1 if level is None else level
         self._check_level(level)
-        if preload:
+        if keep == "all":
             for k in range(self.num_levels):
                 if k != level:
                     self._prepare(k)
@@ -197,6 +211,8 @@ class CapacityRuntime:
         """
         self._check_level(level)
         start = time.perf_counter()
+        if self.keep == "active":  # the old level's session goes first: its memory, and its idle threads
+            self._ready = {k: v for k, v in self._ready.items() if k == level}
         backend, prepared, built = self._prepare(level)  # raises before anything changed
         if backend.own_weights:
             page_in, page_out = built, self._store.release(level)
@@ -237,11 +253,13 @@ class CapacityRuntime:
 
 
 def _runner(path: Any, threads: int = 1) -> Callable[..., tuple]:
-    """``fn(*numpy arrays) -> tuple of numpy arrays`` over a session of the graph at ``path``."""
+    """``fn(*arrays) -> tuple of arrays`` over a session of the graph at ``path`` (numpy, or torch
+    tensors in and out)."""
     session = _session(path, threads, None)
     names = [i.name for i in session.get_inputs()]
 
-    def run(*values: np.ndarray) -> tuple:
-        return tuple(session.run(None, dict(zip(names, values))))
+    def run(*values: Any) -> tuple:
+        feed = {n: np.ascontiguousarray(to_numpy(v), dtype=np.float32) for n, v in zip(names, values)}
+        return like(values[0], tuple(session.run(None, feed)))
 
     return run

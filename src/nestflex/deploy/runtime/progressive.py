@@ -134,16 +134,15 @@ class ProgressiveRuntime:
 
     @property
     def resident_bytes(self) -> int:
-        """Weight bytes resident: backbone (the active level if shared) plus heads, plus the
-        onnxruntime sessions' copies when the plan runs the exits there."""
-        return self._backbone_store.resident_bytes + self.own_bytes
+        """Bytes resident: the backbone's paged weights (the active level's if shared) plus :attr:`own_bytes`."""
+        shared = self._backbone_store.resident_bytes if self.spec.backbone == "shared" else 0
+        return shared + self.own_bytes
 
     @property
     def own_bytes(self) -> int:
-        """Weight bytes this runtime holds beyond a shared backbone's: the heads (paged, or in the
-        onnxruntime sessions with the stages), and an own backbone."""
-        own = 0 if self.capacity is not None and self._backbone_store is self.capacity._store \
-            else self._backbone_store.resident_bytes
+        """Bytes this runtime holds beyond a shared backbone's paged weights: the heads (paged, or in
+        the onnxruntime sessions with the stages), and an own backbone."""
+        own = 0 if self.spec.backbone == "shared" else self._backbone_store.resident_bytes
         return own + self._head_store.resident_bytes + self._prepared_bytes()
 
     def _head_fns(self) -> list[Callable[[tuple], np.ndarray]]:
