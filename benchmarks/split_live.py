@@ -327,7 +327,7 @@ def parity(setup: Setup, server: Server, frames: list, args: argparse.Namespace)
                     part = [t[i:i + 32] for t in head.crossing]
                     reply = client.submit(encode(part, bits=bits), split=sp.name, exit_set=None,
                                           n=int(part[0].shape[0]), num_exits=1, deadline_s=30).result(60)
-                    logits.append(reply.result.logits)
+                    logits.append(torch.from_numpy(reply.result.logits))  # the wire's answers are numpy
                 z = torch.cat(logits)
                 row["f32" if bits is None else str(bits)] = {
                     "accuracy": float((z.argmax(1) == y).float().mean()),

@@ -1,19 +1,40 @@
-"""Split runtime (head / tail / combine), wire format and the split scheduler: in-process, no network."""
+"""Split runtime (head / tail / combine), wire format and the split scheduler: in-process, no network.
+
+The split runtime runs on onnxruntime, numpy in and numpy out; torch appears here only as the
+eager reference (``torch_program.run_program``) and to check that torch in gives torch out.
+"""
 
 from __future__ import annotations
 
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
 import pytest
 import torch
 
 import nestflex.deploy as nd
+import nestflex.deploy.split as split_pkg
+import nestflex.serve as serve_pkg
+from nestflex.deploy.backends.torch_program import run_program
+from nestflex.deploy.bundle.loader import bundle_id
+from nestflex.deploy.bundle.weights import level_tensors
 from nestflex.deploy.codec import decode, encode
 from nestflex.deploy.engine import operating_points
+from nestflex.deploy.exits import apply_policy
 from nestflex.deploy.scheduler import SchedulerError
 from nestflex.deploy.scheduler.split import SplitCosts, SplitScheduler
-from nestflex.deploy.split.runtime import SERVER_ONLY, SplitRuntime, split_names
 from nestflex.deploy.split.costs import accuracy_drops, measure_bytes, measure_costs
-from nestflex.deploy.split.wire import WireError, decode_response, encode_response, parse_request_metadata, request_metadata
-from nestflex.deploy.bundle.loader import bundle_id
+from nestflex.deploy.split.runtime import SERVER_ONLY, HeadResult, SplitRuntime, TailResult, split_names
+from nestflex.deploy.split.wire import (
+    WireError,
+    decode_response,
+    encode_response,
+    parse_request_metadata,
+    request_metadata,
+)
 from tests.deploy.split_bundle import write_split_bundle
 
 
@@ -23,7 +44,16 @@ def bundle(tmp_path_factory):
 
 
 def _x(n=12, seed=0):
-    return torch.randn(n, 3, 32, 32, generator=torch.Generator().manual_seed(seed))
+    return np.random.default_rng(seed).standard_normal((n, 3, 32, 32)).astype(np.float32)
+
+
+def _assert_same_answer(out, ref, name=""):
+    # invariant 4: the same graphs' arithmetic on both paths, so equal (not merely close)
+    np.testing.assert_array_equal(out.logits, ref.logits, err_msg=name)
+    np.testing.assert_array_equal(out.exit_index, ref.exit_index, err_msg=name)
+    np.testing.assert_array_equal(out.answer_index, ref.answer_index, err_msg=name)
+    # the unsplit runtime's fused single-frame graph computes its softmax in onnxruntime: an ulp apart
+    np.testing.assert_allclose(out.confidence, ref.confidence, rtol=1e-6, atol=0, err_msg=name)
 
 
 @pytest.mark.parametrize("thresholds", [None, [0.0, 0.0], [1.0, 1.0], [0.15, 0.2]])
@@ -34,10 +64,107 @@ def test_head_tail_combine_equals_the_unsplit_runtime_at_every_split(bundle, thr
     for name in split_names(bundle):
         rt = SplitRuntime(bundle, name, "exits")
         head = rt.head(x, thresholds)
-        tail = rt.tail(head.crossing, thresholds) if head.rest.numel() else None
+        tail = rt.tail(head.crossing, thresholds) if head.rest.size else None
         out = rt.combine(head, tail)
-        assert torch.equal(out.logits, ref.logits), name
-        assert torch.equal(out.exit_index, ref.exit_index) and torch.equal(out.answer_index, ref.answer_index), name
+        assert all(type(a) is np.ndarray for a in (out.logits, out.exit_index, out.answer_index, out.confidence))
+        _assert_same_answer(out, ref, name)
+
+
+def test_single_frames_equal_the_unsplit_runtime(bundle):
+    # one frame is what a device sends; the unsplit runtime answers it with its fused graph
+    prog = nd.ProgressiveRuntime(bundle, exit_set="exits")
+    rts = [SplitRuntime(bundle, name, "exits") for name in split_names(bundle)]
+    for i in range(4):
+        x = _x(1, seed=i)
+        for thresholds in (None, [0.15, 0.2]):
+            ref = prog(x, thresholds=thresholds)
+            for rt in rts:
+                _assert_same_answer(rt(x, thresholds), ref, rt.split)
+
+
+def test_a_bundle_shipping_onnx_splits_its_programs_graphs_and_runs_its_shipped_heads(tmp_path_factory):
+    # the unsplit runtime runs the stage graphs torch.onnx wrote; the split runs graphs written from
+    # the program (any cut): float32 rounding apart, the same decisions
+    from nestflex.export import export_bundle
+    from tests.export.bundles import exits_on, nested_vgg
+
+    tmp = tmp_path_factory.mktemp("split_onnx")
+    net = nested_vgg(tmp)
+    export_bundle(tmp / "o.nfx", net, exits=exits_on(net), thresholds=[0.5, 0.6], onnx=True,
+                  mean=(0.5, 0.5, 0.5), std=(0.25, 0.25, 0.25))
+    bundle = nd.load(tmp / "o.nfx")
+    assert {o.kind for o in bundle.spec.onnx} >= {"stage", "exit"}
+    x = _x(8, seed=3)
+    prog = nd.ProgressiveRuntime(bundle, exit_set="exits")
+    for thresholds in (None, [0.15, 0.2]):
+        ref = prog(x, thresholds)
+        for name in split_names(bundle):
+            out = SplitRuntime(bundle, name, "exits")(x, thresholds)
+            np.testing.assert_allclose(out.logits, ref.logits, atol=1e-5, rtol=0, err_msg=name)
+            np.testing.assert_array_equal(out.exit_index, ref.exit_index, err_msg=name)
+            np.testing.assert_array_equal(out.answer_index, ref.answer_index, err_msg=name)
+
+
+def _eager_reference(bundle, x, thresholds):
+    """The exit set's answer from the torch eager interpreter: the whole program at the largest level,
+    each head's program on its tap, then the shared policy."""
+    top = bundle.num_levels - 1
+    nodes = bundle.spec.capacity.program.nodes
+    tensors = {k: torch.from_numpy(v) for k, v in level_tensors(bundle, top).items()}
+    env = {nodes[0].name: torch.from_numpy(x)}
+    final = run_program(nodes, env, tensors, top)
+    ex = bundle.spec.exit_set("exits")
+    logits = []
+    for tap, head in zip(ex.taps, ex.heads):
+        hnodes = head.program.nodes
+        weights = level_tensors(bundle, 0, head.program.tensor_names(), {}, 1)
+        logits.append(run_program(hnodes, {hnodes[0].name: env[tap]}, {k: torch.from_numpy(v) for k, v in
+                                                                        weights.items()}, 0))
+    return apply_policy([*logits, final], ex.thresholds if thresholds is None else thresholds, ex.confidence,
+                        ex.fallback)
+
+
+@pytest.mark.parametrize("thresholds", [None, [1.0, 1.0], [0.15, 0.2]])
+def test_every_split_agrees_with_the_torch_eager_reference(bundle, thresholds):
+    x = _x(8, seed=5)
+    ref = _eager_reference(bundle, x, thresholds)
+    for name in split_names(bundle):
+        out = SplitRuntime(bundle, name, "exits")(x, thresholds)
+        np.testing.assert_allclose(out.logits, ref.logits.numpy(), atol=1e-4, rtol=0, err_msg=name)
+        np.testing.assert_array_equal(out.exit_index, ref.exit_index.numpy(), err_msg=name)
+        np.testing.assert_array_equal(out.answer_index, ref.answer_index.numpy(), err_msg=name)
+
+
+def test_torch_in_gives_torch_out_and_the_parts_stay_numpy(bundle):
+    x = _x(6, seed=2)
+    rt = SplitRuntime(bundle, "features.relu4", "exits")
+    want = rt(x, [0.15, 0.2])
+    head = rt.head(torch.from_numpy(x), [0.15, 0.2])
+    assert isinstance(head, HeadResult) and all(type(a) is np.ndarray for a in (head.logits, head.rest, *head.crossing))
+    tail = rt.tail(head.crossing, [0.15, 0.2])
+    assert isinstance(tail, TailResult) and all(type(a) is np.ndarray for a in vars(tail).values())
+    got = rt.combine(head, tail)
+    assert all(isinstance(a, torch.Tensor) for a in (got.logits, got.exit_index, got.answer_index, got.confidence))
+    assert got.exit_index.dtype == torch.int64 and got.confidence.dtype == torch.float32
+    np.testing.assert_array_equal(got.logits.numpy(), want.logits)
+    np.testing.assert_array_equal(got.answer_index.numpy(), want.answer_index)
+    # a torch tensor crossing is read as numpy
+    np.testing.assert_array_equal(rt.tail([torch.from_numpy(t) for t in head.crossing], [0.15, 0.2]).logits,
+                                  tail.logits)
+
+
+def test_the_offloader_answers_in_the_type_of_its_frames(bundle):
+    from nestflex.deploy.split.offload import Offloader, SplitConfig
+
+    x = _x(3, seed=4)
+    want = nd.ProgressiveRuntime(bundle, exit_set="exits")(x)
+    off = Offloader(bundle, None, SplitConfig(None))  # device only: head and tail run here
+    got = off.infer(x)
+    assert got.where == "device" and type(got.result.logits) is np.ndarray
+    _assert_same_answer(got.result, want)
+    got = off.infer(torch.from_numpy(x)).result
+    assert isinstance(got.logits, torch.Tensor) and isinstance(got.answer_index, torch.Tensor)
+    np.testing.assert_array_equal(got.logits.numpy(), want.logits)
 
 
 def test_every_exit_passes_at_some_split_and_samples_leave_before_the_cut(bundle):
@@ -45,8 +172,11 @@ def test_every_exit_passes_at_some_split_and_samples_leave_before_the_cut(bundle
     rt = SplitRuntime(bundle, "features.relu5", "exits")  # both exits (relu3, relu5) on the device
     assert rt.device_exits == 2 and rt.next_exit is None
     head = rt.head(x, [0.0, 0.0])  # exit 0 takes every sample: nothing crosses
-    assert head.rest.numel() == 0 and head.crossing[0].shape[0] == 0
-    assert torch.equal(rt.combine(head, None).exit_index, torch.zeros(12, dtype=torch.long))
+    assert head.rest.size == 0
+    assert [t.shape for t in head.crossing] == [(0, *s) for s in rt.crossing_shapes]
+    np.testing.assert_array_equal(rt.combine(head, None).exit_index, np.zeros(12, dtype=np.int64))
+    empty = rt.tail(head.crossing, [0.0, 0.0])  # an empty batch is answered with no rows
+    assert empty.logits.shape == (0, 10) and empty.passed.shape == (0,)
 
 
 def test_backbone_alone_and_server_only_split(bundle):
@@ -55,20 +185,22 @@ def test_backbone_alone_and_server_only_split(bundle):
     for name in (SERVER_ONLY, "features.relu2"):
         rt = SplitRuntime(bundle, name, None)
         assert rt.num_exits == 1
-        assert torch.equal(rt(x).logits, final)
+        np.testing.assert_array_equal(rt(x).logits, final)
     assert SplitRuntime(bundle, SERVER_ONLY, None).crossing_shapes == [(3, 32, 32)]
 
 
 def test_without_the_server_the_device_answers_from_its_best_exit(bundle):
     x = _x()
+    prog = nd.ProgressiveRuntime(bundle, exit_set="exits")
     rt = SplitRuntime(bundle, "features.relu4", "exits")  # exit 0 on the device, exit 1 after the split
     head = rt.head(x, [1.0, 1.0])
     out = rt.combine(head, None)
-    assert torch.equal(out.exit_index, torch.zeros(12, dtype=torch.long))
-    assert torch.equal(out.logits, nd.ProgressiveRuntime(bundle, exit_set="exits").exit_logits(x, 0))
+    np.testing.assert_array_equal(out.exit_index, np.zeros(12, dtype=np.int64))
+    np.testing.assert_array_equal(out.logits, prog.exit_logits(x, 0))
     # SPINN's continuation: the next exit after the split, on the device
-    logits, conf, k = rt.next_local_exit(head)
-    assert k == 1 and torch.equal(logits, nd.ProgressiveRuntime(bundle, exit_set="exits").exit_logits(x, 1))
+    logits, _, k = rt.next_local_exit(head)
+    assert k == 1
+    np.testing.assert_array_equal(logits, prog.exit_logits(x, 1))
     with pytest.raises(nd.BundleError, match="no device exit"):
         SplitRuntime(bundle, SERVER_ONLY, "exits").combine(SplitRuntime(bundle, SERVER_ONLY, "exits").head(x), None)
 
@@ -76,19 +208,27 @@ def test_without_the_server_the_device_answers_from_its_best_exit(bundle):
 def test_bad_split_and_bad_crossing_tensors_are_refused(bundle):
     with pytest.raises(nd.BundleError, match="`split` must be one of"):
         SplitRuntime(bundle, "features.nope")
+    with pytest.raises(nd.BundleError, match="`exit_set` must be one of"):
+        SplitRuntime(bundle, "features.relu2", "nope")
+    with pytest.raises(nd.BundleError, match="`threads` must be an int >= 1"):
+        SplitRuntime(bundle, "features.relu2", threads=0)
+    with pytest.raises(nd.BundleError, match="`providers` must be None"):
+        SplitRuntime(bundle, "features.relu2", providers="CPUExecutionProvider")
     rt = SplitRuntime(bundle, "features.relu2", "exits")
     with pytest.raises(nd.BundleError, match="per-sample shapes"):
-        rt.tail([torch.zeros(1, 3, 32, 32)])
+        rt.tail([np.zeros((1, 3, 32, 32), np.float32)])
+    with pytest.raises(nd.BundleError, match="`x` must be a float array"):
+        rt.head(np.zeros((1, 3, 16, 16), np.float32))
 
 
 def test_a_float_frame_carries_the_crossing_tensors_exactly(bundle):
     x = _x(3)
     rt = SplitRuntime(bundle, "features.relu3", "exits")
     head = rt.head(x, [1.0, 1.0])
-    sent = [torch.from_numpy(t) for t in decode(encode(list(head.crossing), bits=None, codec="blosc_lz4"))]
-    assert all(torch.equal(a, b) for a, b in zip(sent, head.crossing))
-    assert torch.equal(rt.combine(head, rt.tail(sent, [1.0, 1.0])).logits,
-                       nd.ProgressiveRuntime(bundle, exit_set="exits")(x, thresholds=[1.0, 1.0]).logits)
+    sent = decode(encode(list(head.crossing), bits=None, codec="blosc_lz4"))
+    assert all(np.array_equal(a, b) for a, b in zip(sent, head.crossing))
+    np.testing.assert_array_equal(rt.combine(head, rt.tail(sent, [1.0, 1.0])).logits,
+                                  nd.ProgressiveRuntime(bundle, exit_set="exits")(x, thresholds=[1.0, 1.0]).logits)
 
 
 def test_wire_metadata_and_response_round_trip(bundle):
@@ -96,10 +236,15 @@ def test_wire_metadata_and_response_round_trip(bundle):
     req = parse_request_metadata(md)
     assert (req.split, req.exit_set, req.thresholds) == ("features.relu3", "exits", [0.5, 0.25])
     rt = SplitRuntime(bundle, "features.relu3", "exits")
-    tail = rt.tail(rt.head(_x(5), [1.0, 1.0]).crossing, [1.0, 1.0])
+    head = rt.head(_x(5), [1.0, 1.0])
+    median = float(np.median(rt.next_local_exit(head)[1]))  # exit 1 (after the split) takes some samples
+    tail = rt.tail(head.crossing, [1.0, median])
+    assert tail.passed.any() and not tail.passed.all()  # both kinds of rows go over the wire
     back = decode_response(encode_response(tail), 5, 10, rt.num_exits)
-    assert torch.equal(back.logits, tail.logits) and torch.equal(back.exit_index, tail.exit_index)
-    assert torch.equal(back.passed, tail.passed)
+    for name, a in vars(tail).items():
+        b = getattr(back, name)
+        assert type(b) is np.ndarray and b.dtype == a.dtype, name
+        np.testing.assert_array_equal(b, a, err_msg=name)
 
 
 @pytest.mark.parametrize("edit, match", [
@@ -127,6 +272,68 @@ def test_a_forged_response_is_refused(bundle):
         decode_response(encode_response(tail), 3, 10, rt.num_exits)
 
 
+# -- no torch ------------------------------------------------------------------------------------------
+
+_OWNED = [*sorted(Path(split_pkg.__file__).parent.glob("*.py")), *sorted(Path(serve_pkg.__file__).parent.glob("*.py"))]
+
+
+def test_split_and_serve_sources_never_import_torch():
+    # also catches an import in a function body or a branch no run takes
+    for path in _OWNED:
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            assert not any(n == "torch" or n.startswith("torch.") for n in names), f"{path.name}:{node.lineno}"
+
+
+# A fresh interpreter where `import torch` fails. `nestflex.deploy` is a bare package there (its
+# __init__ still reaches torch through modules outside split/serve, issue 37), so what is checked
+# is the split and serve modules' own imports and their numpy paths: head, tail, combine, the
+# continuation, the wire format, the server's decode and batch, the costs.
+_WITHOUT_TORCH = """
+import importlib.abc, sys, types
+class Block(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name == "torch" or name.startswith("torch."):
+            raise ImportError("torch is blocked in this test")
+sys.meta_path.insert(0, Block())
+import nestflex
+pkg = types.ModuleType("nestflex.deploy")
+pkg.__path__ = [nestflex.__path__[0] + "/deploy"]
+sys.modules["nestflex.deploy"] = pkg
+import numpy as np
+import nestflex.deploy.split as sp
+import nestflex.serve.server as server
+import nestflex.serve.ray
+from nestflex.deploy.bundle.loader import load
+from nestflex.deploy.codec import encode
+from nestflex.deploy.split.wire import decode_response, encode_response, parse_request_metadata, request_metadata
+bundle = load({path!r})
+x = np.random.default_rng(0).standard_normal((4, 3, 32, 32)).astype(np.float32)
+rt = sp.SplitRuntime(bundle, "features.relu4", "exits")
+head = rt.head(x, [1.0, 1.0])
+assert rt.next_local_exit(head)[2] == 1
+core = server.TailCore(bundle, providers="cpu")
+req = parse_request_metadata(request_metadata(core.id, rt.split, "exits", [1.0, 1.0]))
+arrays, n = core.prepare(req, encode(list(head.crossing), bits=None))
+item = types.SimpleNamespace(request=req, tensors=arrays)
+tail = core.split_result(core.run_batch([item, item])[0], [n, n])[1]
+tail = decode_response(encode_response(tail), n, 10, rt.num_exits)
+out = rt.combine(head, tail)
+assert np.array_equal(out.logits, rt(x, [1.0, 1.0]).logits)
+sp.measure_bytes(bundle, x[:2], bits=(None, 8))
+sp.measure_costs(bundle, "exits", repeats=1)
+print("torch" in sys.modules)
+"""
+
+
+def test_split_and_the_tail_server_run_with_torch_blocked(bundle):
+    code = _WITHOUT_TORCH.format(path=str(bundle.path))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.strip() == "False"
+
+
 # -- offline profiles and the scheduler ----------------------------------------------------------------
 
 
@@ -135,6 +342,7 @@ def test_measured_profiles_cover_every_split(bundle):
     assert len(costs.segment_ms) == len(costs.cuts) + 1 and all(t > 0 for t in costs.segment_ms)
     assert set(costs.split_at) == set(split_names(bundle)) and set(costs.head_ms) == {0, 1}
     sizes = measure_bytes(bundle, _x(4), bits=(None, 4))
+    assert sizes == measure_bytes(bundle, torch.from_numpy(_x(4)), bits=(None, 4))  # torch samples alike
     assert set(sizes) == {(s, b) for s in split_names(bundle) for b in (None, 4)}
     assert all(sizes[(s, 4)] < sizes[(s, None)] for s in split_names(bundle))
     drops = accuracy_drops(bundle)

@@ -12,11 +12,12 @@ set), so every test but the argument checks runs on the local cluster.
 
 from __future__ import annotations
 
+import shutil
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
-import torch
 
 ray = pytest.importorskip("ray")
 serve = pytest.importorskip("ray.serve")
@@ -33,19 +34,25 @@ from nestflex.errors import NestflexError  # noqa: E402
 from nestflex.serve.ray import DEPLOYMENT, RayTailClient, app_builder, build  # noqa: E402
 
 #: a small committed bundle (VGG-11 x0.125, 3 levels, SDN exits, 9 split points): loads in
-#: milliseconds, where exporting one takes 5-10 s on 2 cores; read only
+#: milliseconds, where exporting one takes 5-10 s on 2 cores; read only (the tests run a copy, so
+#: the graphs the runtimes write beside it stay out of the repository)
 BUNDLE = Path(__file__).parents[1] / "deploy" / "fixtures" / "bundle_v1.nfx"
 APP = "nestflex-tail-test"
 MAX_BATCH = 16
 
 
 def _x(n=1, seed=0):
-    return torch.randn(n, 3, 32, 32, generator=torch.Generator().manual_seed(seed))
+    return np.random.default_rng(seed).standard_normal((n, 3, 32, 32)).astype(np.float32)
 
 
 @pytest.fixture(scope="module")
-def bundle():
-    return nd.load(BUNDLE)
+def path(tmp_path_factory):
+    return shutil.copytree(BUNDLE, tmp_path_factory.mktemp("ray") / BUNDLE.name)
+
+
+@pytest.fixture(scope="module")
+def bundle(path):
+    return nd.load(path)
 
 
 # -- without a cluster ------------------------------------------------------------------------------
@@ -89,12 +96,12 @@ def test_ray_failures_map_to_split_error_codes():
 
 
 @pytest.fixture(scope="module")
-def tail(bundle):
+def tail(path, bundle):
     start = time.perf_counter()
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
     serve.start(proxy_location="Disabled")  # handles only: no HTTP proxy
     up = time.perf_counter()
-    handle = serve.run(build(BUNDLE, num_replicas=2, max_batch_size=MAX_BATCH, batch_wait_timeout_s=0.1,
+    handle = serve.run(build(path, num_replicas=2, max_batch_size=MAX_BATCH, batch_wait_timeout_s=0.1,
                              ray_actor_options={"num_cpus": 0.5}), name=APP, route_prefix=None)
     print(f"\nray.init + serve.start {up - start:.1f} s, deployment ready {time.perf_counter() - up:.1f} s")
     client = RayTailClient(handle, bundle)
@@ -113,15 +120,15 @@ def test_parity_with_the_unsplit_bundle(tail, bundle, split, thresholds):
     rt = SplitRuntime(bundle, split, "exits")
     x = _x(6)
     head = rt.head(x, thresholds)
-    assert head.rest.numel() > 0
+    assert head.rest.size > 0
     reply = client.submit(encode(list(head.crossing), bits=None), split=split, exit_set="exits",
-                          n=int(head.rest.numel()), num_exits=rt.num_exits, thresholds=thresholds,
+                          n=int(head.rest.size), num_exits=rt.num_exits, thresholds=thresholds,
                           deadline_s=30).result()
     got = rt.combine(head, reply.result)
     for want in (rt(x, thresholds), nd.ProgressiveRuntime(bundle)(x, thresholds)):
-        torch.testing.assert_close(got.logits, want.logits, atol=1e-5, rtol=0)
-        assert torch.equal(got.exit_index, want.exit_index)
-        assert torch.equal(got.answer_index, want.answer_index)
+        np.testing.assert_allclose(got.logits, want.logits, atol=1e-5, rtol=0)
+        np.testing.assert_array_equal(got.exit_index, want.exit_index)
+        np.testing.assert_array_equal(got.answer_index, want.answer_index)
     assert reply.bytes_sent > 0 and reply.rtt_ms >= reply.server_ms > 0
 
 
@@ -134,7 +141,7 @@ def test_backbone_alone_and_a_raw_handle_call(tail, bundle):
     body, trailing = handle.remote(encode(list(head.crossing), bits=None), md).result(timeout_s=30)
     assert set(dict(trailing)) == {"nf-server-ms", "nf-queue-ms", "nf-batch"}
     got = decode_response(body, 2, 10, 1)
-    torch.testing.assert_close(got.logits, nd.CapacityRuntime(bundle, bundle.num_levels - 1)(x), atol=1e-5, rtol=0)
+    np.testing.assert_allclose(got.logits, nd.CapacityRuntime(bundle, bundle.num_levels - 1)(x), atol=1e-5, rtol=0)
 
 
 def test_concurrent_requests_are_batched_on_both_replicas(tail, bundle):
@@ -149,7 +156,7 @@ def test_concurrent_requests_are_batched_on_both_replicas(tail, bundle):
     replies = [c.result() for c in calls]
     assert max(r.batch for r in replies) > 1 and all(1 <= r.batch <= MAX_BATCH for r in replies)
     want = rt.tail(head.crossing, [1.0, 1.0])
-    torch.testing.assert_close(torch.cat([r.result.logits for r in replies]), want.logits, atol=1e-5, rtol=0)
+    np.testing.assert_allclose(np.concatenate([r.result.logits for r in replies]), want.logits, atol=1e-5, rtol=0)
     infos = handle.broadcast("info").results(timeout_s=30)
     assert len({i["replica"] for i in infos}) == 2 and all(i["bundle"] == client.bundle_id for i in infos)
     done = {i["replica"]: i["stats"]["samples"] - before.get(i["replica"], 0) for i in infos}
@@ -183,7 +190,7 @@ def test_bad_requests_get_an_error_and_the_replicas_keep_serving(tail, bundle):
     reply = client.submit(frame, split=rt.split, exit_set="exits", n=2, num_exits=3, thresholds=[1.0, 1.0],
                           deadline_s=30).result()
     want = rt.tail(head.crossing, [1.0, 1.0])
-    torch.testing.assert_close(reply.result.logits, want.logits, atol=1e-5, rtol=0)
+    np.testing.assert_allclose(reply.result.logits, want.logits, atol=1e-5, rtol=0)
 
 
 def test_deadline_and_cancellation(tail, bundle):
@@ -227,7 +234,7 @@ def test_one_batch_of_two_splits_runs_as_two_groups(tail, bundle):
         reply = call.result()
         assert 1 <= reply.batch <= 4
         want = rts[s].tail([t[i // 2:i // 2 + 1] for t in heads[s].crossing], [1.0, 1.0])
-        torch.testing.assert_close(reply.result.logits, want.logits, atol=1e-5, rtol=0)
+        np.testing.assert_allclose(reply.result.logits, want.logits, atol=1e-5, rtol=0)
     with pytest.raises(SplitError) as e:
         bad.result()
     assert e.value.code == "INVALID_ARGUMENT" and "CodecError" in str(e.value)
@@ -243,19 +250,19 @@ def test_offloader_runs_on_the_ray_client(tail, bundle):
     answers = list(off.stream([x[:2], x[2:]], depth=2))
     assert [a.where for a in answers] == ["server", "server"]
     want = nd.ProgressiveRuntime(bundle)(x, [1.0, 1.0])
-    torch.testing.assert_close(torch.cat([a.result.logits for a in answers]), want.logits, atol=1e-5, rtol=0)
+    np.testing.assert_allclose(np.concatenate([a.result.logits for a in answers]), want.logits, atol=1e-5, rtol=0)
     off.set_config(SplitConfig("features.relu3", bits=8, deadline_ms=30000))
     assert off.infer(x).result.logits.shape == (4, 10)
 
 
-def test_autoscaling_on_ongoing_requests_and_a_killed_replica(tail, bundle):
+def test_autoscaling_on_ongoing_requests_and_a_killed_replica(tail, path, bundle):
     """One replica, one request per batch, each batch slowed 200x: a burst of requests keeps more
     than target_ongoing_requests in flight, and Ray Serve adds the second replica. Then one replica
     is killed mid-stream: its calls fail with UNAVAILABLE (the device answers locally), the others
     are answered, and the application keeps serving."""
     app = "nestflex-tail-autoscale"
     autoscaling = {"min_replicas": 1, "max_replicas": 2, "target_ongoing_requests": 1, "upscale_delay_s": 0}
-    tail_app = build(BUNDLE, autoscaling=autoscaling, max_batch_size=1, batch_wait_timeout_s=0, slowdown=200,
+    tail_app = build(path, autoscaling=autoscaling, max_batch_size=1, batch_wait_timeout_s=0, slowdown=200,
                      ray_actor_options={"num_cpus": 0.5})
     handle = serve.run(tail_app, name=app, route_prefix=None)
 

@@ -14,8 +14,8 @@ import sys
 import threading
 import time
 
+import numpy as np
 import pytest
-import torch
 
 pytest.importorskip("grpc")
 
@@ -28,6 +28,7 @@ from nestflex.deploy.split.runtime import SERVER_ONLY, SplitRuntime, split_names
 from nestflex.deploy.split.wire import RUN_METHOD, request_metadata
 from nestflex.deploy.bundle.loader import bundle_id
 from nestflex.serve import TailServer  # noqa: E402
+from nestflex.serve.server import resolve_providers
 from tests.deploy.split_bundle import write_split_bundle  # noqa: E402
 
 
@@ -54,12 +55,12 @@ def client(server, bundle):
 
 
 def _x(n=1, seed=0):
-    return torch.randn(n, 3, 32, 32, generator=torch.Generator().manual_seed(seed))
+    return np.random.default_rng(seed).standard_normal((n, 3, 32, 32)).astype(np.float32)
 
 
 def _send(client, rt, head, bits=None, thresholds=None, deadline_s=5.0):
     frame = encode(list(head.crossing), bits=bits)
-    return client.submit(frame, split=rt.split, exit_set="exits", n=int(head.rest.numel()), num_exits=rt.num_exits,
+    return client.submit(frame, split=rt.split, exit_set="exits", n=int(head.rest.size), num_exits=rt.num_exits,
                          thresholds=thresholds, deadline_s=deadline_s)
 
 
@@ -72,8 +73,8 @@ def test_device_head_plus_server_tail_answers_the_bundles_logits_at_every_split(
         head = rt.head(x, thr)
         reply = _send(client, rt, head, thresholds=thr).result()
         out = rt.combine(head, reply.result)
-        torch.testing.assert_close(out.logits, ref.logits, atol=1e-5, rtol=0)
-        assert torch.equal(out.answer_index, ref.answer_index), name
+        np.testing.assert_allclose(out.logits, ref.logits, atol=1e-5, rtol=0, err_msg=name)
+        np.testing.assert_array_equal(out.answer_index, ref.answer_index, err_msg=name)
         assert reply.bytes_sent > 0 and reply.rtt_ms >= reply.server_ms > 0
 
 
@@ -83,7 +84,7 @@ def test_a_quantised_frame_is_answered_as_the_fake_quantised_tensors_would_be(bu
     head = rt.head(x, [1.0, 1.0])
     reply = _send(client, rt, head, bits=4, thresholds=[1.0, 1.0]).result()
     local = rt.tail([fake_quantize(t, 4) for t in head.crossing], [1.0, 1.0])
-    torch.testing.assert_close(reply.result.logits, local.logits, atol=1e-5, rtol=0)
+    np.testing.assert_allclose(reply.result.logits, local.logits, atol=1e-5, rtol=0)
 
 
 def _raw_call(server, body, metadata, timeout=5.0):
@@ -115,7 +116,7 @@ def test_abuse_gets_an_error_status_and_the_server_stays_up(bundle, server, clie
         md["nf-bundle"] = "0" * 64
         want = grpc.StatusCode.FAILED_PRECONDITION
     elif kind == "wrong_shape":
-        body = encode([torch.zeros(1, 3, 32, 32)], bits=8)
+        body = encode([np.zeros((1, 3, 32, 32), np.float32)], bits=8)
     elif kind == "wrong_split":
         md["nf-split"] = "features.nope"
         want = grpc.StatusCode.FAILED_PRECONDITION
@@ -128,7 +129,7 @@ def test_abuse_gets_an_error_status_and_the_server_stays_up(bundle, server, clie
         _raw_call(server, body, tuple(md.items()))
     assert err.value.code() == want, err.value.details()
     # still serving
-    assert torch.isfinite(_send(client, rt, head, bits=8).result().result.logits).all()
+    assert np.isfinite(_send(client, rt, head, bits=8).result().result.logits).all()
 
 
 def test_a_cancelled_request_does_no_further_server_work(bundle):
@@ -174,7 +175,7 @@ def test_the_device_cancels_when_its_next_exit_is_confident(bundle):
         a = off.infer(_x(1))
         assert a.where == "local" and a.result.exit_index.tolist() == [1]
         time.sleep(0.3)
-    assert torch.equal(a.result.logits, nd.ProgressiveRuntime(bundle, exit_set="exits").exit_logits(_x(1), 1))
+    np.testing.assert_array_equal(a.result.logits, nd.ProgressiveRuntime(bundle, exit_set="exits").exit_logits(_x(1), 1))
 
 
 def test_pipelining_answers_the_same_frames_in_order(bundle, client):
@@ -183,7 +184,7 @@ def test_pipelining_answers_the_same_frames_in_order(bundle, client):
     one = [a.result.logits for a in Offloader(bundle, client, cfg).stream(frames, depth=1)]
     three = [a.result.logits for a in Offloader(bundle, client, cfg).stream(frames, depth=3)]
     for a, b in zip(one, three):
-        torch.testing.assert_close(a, b, atol=1e-5, rtol=0)
+        np.testing.assert_allclose(a, b, atol=1e-5, rtol=0)
 
 
 def test_concurrent_clients_lose_nothing(bundle, server):
@@ -240,4 +241,23 @@ def test_server_only_split_without_a_server_still_answers(bundle):
     with TailClient(address, bundle) as c:  # nothing listens there any more
         a = Offloader(bundle, c, SplitConfig(SERVER_ONLY, bits=8, deadline_ms=500)).infer(_x(1))
     assert a.where == "fallback"
-    torch.testing.assert_close(a.result.logits, nd.ProgressiveRuntime(bundle, exit_set="exits")(_x(1)).logits)
+    # torch.testing.assert_close's float32 tolerances
+    np.testing.assert_allclose(a.result.logits, nd.ProgressiveRuntime(bundle, exit_set="exits")(_x(1)).logits,
+                               rtol=1.3e-6, atol=1e-5)
+
+
+def test_the_tail_runs_on_onnxruntimes_cpu_or_cuda_provider(bundle, monkeypatch):
+    import onnxruntime as ort
+
+    assert resolve_providers("cpu") == ("CPUExecutionProvider",)
+    with pytest.raises(nd.NestflexError, match="`providers` must be"):
+        resolve_providers(["NoSuchExecutionProvider"])
+    monkeypatch.setattr(ort, "get_available_providers", lambda: ["CPUExecutionProvider"])
+    assert resolve_providers("auto") == ("CPUExecutionProvider",)
+    monkeypatch.setattr(ort, "get_available_providers", lambda: ["CUDAExecutionProvider", "CPUExecutionProvider"])
+    assert resolve_providers("auto") == ("CUDAExecutionProvider", "CPUExecutionProvider")
+    monkeypatch.undo()
+    server = TailServer(bundle)  # this machine's onnxruntime: CUDA first only where it has the provider
+    assert server.core.providers[-1] == "CPUExecutionProvider"
+    assert ("CUDAExecutionProvider" in server.core.providers) == ("CUDAExecutionProvider" in
+                                                                  ort.get_available_providers())

@@ -49,7 +49,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
-import torch
+import numpy as np
 
 from nestflex.deploy.bundle.loader import Bundle
 from nestflex.deploy.bundle.schema import BundleError
@@ -94,7 +94,7 @@ class _Item:
     """One checked, decoded request waiting in a replica's batch queue."""
 
     request: Request
-    tensors: list[torch.Tensor]
+    tensors: list[np.ndarray]
     n: int
     arrived: float = field(default_factory=time.perf_counter)
 
@@ -122,7 +122,11 @@ class TailDeployment:
             path every node of the cluster can read).
         max_batch_size: most samples in one batch (also bounds every decoded frame).
         batch_wait_timeout_s: longest the first request of a batch waits for others.
-        threads: torch threads of the replica (reserve as many CPUs in ``ray_actor_options``).
+        threads: intra-op threads of the replica's onnxruntime sessions (reserve as many CPUs in
+            ``ray_actor_options``).
+        providers: where the replica's tails run (:func:`~nestflex.serve.server.resolve_providers`):
+            ``"auto"`` (CUDA when the replica's onnxruntime has it and sees a GPU, e.g.
+            ``ray_actor_options={"num_gpus": 1}``; else the CPU), ``"cpu"`` or provider names.
         slowdown: >= 1; each batch takes ``slowdown`` x its compute time (benchmarks on one machine).
 
     Attributes:
@@ -135,17 +139,15 @@ class TailDeployment:
     """
 
     def __init__(self, bundle_path: str | os.PathLike, *, max_batch_size: int = 32,
-                 batch_wait_timeout_s: float = 0.002, threads: int = 1, slowdown: float = 1.0) -> None:
+                 batch_wait_timeout_s: float = 0.002, threads: int = 1, slowdown: float = 1.0,
+                 providers: str | Sequence[str] = "auto") -> None:
         from nestflex.deploy import load
 
         serve = _serve()
         _check_batching(max_batch_size, batch_wait_timeout_s)
-        if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
-            raise NestflexError(f"`threads` must be an int >= 1, got {threads!r}")
-        self.core = TailCore(load(bundle_path), max_batch_size, slowdown)
+        self.core = TailCore(load(bundle_path), max_batch_size, slowdown, threads=threads, providers=providers)
         self.stats = {"requests": 0, "samples": 0, "batches": 0, "errors": 0}
         self._compute = ThreadPoolExecutor(1, thread_name_prefix="nestflex-tail")
-        self._compute.submit(torch.set_num_threads, threads).result()
         self._wait = float(batch_wait_timeout_s)
         # serve.batch on this replica's bound method: the queue and its limits are the replica's own
         self._batched = serve.batch(max_batch_size=max_batch_size, batch_wait_timeout_s=self._wait,
@@ -242,6 +244,7 @@ def build(bundle_path: str | os.PathLike, *, num_replicas: int = 1,
           autoscaling: Mapping[str, Any] | None = None, max_batch_size: int = 32,
           batch_wait_timeout_s: float = 0.002, max_ongoing_requests: int | None = None,
           max_queued_requests: int = 1024, threads: int = 1, slowdown: float = 1.0,
+          providers: str | Sequence[str] = "auto",
           ray_actor_options: Mapping[str, Any] | None = None, name: str = DEPLOYMENT) -> Any:
     """The tail as a bound Ray Serve application, ready for ``serve.run``.
 
@@ -258,9 +261,13 @@ def build(bundle_path: str | os.PathLike, *, num_replicas: int = 1,
             cap batches at 5 requests).
         max_queued_requests: requests a caller's router queues when every replica is full; beyond
             it calls are refused (``RESOURCE_EXHAUSTED``), never dropped; ``-1``: no limit.
-        threads: torch threads per replica.
+        threads: intra-op threads of each replica's onnxruntime sessions.
         slowdown: >= 1; each batch takes ``slowdown`` x its compute time (benchmarks).
-        ray_actor_options: per-replica resources, e.g. ``{"num_cpus": 1}`` (Ray's default).
+        providers: where each replica's tails run: ``"auto"`` (CUDA when the replica's onnxruntime
+            has it, else the CPU), ``"cpu"``, or onnxruntime provider names
+            (:func:`~nestflex.serve.server.resolve_providers`).
+        ray_actor_options: per-replica resources, e.g. ``{"num_cpus": 1}`` (Ray's default; add
+            ``"num_gpus"`` for a replica on a GPU).
         name: the deployment's name.
 
     Returns:
@@ -289,7 +296,8 @@ def build(bundle_path: str | os.PathLike, *, num_replicas: int = 1,
         opts["ray_actor_options"] = dict(ray_actor_options)
     deployment = serve.deployment(TailDeployment).options(**opts)
     return deployment.bind(os.path.abspath(os.fspath(bundle_path)), max_batch_size=max_batch_size,
-                           batch_wait_timeout_s=batch_wait_timeout_s, threads=threads, slowdown=slowdown)
+                           batch_wait_timeout_s=batch_wait_timeout_s, threads=threads, slowdown=slowdown,
+                           providers=providers)
 
 
 def _mapping(value: Any) -> dict:
@@ -303,7 +311,7 @@ def _mapping(value: Any) -> dict:
 _KINDS = {str: "a string", int: "an int", float: "a number", _mapping: "a JSON object"}
 _BUILDER_ARGS = {"bundle": str, "num_replicas": int, "autoscaling": _mapping, "max_batch_size": int,
                  "batch_wait_timeout_s": float, "max_ongoing_requests": int, "max_queued_requests": int,
-                 "threads": int, "slowdown": float, "ray_actor_options": _mapping}
+                 "threads": int, "slowdown": float, "ray_actor_options": _mapping, "providers": str}
 
 
 def app_builder(args: Mapping[str, Any]) -> Any:

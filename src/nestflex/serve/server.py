@@ -3,8 +3,17 @@
 Stateless: every request carries its split, exit set and thresholds (:mod:`nestflex.deploy.split.wire`),
 so any replica that loaded the same bundle can answer it. Concurrent requests for the same
 split and policy are batched: one dispatcher takes the oldest waiting request's group (up to
-``max_batch`` samples, after at most ``max_wait_ms``), runs it on one compute thread (torch
-releases the GIL, the event loop keeps accepting), and answers each request with its rows.
+``max_batch`` samples, after at most ``max_wait_ms``), runs it on one compute thread
+(onnxruntime releases the GIL, the event loop keeps accepting), and answers each request with its rows.
+
+The tails run on onnxruntime (numpy, no torch), like the device's heads. Where the tail runs
+(``providers``): ``"auto"`` takes onnxruntime's CUDA provider when this install lists it
+(``onnxruntime.get_available_providers()``: the ``onnxruntime-gpu`` wheel on a machine with a
+GPU), with the CPU for what CUDA does not run, and the CPU alone otherwise. Why the GPU by default
+where there is one: a tail server batches many devices' requests, the case a GPU serves best, and
+a CPU-only install behaves as before. The price: a GPU's kernels round differently from the
+device's CPU kernels, so the split answer agrees with the unsplit model to float32 rounding
+rather than exactly; pass ``providers="cpu"`` for the device's own arithmetic.
 
 What the server guarantees (each a test in tests/serve/):
 
@@ -25,7 +34,6 @@ Example::
 
 from __future__ import annotations
 
-from nestflex.deploy.runtime.capacity import CapacityRuntime
 import asyncio
 import json
 import logging
@@ -37,18 +45,18 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-import torch
+import numpy as np
 
-from nestflex.deploy.bundle.loader import Bundle
+from nestflex.deploy.bundle.loader import Bundle, bundle_id
 from nestflex.deploy.bundle.schema import BundleError
 from nestflex.deploy.codec import CodecError, decode
 from nestflex.deploy.exits import ExitError
-from nestflex.deploy.split.runtime import SplitRuntime, TailResult
-from nestflex.deploy.split.wire import INFO_METHOD, PROTOCOL, RUN_METHOD, SERVICE, Request, WireError, encode_response, parse_request_metadata
-from nestflex.deploy.bundle.loader import bundle_id
+from nestflex.deploy.split.runtime import CPU, SplitRuntime, TailResult
+from nestflex.deploy.split.wire import (INFO_METHOD, PROTOCOL, RUN_METHOD, SERVICE, Request, WireError,
+                                        encode_response, parse_request_metadata)
 from nestflex.errors import NestflexError
 
-__all__ = ["TailServer", "ServerHandle"]
+__all__ = ["TailServer", "ServerHandle", "TailCore", "resolve_providers"]
 
 log = logging.getLogger(__name__)
 
@@ -56,32 +64,76 @@ log = logging.getLogger(__name__)
 @dataclass(eq=False)
 class _Pending:
     request: Request
-    tensors: list[torch.Tensor]
+    tensors: list[np.ndarray]
     n: int
     future: asyncio.Future
     arrived: float = field(default_factory=time.perf_counter)
     cancelled: bool = False
 
 
+def resolve_providers(providers: str | Sequence[str] = "auto") -> tuple[str, ...]:
+    """The onnxruntime execution providers a tail runs on, in order of preference.
+
+    Args:
+        providers: ``"auto"`` (CUDA then CPU when onnxruntime lists ``CUDAExecutionProvider``, else
+            the CPU alone; see the module's notes), ``"cpu"``, or provider names, each one that
+            ``onnxruntime.get_available_providers()`` lists.
+
+    Raises:
+        NestflexError: a name this onnxruntime install does not have.
+
+    Example:
+        >>> resolve_providers("cpu")
+        ('CPUExecutionProvider',)
+    """
+    if isinstance(providers, str) and providers in ("auto", "cpu"):
+        if providers == "cpu":
+            return CPU
+        import onnxruntime as ort
+
+        return ("CUDAExecutionProvider", *CPU) if "CUDAExecutionProvider" in ort.get_available_providers() else CPU
+    import onnxruntime as ort
+
+    available = ort.get_available_providers()
+    names = [providers] if isinstance(providers, str) else list(providers)
+    bad = [p for p in names if not isinstance(p, str) or p not in available]
+    if not names or bad:
+        raise NestflexError(f"`providers` must be \"auto\", \"cpu\" or onnxruntime providers this install has "
+                            f"({', '.join(available)}), got {providers!r}. HINT: the CUDA provider comes with the "
+                            f"onnxruntime-gpu wheel")
+    return tuple(names)
+
+
 class TailCore:
     """What every tail replica does, transport aside: check, decode and batch-run requests.
 
     Shared by :class:`TailServer` (gRPC) and the Ray Serve deployment (:mod:`nestflex.serve.ray`).
+    Each (split, exit set) pair gets its :class:`~nestflex.deploy.split.SplitRuntime` on first use:
+    onnxruntime sessions on ``providers``, numpy in and out.
 
     Args:
         bundle: the loaded bundle.
         max_batch: most samples in one batch (bounds every decoded frame too).
         slowdown: >= 1; each batch takes ``slowdown`` x its compute time (the extra slept), to model
             a slower server in benchmarks on one machine.
+        threads: intra-op threads of each onnxruntime session.
+        providers: where the tails run (:func:`resolve_providers`): ``"auto"`` (CUDA when onnxruntime
+            has it, else the CPU), ``"cpu"``, or provider names.
+
+    Attributes:
+        providers: the providers resolved.
     """
 
-    def __init__(self, bundle: Bundle, max_batch: int = 32, slowdown: float = 1.0) -> None:
+    def __init__(self, bundle: Bundle, max_batch: int = 32, slowdown: float = 1.0, *, threads: int = 1,
+                 providers: str | Sequence[str] = "auto") -> None:
         if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1:
             raise NestflexError(f"`max_batch` must be an int >= 1, got {max_batch!r}")
         if not (isinstance(slowdown, (int, float)) and math.isfinite(slowdown) and slowdown >= 1):
             raise NestflexError(f"`slowdown` must be a number >= 1 (1: as fast as this machine), got {slowdown!r}")
+        if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+            raise NestflexError(f"`threads` must be an int >= 1, got {threads!r}")
         self.bundle, self.id, self.max_batch, self.slowdown = bundle, bundle_id(bundle), max_batch, float(slowdown)
-        self._capacity = CapacityRuntime(bundle, bundle.num_levels - 1, plan=None)
+        self.threads, self.providers = threads, resolve_providers(providers)
         self._runtimes: dict[tuple[str, str | None], SplitRuntime] = {}
 
     def info(self) -> dict[str, Any]:
@@ -91,17 +143,18 @@ class TailCore:
     # -- runtimes ------------------------------------------------------------------------------
 
     def runtime(self, split: str, exit_set: str | None) -> SplitRuntime:
-        """The tail for ``split`` and ``exit_set`` (built once, all sharing the resident weights)."""
+        """The tail for ``split`` and ``exit_set`` (built once, its sessions kept)."""
         key = (split, exit_set)
         if key not in self._runtimes:
             if exit_set is not None and exit_set not in self.bundle.exit_sets:
                 raise WireError(f"the bundle has no exit set {exit_set!r} (it has: "
                                 f"{', '.join(self.bundle.exit_sets) or 'none'})")
-            self._runtimes[key] = SplitRuntime(self.bundle, split, exit_set, capacity=self._capacity)
+            self._runtimes[key] = SplitRuntime(self.bundle, split, exit_set, threads=self.threads,
+                                               providers=self.providers)
         return self._runtimes[key]
 
-    def prepare(self, request: Request, body: bytes) -> tuple[list[torch.Tensor], int]:
-        """Decode and check one request: the crossing tensors and their batch size.
+    def prepare(self, request: Request, body: bytes) -> tuple[list[np.ndarray], int]:
+        """Decode and check one request: the crossing arrays (float32) and their batch size.
 
         Raises:
             WireError, CodecError, ExitError, BundleError: a bad request (the caller answers it with an error).
@@ -111,15 +164,15 @@ class TailCore:
                               f"{self.id[:16]}.... HINT: load the same bundle on both ends")
         rt = self.runtime(request.split, request.exit_set)
         per_sample = sum(math.prod(s) for s in rt.crossing_shapes)
-        tensors = decode(body, max_elements=max(1, per_sample * self.max_batch), max_tensors=len(rt.crossing_shapes))
-        shapes = [tuple(t.shape[1:]) for t in tensors]
-        if shapes != rt.crossing_shapes or len({t.shape[0] for t in tensors}) != 1 or tensors[0].shape[0] < 1:
+        arrays = decode(body, max_elements=max(1, per_sample * self.max_batch), max_tensors=len(rt.crossing_shapes))
+        shapes = [tuple(a.shape[1:]) for a in arrays]
+        if shapes != rt.crossing_shapes or len({a.shape[0] for a in arrays}) != 1 or arrays[0].shape[0] < 1:
             raise WireError(f"split {rt.split!r} takes per-sample shapes {rt.crossing_shapes} with one batch size "
-                            f">= 1, got {[tuple(t.shape) for t in tensors]}")
+                            f">= 1, got {[tuple(a.shape) for a in arrays]}")
         if request.thresholds is not None and len(request.thresholds) != rt.num_exits - 1:
             raise WireError(f"exit set {request.exit_set!r} has {rt.num_exits - 1} early exits, got "
                             f"{len(request.thresholds)} thresholds")
-        return [torch.from_numpy(t).float() for t in tensors], int(tensors[0].shape[0])
+        return [np.ascontiguousarray(a, dtype=np.float32) for a in arrays], int(arrays[0].shape[0])
 
     def run_batch(self, batch: Sequence[Any]) -> tuple[TailResult, float]:
         """Run requests of one group (same split and policy; items with ``.request``, ``.tensors``) as one batch.
@@ -130,7 +183,7 @@ class TailCore:
         start = time.perf_counter()
         req = batch[0].request
         rt = self.runtime(req.split, req.exit_set)
-        crossing = [torch.cat([p.tensors[i] for p in batch]) if len(batch) > 1 else batch[0].tensors[i]
+        crossing = [np.concatenate([p.tensors[i] for p in batch]) if len(batch) > 1 else batch[0].tensors[i]
                     for i in range(len(rt.crossing_shapes))]
         result = rt.tail(crossing, req.thresholds)
         took = time.perf_counter() - start
@@ -158,9 +211,13 @@ class TailServer:
         max_wait_ms: longest a request waits for others to join its batch.
         max_queue: most samples waiting; beyond it requests are refused.
         max_message_bytes: largest request accepted (gRPC refuses larger ones).
-        threads: torch intra-op threads, set for the whole process when the server starts.
+        threads: intra-op threads of each onnxruntime session.
         slowdown: >= 1; each batch takes ``slowdown`` x its compute time (the extra slept), to
             model a slower server in benchmarks on one machine.
+        drop_rate: fault injection: the share of requests never answered (their deadline ends them).
+        seed: the seed of the drops.
+        providers: where the tails run: ``"auto"`` (CUDA when onnxruntime has it, else the CPU; see
+            the module's notes), ``"cpu"``, or onnxruntime provider names.
 
     Attributes:
         stats: counters: requests, samples computed, batches, refused, cancelled before compute.
@@ -168,7 +225,7 @@ class TailServer:
 
     def __init__(self, bundle: Bundle, *, max_batch: int = 32, max_wait_ms: float = 2.0, max_queue: int = 1024,
                  max_message_bytes: int = 64 * 2**20, threads: int = 1, slowdown: float = 1.0,
-                 drop_rate: float = 0.0, seed: int = 0) -> None:
+                 drop_rate: float = 0.0, seed: int = 0, providers: str | Sequence[str] = "auto") -> None:
         for name, v, lo in (("max_queue", max_queue, 1), ("max_message_bytes", max_message_bytes, 1024),
                             ("threads", threads, 1)):
             if isinstance(v, bool) or not isinstance(v, int) or v < lo:
@@ -176,7 +233,7 @@ class TailServer:
         for name, v, lo, hi in (("max_wait_ms", max_wait_ms, 0, math.inf), ("drop_rate", drop_rate, 0, 1)):
             if not (isinstance(v, (int, float)) and not isinstance(v, bool) and lo <= v <= hi):
                 raise NestflexError(f"`{name}` must be a number in [{lo}, {hi}], got {v!r}")
-        self.core = TailCore(bundle, max_batch, slowdown)
+        self.core = TailCore(bundle, max_batch, slowdown, threads=threads, providers=providers)
         self.bundle, self.max_batch = bundle, max_batch
         self.max_wait, self.max_queue = max_wait_ms / 1000, max_queue
         self.max_message_bytes, self.threads = max_message_bytes, threads
@@ -281,7 +338,6 @@ class TailServer:
         """Start serving; returns the port (an ephemeral one for ``port=0``)."""
         import grpc
 
-        torch.set_num_threads(self.threads)  # process-wide in torch: a server process owns its threads
         handler = grpc.method_handlers_generic_handler(SERVICE, {
             "Run": grpc.unary_unary_rpc_method_handler(self._run),
             "Info": grpc.unary_unary_rpc_method_handler(self._info),

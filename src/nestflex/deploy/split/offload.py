@@ -30,12 +30,12 @@ from collections import deque
 from dataclasses import dataclass, replace
 from typing import Any, Iterable, Iterator
 
-import torch
+import numpy as np
 
+from nestflex.deploy._arrays import to_numpy
 from nestflex.deploy.bundle.loader import Bundle
 from nestflex.deploy.codec import encode
-from nestflex.deploy.exits import ExitResult
-from nestflex.deploy.runtime.capacity import CapacityRuntime
+from nestflex.deploy.exits import ExitResult, _cut
 from nestflex.deploy.split.client import SplitError, TailCall, TailClient
 from nestflex.deploy.split.runtime import SERVER_ONLY, HeadResult, SplitRuntime, TailResult
 from nestflex.errors import NestflexError
@@ -99,7 +99,7 @@ class SplitAnswer:
 
 @dataclass
 class _InFlight:
-    x: torch.Tensor
+    x: Any
     config: SplitConfig
     rt: SplitRuntime
     head: HeadResult
@@ -137,11 +137,10 @@ class Offloader:
         self.exit_set = exit_set if exit_set is not None and exit_set in bundle.exit_sets else None
         self.slowdown, self.replan_every, self.probe_every_s = float(slowdown), replan_every, float(probe_every_s)
         self._last_transfer = -math.inf
-        self._capacity = CapacityRuntime(bundle, bundle.num_levels - 1, plan=None)  # the split program runs eager
         self._runtimes: dict[str, SplitRuntime] = {}
         self._device_ratio: deque[float] = deque(maxlen=32)
         self._frames = 0
-        self._last_x: torch.Tensor | None = None
+        self._last_x: Any = None
         self.plans: list[Any] = []
         self.config = config
         if config is not None:
@@ -154,7 +153,7 @@ class Offloader:
         if split is None:
             split = self.bundle.spec.splits[0].name if self.bundle.spec.splits else SERVER_ONLY
         if split not in self._runtimes:
-            self._runtimes[split] = SplitRuntime(self.bundle, split, self.exit_set, capacity=self._capacity)
+            self._runtimes[split] = SplitRuntime(self.bundle, split, self.exit_set)
         return self._runtimes[split]
 
     def set_config(self, config: SplitConfig) -> None:
@@ -214,7 +213,7 @@ class Offloader:
             self.replan()
         return answer
 
-    def probe(self, x: torch.Tensor, deadline_ms: float = 1000.0) -> bool:
+    def probe(self, x: Any, deadline_ms: float = 1000.0) -> bool:
         """Measure the link: one empty round trip and one request with ``x`` sent whole (float32).
 
         Feeds the profiler (latency, bandwidth, server time). Returns False when the server did
@@ -225,7 +224,7 @@ class Offloader:
         try:
             self.profiler.record_ping(self.client.ping_ms(timeout=deadline_ms / 1000))
             rt = self.runtime(SERVER_ONLY)
-            frame = encode([x], None, "raw")
+            frame = encode([np.ascontiguousarray(to_numpy(x), dtype=np.float32)], None, "raw")
             reply = self.client.submit(frame, split=SERVER_ONLY, exit_set=self.exit_set, n=int(x.shape[0]),
                                        num_exits=rt.num_exits, deadline_s=deadline_ms / 1000).result(deadline_ms / 1000 + 1)
         except SplitError as e:
@@ -239,16 +238,16 @@ class Offloader:
 
     # -- one frame in three steps: start (head + send), finish (continue, wait or fall back) ------
 
-    def _start(self, x: torch.Tensor, start: float) -> _InFlight:
+    def _start(self, x: Any, start: float) -> _InFlight:
         cfg = self.config
         self._last_x = x
         rt = self.runtime(cfg.split)
         head, ms = self._device(rt.head, x, cfg.thresholds)
         call = None
-        if cfg.split is not None and self.client is not None and head.rest.numel():
+        if cfg.split is not None and self.client is not None and head.rest.size:
             frame, pack_ms = self._device(encode, list(head.crossing), cfg.bits, cfg.codec)
             ms += pack_ms
-            call = self.client.submit(frame, split=rt.split, exit_set=self.exit_set, n=int(head.rest.numel()),
+            call = self.client.submit(frame, split=rt.split, exit_set=self.exit_set, n=int(head.rest.size),
                                       num_exits=rt.num_exits, thresholds=cfg.thresholds,
                                       deadline_s=cfg.deadline_ms / 1000)
         return _InFlight(x, cfg, rt, head, call, start, ms)
@@ -256,8 +255,8 @@ class Offloader:
     def _finish(self, f: _InFlight) -> SplitAnswer:
         rt, head, cfg = f.rt, f.head, f.config
         thr = rt._policy(cfg.thresholds, None, None)[0]
-        if head.rest.numel() == 0 or (cfg.split is None or self.client is None):
-            if head.rest.numel() == 0:
+        if head.rest.size == 0 or (cfg.split is None or self.client is None):
+            if head.rest.size == 0:
                 return self._answer(f, rt.combine(head, None), "device")
             tail, ms = self._device(rt.tail, head.crossing, cfg.thresholds)  # device only: the tail runs here
             f.device_ms += ms
@@ -267,11 +266,9 @@ class Offloader:
             local, ms = self._device(rt.next_local_exit, head)
             f.device_ms += ms
             if local is not None:
-                logits, conf, k = local
-                if bool((conf > thr[k]).all()) and f.call.cancel():
-                    tail = TailResult(logits, torch.full_like(head.rest, k), torch.full_like(head.rest, k), conf,
-                                      torch.ones_like(conf, dtype=torch.bool))
-                    return self._answer(f, rt.combine(head, tail), "local")
+                _, conf, k = local
+                if bool((conf > _cut(thr[k], conf)).all()) and f.call.cancel():
+                    return self._answer(f, rt.combine(head, _local_tail(local, passed=True)), "local")
         remaining = cfg.deadline_ms / 1000 - (time.perf_counter() - f.start)
         try:
             reply = f.call.result(timeout=max(remaining, 0.0) + 0.05)  # gRPC's own deadline fires first
@@ -286,7 +283,7 @@ class Offloader:
                 # the reply's time is its server batch's: compare it with that many frames' prediction
                 # (the offline prediction: the plan's own, less the slowdown it was made with)
                 predicted = (plan.option.server_ms / plan.inputs["server_slowdown"]) * reply.batch \
-                    / max(1, int(head.rest.numel()))
+                    / max(1, int(head.rest.size))
             self.profiler.record_transfer(reply.bytes_sent, reply.bytes_received, reply.rtt_ms, reply.server_ms,
                                           reply.queue_ms, predicted_server_ms=predicted)
         return self._answer(f, rt.combine(head, reply.result), "server", reply=reply)
@@ -300,9 +297,7 @@ class Offloader:
         elif local is None:
             tail = None
         else:
-            logits, conf, k = local
-            tail = TailResult(logits, torch.full_like(head.rest, k), torch.full_like(head.rest, k), conf,
-                              torch.zeros_like(conf, dtype=torch.bool))
+            tail = _local_tail(local, passed=False)
         return self._answer(f, rt.combine(head, tail), "fallback", error=f"{error.code}: {error}")
 
     def _answer(self, f: _InFlight, result: ExitResult, where: str, reply: Any = None,
@@ -312,11 +307,12 @@ class Offloader:
 
     # -- public --------------------------------------------------------------------------------
 
-    def infer(self, x: torch.Tensor) -> SplitAnswer:
-        """Answer one batch (normalised input ``(N, *input shape)``) under the current config."""
+    def infer(self, x: Any) -> SplitAnswer:
+        """Answer one batch (normalised input ``(N, *input shape)``, numpy or torch) under the current
+        config; the answer's arrays are of ``x``'s type."""
         return self._finish(self._start(x, time.perf_counter()))
 
-    def stream(self, frames: Iterable[torch.Tensor], depth: int = 2) -> Iterator[SplitAnswer]:
+    def stream(self, frames: Iterable[Any], depth: int = 2) -> Iterator[SplitAnswer]:
         """Answer frames in order, with up to ``depth`` in flight (``depth=1``: no pipelining).
 
         The device starts frame ``i + depth - 1``'s head and send before it waits for frame ``i``;
@@ -336,3 +332,11 @@ class Offloader:
         """The current config with ``changes`` applied (not set)."""
         return replace(self.config, **changes)
 
+
+def _local_tail(local: tuple[np.ndarray, np.ndarray, int], passed: bool) -> TailResult:
+    """The local continuation's exit as the tail's answer for every sample still running (``passed``:
+    its threshold was passed, so no fallback chooses against it)."""
+    logits, conf, k = local
+    m = logits.shape[0]
+    return TailResult(logits, np.full(m, k, dtype=np.int64), np.full(m, k, dtype=np.int64), conf,
+                      np.full(m, passed, dtype=bool))

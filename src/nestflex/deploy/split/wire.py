@@ -27,7 +27,7 @@ from __future__ import annotations
 import math
 from typing import Any, Mapping, Sequence
 
-import torch
+import numpy as np
 
 from nestflex.deploy.codec import decode, encode
 from nestflex.deploy.split.runtime import TailResult
@@ -109,19 +109,26 @@ def parse_request_metadata(metadata: Sequence[tuple[str, Any]] | Mapping[str, An
 
 def encode_response(result: TailResult) -> bytes:
     """The response body for a :class:`~nestflex.deploy.split.TailResult` (lossless frame)."""
-    info = torch.stack([result.exit_index.double(), result.answer_index.double(), result.confidence.double(),
-                        result.passed.double()], dim=1)
-    return encode([result.logits.float(), info], bits=None, codec="raw")
+    info = np.stack([np.asarray(result.exit_index, np.float64), np.asarray(result.answer_index, np.float64),
+                     np.asarray(result.confidence, np.float64), np.asarray(result.passed, np.float64)], axis=1)
+    return encode([np.asarray(result.logits, np.float32), info], bits=None, codec="raw")
 
 
 def decode_response(body: bytes, n: int, num_classes: int, num_exits: int) -> TailResult:
-    """Parse a response body for ``n`` samples. Raises :class:`WireError` (or ``CodecError`` for a bad frame)."""
-    tensors = [torch.from_numpy(t) for t in decode(body, max_elements=max(1, n * (num_classes + 4)), max_tensors=2)]
-    if len(tensors) != 2 or tuple(tensors[0].shape) != (n, num_classes) or tuple(tensors[1].shape) != (n, 4):
+    """Parse a response body for ``n`` samples into a :class:`~nestflex.deploy.split.TailResult` (numpy).
+
+    Raises:
+        WireError: the frame does not hold ``(n, num_classes)`` logits and ``(n, 4)`` info, or its exit
+            indices are not exits of the set.
+        CodecError: a bad frame.
+    """
+    arrays = decode(body, max_elements=max(1, n * (num_classes + 4)), max_tensors=2)
+    if len(arrays) != 2 or tuple(arrays[0].shape) != (n, num_classes) or tuple(arrays[1].shape) != (n, 4):
         raise WireError(f"a response must hold logits ({n}, {num_classes}) and info ({n}, 4), got "
-                        f"{[tuple(t.shape) for t in tensors]}")
-    logits, info = tensors
+                        f"{[tuple(a.shape) for a in arrays]}")
+    logits, info = arrays
     idx = info[:, :2]
-    if not torch.isfinite(info).all() or (idx != idx.round()).any() or (idx < 0).any() or (idx >= num_exits).any():
+    if not np.isfinite(info).all() or (idx != np.round(idx)).any() or (idx < 0).any() or (idx >= num_exits).any():
         raise WireError(f"a response's exit indices must be integers in [0, {num_exits - 1}]")
-    return TailResult(logits.float(), info[:, 0].long(), info[:, 1].long(), info[:, 2].float(), info[:, 3] > 0.5)
+    return TailResult(logits.astype(np.float32, copy=False), info[:, 0].astype(np.int64), info[:, 1].astype(np.int64),
+                      info[:, 2].astype(np.float32), info[:, 3] > 0.5)
