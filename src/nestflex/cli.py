@@ -7,7 +7,9 @@
     nestflex tune runs/vgg_cifar/bundle.nfx                         # fastest backend x threads per level
     python -m nestflex inspect ...               # the same without the console script
 
-Light on purpose: it imports the deploy runtime only (DESIGN invariant 6). The multi-tenant
+Light on purpose: it imports the deploy runtime only (DESIGN invariant 6), so every verb runs on
+the base install (numpy and onnxruntime; ``serve`` needs the ``serve`` extra's gRPC; ``tune``
+measures the int8 and padded candidates where ``nestflex[tune]`` is installed). The multi-tenant
 simulation of the scheduler is a benchmark, not a runtime verb: ``python benchmarks/multitenant.py``.
 """
 
@@ -101,19 +103,21 @@ def _exit_set_table(key: str, ex: dict[str, Any]) -> str:
 
 def bench_bundle(bundle, batch_size: int = 1, repeats: int = 20, seed: int = 0) -> dict[str, Any]:
     """Median latency (ms) per level and per exit (``exits`` and ``flex_exits``: stopping at exit k),
-    and the time of each level switch, on this machine."""
-    import torch
+    and the time of each level switch, on this machine, with the bundle's execution plan (the tuned
+    one beside it, else onnxruntime at one thread) for ``batch_size``. Seeded normal inputs."""
+    import numpy as np
 
     from nestflex._machine import machine
     from nestflex.deploy.timing import median_ms
 
-    x = torch.randn(batch_size, *bundle.input_spec["shape"], generator=torch.Generator().manual_seed(seed))
-    rt = CapacityRuntime(bundle, level=0)
+    x = np.random.default_rng(seed).standard_normal((batch_size, *bundle.input_spec["shape"]), dtype=np.float32)
+    rt = CapacityRuntime(bundle, level=0, batch=batch_size)
+    chosen = rt.plan.for_batch(batch_size)
     levels = []
     for k in range(bundle.num_levels):
         report = rt.set_level(k)
-        levels.append({"level": k, "backend": rt.backend, "latency_ms": round(median_ms(lambda: rt(x), repeats), 4),
-                       "resident_bytes": report.resident_bytes})
+        levels.append({"level": k, "backend": rt.backend, "threads": chosen[k].threads,
+                       "latency_ms": round(median_ms(lambda: rt(x), repeats), 4), "resident_bytes": report.resident_bytes})
     switches = []
     for a in range(bundle.num_levels):
         for b in range(bundle.num_levels):
@@ -124,7 +128,7 @@ def bench_bundle(bundle, batch_size: int = 1, repeats: int = 20, seed: int = 0) 
                                  "page_out_bytes": r.page_out_bytes, "ms": round(1e3 * r.seconds, 4)})
     per_set: dict[str, list[dict[str, Any]]] = {"exits": [], "flex_exits": []}
     for key, ex in bundle.exit_sets.items():
-        prog = ProgressiveRuntime(bundle, rt, exit_set=key)
+        prog = ProgressiveRuntime(bundle, rt, exit_set=key, plan=rt.plan)
         for k in range(prog.num_exits):
             per_set.setdefault(key, []).append({"exit": k, "name": ex["names"][k], "latency_ms": round(
                 median_ms(lambda k=k: prog.exit_logits(x, k), repeats), 4)})
@@ -153,9 +157,10 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
         write_json(args.json, result)
     print(f"bundle {result['bundle']}  batch {args.batch_size}  median of {args.repeats}  "
-          f"({result['machine']['cpus']} cpus, {result['machine']['torch_threads']} torch threads)")
-    print(_table(["level", "backend", "latency ms", "resident MB"],
-                 [[r["level"], r["backend"], r["latency_ms"], _mb(r["resident_bytes"])] for r in result["levels"]]))
+          f"({result['machine']['cpus']} cpus, onnxruntime {result['machine']['onnxruntime']})")
+    print(_table(["level", "backend", "threads", "latency ms", "resident MB"],
+                 [[r["level"], r["backend"], r["threads"], r["latency_ms"], _mb(r["resident_bytes"])]
+                  for r in result["levels"]]))
     for key in ("exits", "flex_exits"):
         if result.get(key):
             print()
@@ -206,19 +211,26 @@ def run_live(paths: Sequence[str], *, fps: float = 30.0, memory_mb: float | None
     import threading
     import time
 
-    import torch
+    import numpy as np
 
-    from nestflex.deploy.engine import Engine
+    from nestflex.deploy.bundle.loader import load
+    from nestflex.deploy.engine import Engine, EngineError
+    from nestflex.errors import NestflexError
 
     out = sys.stdout if out is None else out
     engine = Engine(scheduler, memory_mb=memory_mb, cpu=cpu)
     try:
         names = _app_names(paths)
+        bundles = {}
         for name, path in zip(names, paths):
-            engine.add_app(name, path, fps=fps)
-        shapes = {n: tuple(engine._apps[n].bundle.input_spec["shape"]) for n in names}
-        g = torch.Generator().manual_seed(seed)
-        frames = {n: [torch.randn(*shapes[n], generator=g) for _ in range(8)] for n in names}
+            try:
+                bundles[name] = load(path)
+            except NestflexError as e:
+                raise EngineError(f"app {name!r}: its bundle failed to load: {e}") from e
+            engine.add_app(name, bundles[name], fps=fps)
+        g = np.random.default_rng(seed)
+        frames = {n: [g.standard_normal(tuple(bundles[n].input_spec["shape"]), dtype=np.float32) for _ in range(8)]
+                  for n in names}
         stop = threading.Event()
 
         def camera() -> None:  # one clock for every app: frame i of each at start + i / fps
@@ -259,18 +271,15 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         from nestflex.serve import TailServer
     except ImportError:
         raise NestflexError("`nestflex serve` needs gRPC. HINT: pip install \"nestflex[serve]\"") from None
-    import torch
-
-    torch.set_num_threads(args.threads)
     server = TailServer(load(args.bundle), max_batch=args.max_batch, max_wait_ms=args.max_wait_ms,
                         threads=args.threads, slowdown=args.slowdown, drop_rate=args.drop_rate)
 
     async def serve() -> None:
+        stop = asyncio.Event()
+        for sig in (signal.SIGINT, signal.SIGTERM):  # before the line that tells a caller it may signal
+            asyncio.get_running_loop().add_signal_handler(sig, stop.set)
         port = await server.start(args.host, args.port)
         print(f"nestflex serve: listening on {args.host}:{port} (bundle {server.core.id[:16]}...)", flush=True)
-        stop = asyncio.Event()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            asyncio.get_running_loop().add_signal_handler(sig, stop.set)
         await stop.wait()
         await server.stop(1.0)
 
@@ -299,12 +308,13 @@ def _cmd_tune(args: argparse.Namespace) -> int:
              None if not lp.eager_ms or not lp.latency_ms else round(lp.eager_ms / lp.latency_ms, 2),
              None if lp.accuracy is None else f"{100 * lp.accuracy:.2f}%"]
             for k, lp in enumerate(plan.levels)]
-    print(_table(["level", "backend", "threads", "ms", "eager 1-thread ms", "speed-up", "accuracy"], rows))
+    ref = f"{plan.reference} 1-thread ms"  # the reference every candidate was checked against
+    print(_table(["level", "backend", "threads", "ms", ref, "speed-up", "accuracy"], rows))
     for key, ep in plan.exits.items():  # per exit: a sample that leaves there (stages and heads up to it)
         rows = [[k, ep.backend, ep.threads, ms, e, round(e / ms, 2) if ms else None]
                 for k, (ms, e) in enumerate(zip(ep.latency_ms, ep.eager_ms))]
         print(f"{key}:")
-        print(_table(["exit", "backend", "threads", "ms", "eager 1-thread ms", "speed-up"], rows))
+        print(_table(["exit", "backend", "threads", "ms", ref, "speed-up"], rows))
         if ep.active is not None:  # the time-aware exit choice dropped some
             print(f"  early exits kept: {list(ep.active)} of {len(ep.latency_ms) - 1}: {ep.mean_ms} ms per frame "
                   f"on the calibration samples, {ep.all_mean_ms} ms with every exit")
@@ -313,7 +323,7 @@ def _cmd_tune(args: argparse.Namespace) -> int:
                  round(lp.eager_ms / lp.latency_ms, 2) if lp.eager_ms and lp.latency_ms else None]
                 for k, lp in enumerate(lps)]
         print(f"batch {b}:")
-        print(_table(["level", "backend", "threads", "ms per batch", "eager 1-thread ms", "speed-up"], rows))
+        print(_table(["level", "backend", "threads", "ms per batch", ref, "speed-up"], rows))
     if plan.budget_points is None:
         print("the bundle ships no samples: only float32 backends were candidates (re-export with samples for int8)")
     print(f"plan: {path}")
@@ -373,7 +383,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--port", type=int, default=50051, help="port (0: an ephemeral one, printed)")
     p.add_argument("--max-batch", type=int, default=32, help="most samples batched together")
     p.add_argument("--max-wait-ms", type=float, default=2.0, help="longest a request waits for a batch to fill")
-    p.add_argument("--threads", type=int, default=1, help="torch threads of the compute thread")
+    p.add_argument("--threads", type=int, default=1, help="intra-op threads of the compute thread")
     p.add_argument("--slowdown", type=float, default=1.0, help="model a slower server: each batch takes this x longer")
     p.add_argument("--drop-rate", type=float, default=0.0, help="fault injection: share of requests never answered")
     args = parser.parse_args(argv)

@@ -118,15 +118,18 @@ def test_users_model_and_data_go_from_pruning_to_deployment(tmp_path, shape, att
     # 4. deploy: every level and both exit sets reproduce the training side, MACs as traced at the real shape
     bundle = nd.load(exporter.result["bundle"])
     assert bundle.num_levels == K and tuple(bundle.input_spec["shape"]) == shape
+    # onnxruntime (the default backend) sums in another order than torch: agreement to float32's
+    # relative precision at the logits' scale (1e-4), the torch reference to 1e-5
     with torch.no_grad():
         for k in range(K):
             plain = extract_level(net, k).eval()
-            torch.testing.assert_close(nd.CapacityRuntime(bundle, k, plan=None)(x), plain(x), atol=1e-5, rtol=0)
+            torch.testing.assert_close(nd.CapacityRuntime(bundle, k)(x), plain(x), atol=1e-4, rtol=1e-4)
+            torch.testing.assert_close(nd.CapacityRuntime(bundle, k, plan="eager")(x), plain(x), atol=1e-5, rtol=0)
             assert bundle.levels[k]["macs"] == trace(plain, shape).macs()
             assert bundle.levels[k]["accuracy"] is not None  # profiled on the validation loader
         for got, want in zip(nd.ProgressiveRuntime(bundle).all_exits(x), exits.model.eval()(x)):
-            torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
+            torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
         flex_net = flex.result.network.eval()
         for got, want in zip(nd.ProgressiveRuntime(bundle, exit_set="flex_exits").all_exits(x), flex_net(x)):
-            torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
+            torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
     assert bundle.exits["calibration"] is not None

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
-import torch
 
 import nestflex.deploy as nd
 import nestflex.deploy.backends as backends
@@ -15,7 +15,7 @@ import nestflex.deploy.tune as tune
 from nestflex.deploy.backends.base import BackendError, tuned_dir
 from nestflex.deploy.backends.plan import ExecutionPlan, ExitsPlan
 from nestflex.deploy.tune import choose_active_exits
-from nestflex.deploy.bundle.schema import BundleError
+from nestflex.deploy.bundle.errors import BundleError
 from nestflex.deploy.exits import apply_policy
 from tests.deploy.test_int8 import _samples
 from tests.export.bundles import nested_vgg, write_bundle
@@ -33,14 +33,14 @@ def bundle(tmp_path_factory):
 
 
 def _frames(n=10):
-    return torch.randn(n, 3, 32, 32, generator=torch.Generator().manual_seed(11)) * 3
+    return np.random.default_rng(11).standard_normal((n, 3, 32, 32), dtype=np.float32) * 3
 
 
 def _want(logits, active, thr, confidence, fallback):
     """The policy on the kept exits' logits alone, its indices numbered in the whole set."""
     ends = [*active, len(logits) - 1]
     got = apply_policy([logits[k] for k in ends], [thr[k] for k in active], confidence, fallback)
-    number = torch.tensor(ends)
+    number = np.asarray(ends)
     return got.logits, number[got.exit_index], number[got.answer_index]
 
 
@@ -48,10 +48,10 @@ def _want(logits, active, thr, confidence, fallback):
 @pytest.mark.parametrize("fallback", ["most_confident", "final"])
 def test_a_subset_of_exits_answers_as_the_policy_on_those_exits_batched_one_by_one_and_fused(bundle, active,
                                                                                               fallback):
-    eager = nd.ProgressiveRuntime(bundle, plan=None, active=active)
+    eager = nd.ProgressiveRuntime(bundle, plan="eager", active=active)
     fused = nd.ProgressiveRuntime(bundle, plan=ExecutionPlan((), exits={"exits": ExitsPlan("onnxruntime", 1)}), active=active)
     assert eager.active == fused.active == active and fused._fused is not None
-    everything = nd.ProgressiveRuntime(bundle, plan=None)
+    everything = nd.ProgressiveRuntime(bundle, plan="eager")
     x = _frames()
     seen = set()
     for thr in ([0.0, 0.0], [0.4, 0.6], [1.0, 1.0], [0.0, 1.0], [1.0, 0.0]):
@@ -59,7 +59,7 @@ def test_a_subset_of_exits_answers_as_the_policy_on_those_exits_batched_one_by_o
         want_logits, want_exit, want_answer = _want(logits, active, thr, eager.confidence, fallback)
         batch = eager(x, thresholds=thr, fallback=fallback)
         assert batch.exit_index.tolist() == want_exit.tolist() and batch.answer_index.tolist() == want_answer.tolist()
-        torch.testing.assert_close(batch.logits, want_logits)
+        np.testing.assert_allclose(batch.logits, want_logits, atol=1e-5, rtol=1.3e-6)
         for i in range(x.shape[0]):
             one = eager(x[i:i + 1], thresholds=thr, fallback=fallback)
             assert one.exit_index.tolist() == [int(want_exit[i])] and one.answer_index.tolist() == [int(want_answer[i])]
@@ -67,13 +67,13 @@ def test_a_subset_of_exits_answers_as_the_policy_on_those_exits_batched_one_by_o
                 got = fused(x[i:i + 1], thresholds=thr)
                 assert got.exit_index.tolist() == [int(want_exit[i])], (thr, i)
                 assert got.answer_index.tolist() == [int(want_answer[i])], (thr, i)
-                torch.testing.assert_close(got.logits, want_logits[i:i + 1], atol=1e-4, rtol=0)
+                np.testing.assert_allclose(got.logits, want_logits[i:i + 1], atol=1e-4, rtol=0)
             seen.add(int(want_exit[i]))
     assert seen == {*active, 2}  # only kept exits (and the final one) ever answer
 
 
 def test_a_dropped_exit_s_head_never_runs(bundle):
-    rt = nd.ProgressiveRuntime(bundle, plan=None, active=(1,))
+    rt = nd.ProgressiveRuntime(bundle, plan="eager", active=(1,))  # stage by stage (no fused graph)
     calls = []
     heads = rt._heads_fns
     rt._heads_fns = [lambda s, k=k, h=h: (calls.append(k), h(s))[1] for k, h in enumerate(heads)]
@@ -159,7 +159,7 @@ def _accuracy_needs_every_exit(bundle, monkeypatch):
     def policy(logits, thresholds, confidence="max_prob", fallback="most_confident"):
         got = real(logits, thresholds, confidence, fallback)
         seen.append(list(thresholds))
-        right = torch.nn.functional.one_hot(y if len(logits) == 3 else (y + 1) % 10, 10).float()
+        right = np.eye(10, dtype=np.float32)[y if len(logits) == 3 else (y + 1) % 10]
         return exits_module.ExitResult(right, got.exit_index, got.answer_index, got.confidence)
 
     monkeypatch.setattr(exits_module, "apply_policy", policy)
@@ -218,12 +218,12 @@ def test_the_fused_graph_of_a_subset_gives_the_policy_answer_for_both_confidence
                             [int(files[("stage", k)].extra.get("tap_output") or 0) for k in range(2)], list(active))
     assert path.name.endswith(f"-a{'.'.join(map(str, active))}.onnx")
     fused = _fused_call(_session(path, 1, None))
-    everything = nd.ProgressiveRuntime(bundle, plan=None)
+    everything = nd.ProgressiveRuntime(bundle, plan="eager")
     x = _frames(8)
     for thr in ([0.0, 0.0], [0.4, 0.6], [1.0, 1.0]):
         want_logits, want_exit, want_answer = _want(everything.all_exits(x), active, thr, confidence, fallback)
         for i in range(x.shape[0]):
             got = fused(x[i:i + 1], thr)
             assert got.exit_index.tolist() == [int(want_exit[i])] and got.answer_index.tolist() == [int(want_answer[i])]
-            torch.testing.assert_close(got.logits, want_logits[i:i + 1], atol=1e-4, rtol=0)
+            np.testing.assert_allclose(got.logits, want_logits[i:i + 1], atol=1e-4, rtol=0)
 

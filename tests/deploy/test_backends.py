@@ -1,5 +1,6 @@
 """Execution backends and the per-level plan (issue 23, part 1): parity with the eager program,
-the plan beside the bundle, the level switch switching configuration, fallbacks and errors."""
+the plan beside the bundle, the level switch switching configuration, fallbacks and errors; the
+synthesis with its torch reference and, where torch is missing, the program's onnxruntime one."""
 
 from __future__ import annotations
 
@@ -7,13 +8,13 @@ import json
 import os
 import stat
 
+import numpy as np
 import pytest
-import torch
 
 import nestflex.deploy as nd
 from nestflex.deploy.backends.base import BackendError, get_backend, list_backends
 from nestflex.deploy.backends.plan import ExecutionPlan, LevelPlan, load_plan, plan_path, write_plan
-from nestflex.deploy.tune import synthesize
+from nestflex.deploy.tune import reference_backend, synthesize
 from nestflex.cli import main
 from tests.export.bundles import write_bundle
 
@@ -26,57 +27,72 @@ def bundle(tmp_path_factory):
 
 
 def _x(n=4, seed=0):
-    return torch.randn(n, 3, 32, 32, generator=torch.Generator().manual_seed(seed))
+    return np.random.default_rng(seed).standard_normal((n, 3, 32, 32), dtype=np.float32)
 
 
-@pytest.mark.parametrize("name", ["eager", "channels_last", "onnxruntime"])
+@pytest.mark.parametrize("name", ["eager", "channels_last", "onnxruntime", "onnxruntime_program"])
 def test_every_float_backend_equals_the_eager_program_at_every_level(bundle, name):
     pytest.importorskip(get_backend(name).package or "torch")
     x = _x()
     for level in range(bundle.num_levels):
-        ref = nd.CapacityRuntime(bundle, level, plan=None)(x)
+        ref = nd.CapacityRuntime(bundle, level, plan="eager")(x)
         plan = ExecutionPlan(tuple(LevelPlan(name, 1) for _ in range(bundle.num_levels)))
         rt = nd.CapacityRuntime(bundle, level, plan=plan)
         assert rt.backend == name
-        torch.testing.assert_close(rt(x), ref, atol=1e-4, rtol=0)
+        out = rt(x)
+        assert isinstance(out, np.ndarray)  # numpy in, numpy out, whatever runs the level
+        np.testing.assert_allclose(out, ref, atol=1e-4, rtol=0)
+
+
+def test_the_program_backend_runs_the_graph_written_from_the_program_not_the_shipped_one(bundle):
+    from nestflex.deploy.backends.graphs import shipped_level_graph
+
+    for level in range(bundle.num_levels):
+        shipped = shipped_level_graph(bundle, level)
+        assert shipped is not None and get_backend("onnxruntime").model_path(bundle, level) == shipped
+        written = get_backend("onnxruntime_program").model_path(bundle, level)
+        assert written != shipped and written.name == f"level_{level}.program.onnx"
+    assert get_backend("onnxruntime_program").precision == "float32"
 
 
 def test_a_level_switch_switches_the_configuration(bundle):
     plan = ExecutionPlan((LevelPlan("eager"), LevelPlan("channels_last"), LevelPlan("onnxruntime")))
-    rt = nd.CapacityRuntime(bundle, 0, plan=plan)
+    rt = nd.CapacityRuntime(bundle, 0, plan=plan, keep="active")
     x = _x(2, seed=3)
     for level, name in [(2, "onnxruntime"), (1, "channels_last"), (0, "eager"), (2, "onnxruntime")]:
         rt.set_level(level)
         assert rt.backend == name
-        torch.testing.assert_close(rt(x), nd.CapacityRuntime(bundle, level, plan=None)(x), atol=1e-4, rtol=0)
+        np.testing.assert_allclose(rt(x), nd.CapacityRuntime(bundle, level, plan="eager")(x), atol=1e-4, rtol=0)
     rt.set_level(0)
-    assert rt.resident_bytes == rt.level_bytes(0)
+    assert rt.resident_bytes == rt.level_bytes(0)  # the other levels' configurations went with them
 
 
 def test_an_onnxruntime_level_keeps_one_copy_and_pages_back_in_for_eager_use(bundle):
     pytest.importorskip("onnxruntime")
     plan = ExecutionPlan((LevelPlan("eager"), LevelPlan("onnxruntime"), LevelPlan("onnxruntime")))
-    rt = nd.CapacityRuntime(bundle, 0, plan=plan)
+    rt = nd.CapacityRuntime(bundle, 0, plan=plan, keep="active")
     x = _x(2, seed=5)
     report = rt.set_level(2)
-    assert (report.page_in_bytes, report.page_out_bytes) == (0, rt.level_bytes(0))  # level 0's tensors go
-    assert rt._store.resident_bytes == 0  # only the session's copy is resident
     session = get_backend("onnxruntime").model_path(bundle, 2).stat().st_size
+    assert (report.page_in_bytes, report.page_out_bytes) == (session, rt.level_bytes(0))  # level 0's tensors go
+    assert rt._store.resident_bytes == 0  # only the session's copy is resident
     assert rt.resident_bytes == report.resident_bytes == session
-    torch.testing.assert_close(rt(x), nd.CapacityRuntime(bundle, 2, plan=None)(x), atol=1e-4, rtol=0)
-    assert rt.set_level(1).page_in_bytes == 0
+    np.testing.assert_allclose(rt(x), nd.CapacityRuntime(bundle, 2, plan="eager")(x), atol=1e-4, rtol=0)
+    report = rt.set_level(1)  # another session: no tensor pages in
+    assert report.page_in_bytes == get_backend("onnxruntime").model_path(bundle, 1).stat().st_size
+    assert rt._store.resident_bytes == 0
     split = bundle.splits[0]["name"]
-    head, tail = rt.split(split)  # eager: the level's tensors page in on demand
-    torch.testing.assert_close(tail(*head(x)), nd.CapacityRuntime(bundle, 1, plan=None)(x), atol=1e-5, rtol=0)
-    assert rt._store.resident_bytes == rt.level_bytes(1)
+    head, tail = rt.split(split)  # the largest level cut, in sessions of its own: nothing pages in
+    np.testing.assert_allclose(tail(*head(x)), nd.CapacityRuntime(bundle, 2, plan="eager")(x), atol=1e-4, rtol=0)
+    assert rt._store.resident_bytes == 0
     report = rt.set_level(0)  # back to an eager level: all of it pages in
-    assert rt.resident_bytes == rt.level_bytes(0)
-    torch.testing.assert_close(rt(x), nd.CapacityRuntime(bundle, 0, plan=None)(x), atol=0, rtol=0)
+    assert report.page_in_bytes == rt.level_bytes(0) and rt.resident_bytes == rt.level_bytes(0)
+    np.testing.assert_allclose(rt(x), nd.CapacityRuntime(bundle, 0, plan="eager")(x), atol=0, rtol=0)
 
 
 def test_synthesize_keeps_only_agreeing_configurations_and_tune_writes_beside_the_bundle(bundle, tmp_path):
     plan = synthesize(bundle, threads=[1], repeats=3)
-    assert len(plan.levels) == bundle.num_levels
+    assert len(plan.levels) == bundle.num_levels and plan.reference == reference_backend() == "eager"
     assert all(lp.backend in list_backends() and lp.latency_ms > 0 for lp in plan.levels)
     for c in plan.candidates:
         if "agrees" in c and c["backend"] == "eager":
@@ -88,18 +104,30 @@ def test_synthesize_keeps_only_agreeing_configurations_and_tune_writes_beside_th
     assert {p.name: p.stat().st_mtime_ns for p in bundle.path.rglob("*")} == before  # the bundle is untouched
     loaded = load_plan(bundle)
     assert loaded is not None and len(loaded.levels) == bundle.num_levels
-    assert nd.CapacityRuntime(bundle, 0).plan is not None  # picked up by default
+    assert nd.CapacityRuntime(bundle, 0).plan == loaded  # picked up by default
     nd.load(bundle.path)  # the checksums still hold
     plan_path(bundle).unlink()
-    assert nd.CapacityRuntime(bundle, 0).plan is None
+    default = nd.CapacityRuntime(bundle, 0).plan  # none beside the bundle: onnxruntime at one thread
+    assert default != loaded and default.levels == tuple(LevelPlan("onnxruntime", 1) for _ in range(bundle.num_levels))
 
 
 def test_a_missing_backend_package_falls_back_to_eager_with_a_warning(bundle, monkeypatch):
     monkeypatch.setattr(type(get_backend("onnxruntime")), "available", lambda self: False)
     plan = ExecutionPlan(tuple(LevelPlan("onnxruntime") for _ in range(bundle.num_levels)))
-    with pytest.warns(UserWarning, match="needs the package 'onnxruntime'.*pip install onnxruntime"):
+    with pytest.warns(UserWarning, match="needs the package 'onnxruntime'.*running eager.*pip install onnxruntime"):
         rt = nd.CapacityRuntime(bundle, 0, plan=plan)
     assert rt.backend == "eager"
+
+
+def test_a_plan_naming_eager_without_torch_runs_onnxruntime_with_a_warning(bundle, monkeypatch):
+    monkeypatch.setattr(type(get_backend("eager")), "available", lambda self: False)  # torch not installed
+    with pytest.warns(UserWarning, match="needs the package 'torch'.*running onnxruntime.*pip install torch"):
+        rt = nd.CapacityRuntime(bundle, 0, plan="eager")
+    assert rt.backend == "onnxruntime"
+    np.testing.assert_allclose(rt(_x()), nd.CapacityRuntime(bundle, 0, plan="onnxruntime")(_x()), atol=0, rtol=0)
+    monkeypatch.setattr(type(get_backend("onnxruntime")), "available", lambda self: False)
+    with pytest.raises(BackendError, match=r"needs the package 'torch'.*no fallback is \(onnxruntime, eager\). HINT: pip install torch"):
+        nd.CapacityRuntime(bundle, 0, plan="eager")
 
 
 def test_bad_plans_and_unwritable_folders_are_clear_errors(bundle, tmp_path):
@@ -153,35 +181,35 @@ def test_onnxruntime_exits_equal_the_eager_program_at_every_exit(bundle):
     from nestflex.deploy.backends.plan import ExitsPlan
 
     x = _x(5, seed=4)
-    eager = nd.ProgressiveRuntime(bundle, plan=None)
+    eager = nd.ProgressiveRuntime(bundle, plan="eager")
     rt = nd.ProgressiveRuntime(bundle, plan=ExecutionPlan((), exits={"exits": ExitsPlan("onnxruntime", 1)}))
     assert (eager.backend, rt.backend) == ("eager", "onnxruntime")
     for a, b in zip(rt.all_exits(x), eager.all_exits(x)):
-        torch.testing.assert_close(a, b, atol=1e-4, rtol=0)
+        np.testing.assert_allclose(a, b, atol=1e-4, rtol=0)
     for k in range(rt.num_exits):  # a sample leaving at k: every stage and head up to it
-        torch.testing.assert_close(rt.path(x, k), eager.all_exits(x)[k], atol=1e-4, rtol=0)
+        np.testing.assert_allclose(rt.path(x, k), eager.all_exits(x)[k], atol=1e-4, rtol=0)
     got, ref = rt(x, thresholds=[0.0, 0.0]), eager(x, thresholds=[0.0, 0.0])  # batched early exit, same answers
     assert got.exit_index.tolist() == ref.exit_index.tolist()
-    torch.testing.assert_close(got.logits, ref.logits, atol=1e-4, rtol=0)
-    # the sessions hold the stages and heads: no second copy in tensors (the eager heads page in on use)
-    assert rt._head_store.resident_bytes == 0 and rt.capacity.resident_bytes == 0
-    assert rt.own_bytes == rt.resident_bytes == rt._session_bytes > 0
-    state = eager._eager_stages[0](x)
-    torch.testing.assert_close(rt._eager_heads[0](state), eager._eager_heads[0](state), atol=0, rtol=0)
-    assert rt._head_store.resident_bytes == eager._head_store.resident_bytes
+    np.testing.assert_allclose(got.logits, ref.logits, atol=1e-4, rtol=0)
+    # the sessions hold the stages and heads: no second copy in tensors (the eager ones page in on use)
+    assert rt._head_store.resident_bytes == 0 and rt._backbone_store.resident_bytes == 0
+    assert rt.own_bytes == rt.resident_bytes == rt._prepared_bytes() > 0
+    assert eager._head_store.resident_bytes > 0
+    state = eager._stages[0](x)  # the same stage output, through either head
+    np.testing.assert_allclose(rt._heads_fns[0](rt._stages[0](x)), eager._heads_fns[0](state), atol=1e-4, rtol=0)
 
 
 def test_a_level_only_backend_is_refused_for_exits_with_the_fix(bundle):
     from nestflex.deploy.backends.plan import ExitsPlan
 
-    with pytest.raises(BackendError, match="'channels_last' runs levels, not exit sets.*`eager` or `onnxruntime`"):
+    with pytest.raises(BackendError, match=r"'channels_last' runs levels, not exit sets.*`onnxruntime` \(or `eager`\)"):
         nd.ProgressiveRuntime(bundle, plan=ExecutionPlan((), exits={"exits": ExitsPlan("channels_last", 1)}))
 
 
 def test_synthesize_plans_the_exits_and_the_plan_round_trips(bundle):
     plan = synthesize(bundle, threads=[1], repeats=2)
     ep = plan.exits["exits"]
-    assert ep.backend in ("eager", "onnxruntime") and len(ep.latency_ms) == len(ep.eager_ms) == 3
+    assert ep.backend in ("eager", "onnxruntime", "onnxruntime_program") and len(ep.latency_ms) == len(ep.eager_ms) == 3
     rows = [c for c in plan.candidates if c.get("exit_set") == "exits"]
     assert {c["backend"] for c in rows} >= {"eager"} and all(c["agrees"] for c in rows if c["backend"] == "eager")
     again = ExecutionPlan.from_json(json.loads(json.dumps(plan.to_json())))
@@ -221,3 +249,54 @@ def test_batch_sizes_get_their_own_choice_per_level_and_a_runtime_made_for_one_u
                  "--backends", "eager"]) == 0
     assert "batch 4:" in capsys.readouterr().out
     plan_path(bundle).unlink()
+
+
+def test_without_torch_the_synthesis_checks_every_candidate_against_the_program_in_onnxruntime(bundle, monkeypatch):
+    monkeypatch.setattr(type(get_backend("eager")), "available", lambda self: False)  # torch not installed
+    assert reference_backend() == "onnxruntime_program"
+    plan = synthesize(bundle, backends=["onnxruntime"], threads=[1], repeats=1)
+    assert plan.reference == "onnxruntime_program"
+    rows = [c for c in plan.candidates if "agrees" in c]
+    # the reference is always a candidate (exact against itself); the shipped graphs, exported by
+    # torch.onnx, agree with the program's
+    assert {c["backend"] for c in rows} == {"onnxruntime_program", "onnxruntime"}
+    assert all(c["agrees"] for c in rows)
+    assert all(c["max_abs_diff"] == 0.0 for c in rows if c["backend"] == "onnxruntime_program")
+    assert all(lp.backend in ("onnxruntime", "onnxruntime_program") and lp.eager_ms > 0 for lp in plan.levels)
+    assert plan.exits["exits"].backend in ("onnxruntime", "onnxruntime_program")
+    again = ExecutionPlan.from_json(json.loads(json.dumps(plan.to_json())))
+    assert again.reference == "onnxruntime_program" and again.levels == plan.levels
+    assert ExecutionPlan.from_json({"format": "nestflex-execution-plan", "levels": [{"backend": "eager"}]}).reference \
+        == "eager"  # plans written before the reference was recorded
+    with pytest.raises(BackendError, match="`reference` must be a backend name"):
+        ExecutionPlan.from_json({**plan.to_json(), "reference": 3})
+
+
+def test_a_plan_at_other_threads_keeps_its_backends_and_names_every_exit_set():
+    from nestflex.deploy.backends.plan import ExitsPlan
+
+    plan = ExecutionPlan((LevelPlan("eager", 1, 2.0), LevelPlan("onnxruntime", 3)), exits={"exits": ExitsPlan("eager", 2)},
+                         batches={8: (LevelPlan("channels_last", 1), LevelPlan("onnxruntime", 1))})
+    got = plan.with_threads(4, ["exits", "flex_exits"])
+    assert [(lp.backend, lp.threads, lp.latency_ms) for lp in got.levels] == [("eager", 4, 2.0), ("onnxruntime", 4, None)]
+    assert got.exits == {"exits": ExitsPlan("eager", 4), "flex_exits": ExitsPlan("onnxruntime", 4)}
+    assert [(lp.backend, lp.threads) for lp in got.batches[8]] == [("channels_last", 4), ("onnxruntime", 4)]
+    assert plan.levels[0].threads == 1  # the plan itself is left as it was
+    for bad in (0, 2000, 1.5, True):
+        with pytest.raises(BackendError, match=r"`threads` must be an int in \[1, 1024\]"):
+            plan.with_threads(bad)
+
+
+def test_the_eager_backend_runs_at_its_plan_s_threads_and_leaves_torch_s_setting(bundle, monkeypatch):
+    import torch
+
+    from nestflex.deploy.backends import torch_program
+
+    seen = []
+    real = torch_program.run_program
+    monkeypatch.setattr(torch_program, "run_program",
+                        lambda *a, **k: (seen.append(torch.get_num_threads()), real(*a, **k))[1])
+    rt = nd.CapacityRuntime(bundle, 0, plan=ExecutionPlan(tuple(LevelPlan("eager", 3) for _ in range(bundle.num_levels))))
+    torch.set_num_threads(2)
+    rt(_x(1))
+    assert seen == [3] and torch.get_num_threads() == 2  # the caller's setting is put back

@@ -11,7 +11,8 @@ import pytest
 import torch
 
 import nestflex.deploy as nd
-from nestflex.deploy.bundle.schema import BundleError, manifest_digest
+from nestflex.deploy.bundle.errors import BundleError
+from nestflex.deploy.bundle.manifest import manifest_digest
 from tests.export.bundles import write_bundle
 
 
@@ -346,7 +347,7 @@ def test_a_listed_member_that_is_a_fifo_or_a_link_out_is_a_problem(plain_bundle,
 
 def test_a_huge_manifest_or_safetensors_header_is_refused_unread(plain_bundle):
     from nestflex.deploy.bundle.loader import MAX_MANIFEST_BYTES
-    from nestflex.deploy.bundle.schema import MAX_HEADER_BYTES, read_safetensors_header
+    from nestflex.deploy.bundle.safetensors_header import MAX_HEADER_BYTES, read_safetensors_header
 
     m = plain_bundle / "manifest.json"
     with open(m, "r+b") as f:  # sparse: 64 MiB + 1 of apparent size, nothing written
@@ -405,14 +406,14 @@ def test_fields_valid_alone_but_inconsistent_as_a_network_are_refused_before_run
     (b'{"a": ' + b"9" * 101 + b"}", r"it holds a number literal of 101 characters"),
 ])
 def test_strict_json_refuses_past_its_limits_naming_the_file(data, match):
-    from nestflex.deploy.bundle.schema import parse_json
+    from nestflex.deploy.bundle.strict_json import parse_json
 
     with pytest.raises(BundleError, match=match):
         parse_json(data, "x.json", "fix it")
 
 
 def test_strict_json_reads_text_brackets_and_the_deepest_allowed_document():
-    from nestflex.deploy.bundle.schema import parse_json
+    from nestflex.deploy.bundle.strict_json import parse_json
 
     assert parse_json(b'{"a": "]]]}}}[[[", "b": [1, 2.5, null]}', "x.json", "") == {"a": "]]]}}}[[[", "b": [1, 2.5, None]}
     deep = parse_json(b"[" * 64 + b"]" * 64, "x.json", "")
@@ -427,7 +428,7 @@ def test_strict_json_reads_text_brackets_and_the_deepest_allowed_document():
 @pytest.mark.parametrize("data", [b'"' + b"\\a" * (8 << 20), b'"\\"' * (5 << 20), b"]" * (16 << 20),
                                   b"[" + b"[]," * 200000 + b"[]]"])
 def test_strict_json_is_quick_on_hostile_documents_at_the_size_cap(data):
-    from nestflex.deploy.bundle.schema import parse_json
+    from nestflex.deploy.bundle.strict_json import parse_json
 
     start = time.perf_counter()
     with pytest.raises(BundleError):
@@ -444,7 +445,7 @@ def test_strict_json_is_quick_on_hostile_documents_at_the_size_cap(data):
     (lambda h, n: h[n].pop("data_offsets"), r"needs a shape and data_offsets of non-negative ints, got"),
 ])
 def test_a_safetensors_header_the_safetensors_reader_would_refuse_is_refused(plain_bundle, edit, match):
-    from nestflex.deploy.bundle.schema import read_safetensors_header
+    from nestflex.deploy.bundle.safetensors_header import read_safetensors_header
 
     path = plain_bundle / "weights.safetensors"
     data = path.read_bytes()

@@ -5,7 +5,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 
 import nestflex.deploy.codec as codec_pkg
 
@@ -75,11 +74,7 @@ print("torch:", "torch" in sys.modules)
 
 def test_importing_the_codec_imports_no_torch():
     # The check of issue 37 as written: `import nestflex.deploy.codec; assert "torch" not in
-    # sys.modules`. It runs nestflex.deploy's __init__ too, so until the rest of the runtime is
-    # torch-free it can fail outside the codec: then it is an expected failure naming the importer.
+    # sys.modules` (it runs nestflex.deploy's __init__ too); on failure, name the importer.
     out = subprocess.run([sys.executable, "-c", _SPY], capture_output=True, text=True, check=True).stdout
-    if "torch: False" in out:
-        return
     importer = next((line.split(": ", 1)[1] for line in out.splitlines() if line.startswith("importer:")), "?")
-    assert Path(importer).parent != CODEC_DIR, f"the codec itself imports torch: {importer}"
-    pytest.xfail(f"torch is imported outside the codec, by {importer} (nestflex.deploy's __init__ chain)")
+    assert "torch: False" in out, f"importing the codec imported torch, by {importer}"

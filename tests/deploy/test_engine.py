@@ -8,6 +8,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -65,11 +66,19 @@ def wide(tmp_path_factory):
 
 
 def _x(seed=0):
-    return torch.randn(3, 32, 32, generator=torch.Generator().manual_seed(seed))
+    return np.random.default_rng(seed).standard_normal((3, 32, 32), dtype=np.float32)
 
 
 def _state(engine, name):
     return engine.stats()["apps"][name]
+
+
+def _level_bytes(bundle, exit_set="auto"):
+    """What one app of ``bundle`` holds at each level, as the engine measures and plans it (its
+    capacity runtime there, and its exit set's runtime)."""
+    with nd.Engine("greedy_total") as engine:
+        engine.add_app("probe", bundle, exit_set=exit_set, profile_repeats=1)
+        return _state(engine, "probe")["level_bytes"]
 
 
 # ---------------------------------------------------------------------------------------- decisions
@@ -84,18 +93,24 @@ def test_outputs_at_every_level_equal_the_bundle_and_the_model(tiny):
             result = engine.infer("cam", x)
             assert result.level == k and result.exit is None and result.answered
             ref = nd.CapacityRuntime(bundle, k)(x[None])[0]
-            torch.testing.assert_close(result.logits, ref, atol=1e-5, rtol=0)
-            torch.testing.assert_close(result.logits, extract_level(net, k).eval()(x[None])[0], atol=1e-5, rtol=1e-5)
+            assert isinstance(result.logits, np.ndarray) and result.logits.dtype == np.float32  # numpy in, numpy out
+            np.testing.assert_allclose(result.logits, ref, atol=1e-5, rtol=0)
+            with torch.no_grad():
+                model = extract_level(net, k).eval()(torch.from_numpy(x[None]))[0].numpy()
+            np.testing.assert_allclose(result.logits, model, atol=1e-5, rtol=1e-5)
             assert result.prediction == int(ref.argmax())
+            tensor = engine.infer("cam", torch.from_numpy(x))  # torch in, torch out
+            assert isinstance(tensor.logits, torch.Tensor)
+            np.testing.assert_allclose(tensor.logits.numpy(), result.logits, atol=0, rtol=0)
 
 
 def test_join_leave_and_budget_changes_reach_the_runtimes(tiny):
     bundle, _, _ = tiny
-    top = nd.CapacityRuntime(bundle, LEVELS - 1)
-    one_app_top = (top.level_bytes(LEVELS - 1) + nd.ProgressiveRuntime(bundle, top)._head_store.resident_bytes) / 1e6
-    small = nd.CapacityRuntime(bundle, 0).level_bytes(0) / 1e6
-    # room for one app at its largest level with exits, not two
-    budget = one_app_top + small * 1.5 + nd.ProgressiveRuntime(bundle, top)._head_store.resident_bytes / 1e6
+    held = _level_bytes(bundle)
+    one_app_top, small = held[-1] / 1e6, held[0] / 1e6  # exits included
+    # room for one app at its largest level with exits and one at its smallest, not two at the largest
+    budget = one_app_top + small * 1.5
+    assert budget < 2 * one_app_top
     with nd.Engine("greedy_total", memory_mb=budget, alpha=0.0) as engine:
         engine.add_app("a", bundle, profile_repeats=1)
         assert _state(engine, "a")["level"] == LEVELS - 1  # alone: the most accurate level
@@ -108,9 +123,10 @@ def test_join_leave_and_budget_changes_reach_the_runtimes(tiny):
         engine.remove_app("b")  # a leaves room: a goes back up
         assert _state(engine, "a")["level"] == LEVELS - 1 and engine.apps == ["a"]
         engine.add_app("b", bundle, profile_repeats=1)
-        engine.set_budget(memory_mb=2 * (small + nd.ProgressiveRuntime(bundle, top)._head_store.resident_bytes / 1e6) + 1e-6)
+        engine.set_budget(memory_mb=2 * small + 1e-6)
         assert [_state(engine, n)["level"] for n in ("a", "b")] == [0, 0]
         assert engine.resident_bytes() <= engine.memory_mb * 1e6
+        assert [engine._apps[n].progressive for n in ("a", "b")] == [None, None]  # exits held at the top only
         assert [p["reason"] for p in engine.plans][-1] == "budget"
         r = engine.infer("b", _x())
         assert r.level == 0
@@ -118,14 +134,15 @@ def test_join_leave_and_budget_changes_reach_the_runtimes(tiny):
 
 def test_status_quo_over_budget_is_demoted_to_fit(tiny):
     bundle, _, _ = tiny
-    rt = nd.CapacityRuntime(bundle, 0)
-    budget = (rt.level_bytes(0) + rt.level_bytes(1)) / 1e6 + 0.01
+    held = _level_bytes(bundle, exit_set=None)
+    budget = (held[0] + held[1]) / 1e6 + 0.01  # room for one app at level 1 and one at level 0
     with nd.Engine(FixedScheduler({"a": 2, "b": 2}), memory_mb=budget) as engine:
         engine.add_app("a", bundle, exit_set=None, profile_repeats=1, priority=2.0)
         engine.add_app("b", bundle, exit_set=None, profile_repeats=1, priority=1.0)
         assert engine.resident_bytes() <= budget * 1e6
         # the low-priority app gives way first
         assert _state(engine, "a")["level"] >= _state(engine, "b")["level"]
+        assert (_state(engine, "a")["level"], _state(engine, "b")["level"]) == (1, 0)
 
 
 def test_exit_operating_point_follows_the_compute_left(tiny):
@@ -134,21 +151,29 @@ def test_exit_operating_point_follows_the_compute_left(tiny):
     assert ref == pytest.approx(0.82) and points[lossless].thresholds == (0.97, 0.95)
     assert [p.accuracy for p in points] == sorted(p.accuracy for p in points)  # Pareto, cheapest first
     with nd.Engine("flexdnn") as engine:
-        engine.add_app("cam", bundle, fps=1.0, profile_repeats=2)  # a second per frame: room for the best
+        # a second per frame: room for the best. Timed with enough repeats to order the exits' few
+        # microseconds apart (onnxruntime's one-call early exit on this tiny model); the app keeps
+        # this profile when it comes back below
+        engine.add_app("cam", bundle, fps=1.0, profile_repeats=20)
         rich = _state(engine, "cam")
         assert rich["level"] == LEVELS - 1 and rich["expected_accuracy"] == pytest.approx(0.82)
         engine.set_budget(cpu=0.05)
         app = engine._apps["cam"]
         # at 1 fps the 5% CPU share still leaves 50 ms per frame: lossless fits; at 10,000 fps nothing does
         engine.remove_app("cam")
-        engine.add_app("cam", bundle, fps=10_000.0, profile_repeats=2)
+        engine.add_app("cam", bundle, fps=10_000.0, profile_repeats=20)
         poor = _state(engine, "cam")
-        assert poor["thresholds"] == list(points[0].thresholds)  # the cheapest point
+        # the cheapest point by this device's measured exit times (on this tiny model the exits run
+        # microseconds apart, so which point that is depends on the timing, not on the MACs)
+        timed = engine._apps["cam"]
+        cheapest = min(range(len(timed.points)), key=timed.point_ms)
+        assert poor["thresholds"] == list(timed.points[cheapest].thresholds)
         assert poor["expected_accuracy"] < rich["expected_accuracy"]
         x = _x(3)
         result = engine.infer("cam", x)
-        ref = nd.ProgressiveRuntime(bundle, nd.CapacityRuntime(bundle, LEVELS - 1))(x[None], thresholds=list(points[0].thresholds))
-        torch.testing.assert_close(result.logits, ref.logits[0], atol=1e-5, rtol=0)
+        ref = nd.ProgressiveRuntime(bundle, nd.CapacityRuntime(bundle, LEVELS - 1))(
+            x[None], thresholds=list(timed.points[cheapest].thresholds))
+        np.testing.assert_allclose(result.logits, ref.logits[0], atol=1e-5, rtol=0)
         assert result.exit == int(ref.exit_index[0])
     assert app.points  # the app kept its operating points while it ran
 
@@ -191,7 +216,7 @@ def test_stream_paces_frames_and_keeps_their_order(tiny):
 
 
 def test_profiler_slowdown_rises_under_load_and_the_engine_moves_cheaper(wide):
-    """Four CPU-burning processes on a 2-core machine take the cores the worker's two torch
+    """Four CPU-burning processes on a 2-core machine take the cores the worker's two onnxruntime
     threads ran on: the slowdown factor rises and a drift re-plan picks a cheaper level. (Once on
     a small level the factor may fall back, since a short frame suffers less from sharing: so the
     test reads the plans made during the burn, not only the state at its end.)"""
@@ -234,10 +259,14 @@ def test_bad_input_gets_a_clear_error_naming_the_app(tiny, tmp_path):
         with pytest.raises(EngineError, match=r"no app 'nope' in the engine; apps: \['cam'\]"):
             engine.submit("nope", _x())
         with pytest.raises(EngineError, match=r"app 'cam': a frame must have shape \(3, 32, 32\).*got \(3, 28, 28\)"):
+            engine.submit("cam", np.zeros((3, 28, 28), np.float32))
+        with pytest.raises(EngineError, match=r"app 'cam': a frame must have shape \(3, 32, 32\).*got \(3, 28, 28\)"):
             engine.submit("cam", torch.zeros(3, 28, 28))
+        with pytest.raises(EngineError, match=r"app 'cam': a frame must be float32.*got float64"):
+            engine.submit("cam", np.zeros((3, 32, 32)))
         with pytest.raises(EngineError, match=r"app 'cam': a frame must be float32.*torch.float64"):
             engine.submit("cam", torch.zeros(3, 32, 32, dtype=torch.float64))
-        with pytest.raises(EngineError, match=r"app 'cam': a frame must be a torch.Tensor"):
+        with pytest.raises(EngineError, match=r"app 'cam': a frame must be a numpy array \(or a torch tensor\).*got list"):
             engine.submit("cam", [[0.0]])
         with pytest.raises(EngineError, match=r"app 'broken': its bundle failed to load: .*does not exist"):
             engine.add_app("broken", tmp_path / "missing.nfx")
@@ -324,3 +353,26 @@ def test_the_engine_times_a_dropped_exit_as_the_next_kept_one(tiny, tmp_path, mo
     forced = {(tuple(t), tuple(e)) for a, t, e in seen if a == (1,) and t is not None}
     # forcing the dropped exit 0 stops at exit 1, the next kept one; forcing exit 1 too; the final last
     assert forced >= {((0.0, 0.0), (1,)), ((1.0, 0.0), (1,)), ((1.0, 1.0), (2,))}
+
+
+def test_the_engine_threads_set_every_runtime_s_threads_through_the_plan(tiny, tmp_path):
+    bundle, _, _ = tiny
+    import shutil
+
+    from nestflex.deploy.backends.plan import ExecutionPlan, ExitsPlan, LevelPlan, write_plan
+    from nestflex.deploy.bundle.loader import bundle_id
+
+    copy = nd.load(shutil.copytree(bundle.path, tmp_path / "model.nfx"))
+    tuned = ExecutionPlan((LevelPlan("onnxruntime", 1), LevelPlan("eager", 1), LevelPlan("onnxruntime", 2)),
+                          bundle=bundle_id(copy), exits={"exits": ExitsPlan("onnxruntime", 1)})
+    write_plan(copy, tuned)
+    with nd.Engine("flexdnn", threads=2) as engine:  # the tuned backends, at the engine's threads
+        engine.add_app("cam", copy, fps=1.0, profile_repeats=1)
+        app = engine._apps["cam"]
+        assert [(lp.backend, lp.threads) for lp in app.runtime.plan.levels] == [
+            ("onnxruntime", 2), ("eager", 2), ("onnxruntime", 2)]
+        assert app.plan.exits["exits"] == ExitsPlan("onnxruntime", 2)
+        assert engine.infer("cam", _x()).answered
+    with nd.Engine("flexdnn", threads=None) as engine:  # the plan's own
+        engine.add_app("cam", copy, fps=1.0, profile_repeats=1)
+        assert engine._apps["cam"].runtime.plan.levels == tuned.levels

@@ -3,14 +3,14 @@ answers for every exit, confidence and fallback; the per-stage sessions open onl
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
-import torch
 
 import nestflex.deploy as nd
 from nestflex.deploy.backends.plan import ExecutionPlan, ExitsPlan
 from nestflex.deploy.backends.onnxruntime import _fused_call, _session, fused_exits_path
 from nestflex.deploy.backends.base import tuned_dir
-from nestflex.deploy.exits import apply_policy, register_confidence
+from nestflex.deploy.exits import apply_policy, get_confidence, register_confidence
 from tests.export.bundles import write_bundle
 
 pytest.importorskip("onnxruntime")
@@ -28,7 +28,7 @@ def _plan():
 
 
 def _frames(n=12):
-    return torch.randn(n, 3, 32, 32, generator=torch.Generator().manual_seed(7)) * 3
+    return np.random.default_rng(7).standard_normal((n, 3, 32, 32), dtype=np.float32) * 3
 
 
 def _fused(bundle, confidence, fallback):
@@ -44,7 +44,7 @@ def _fused(bundle, confidence, fallback):
 @pytest.mark.parametrize("confidence", ["max_prob", "entropy"])
 @pytest.mark.parametrize("fallback", ["most_confident", "final"])
 def test_the_fused_graph_gives_the_policy_answer_for_every_frame_and_threshold(bundle, confidence, fallback):
-    eager = nd.ProgressiveRuntime(bundle, plan=None)
+    eager = nd.ProgressiveRuntime(bundle, plan="eager")
     path, fused = _fused(bundle, confidence, fallback)
     assert path.parent == tuned_dir(bundle)  # kept beside the bundle, never in it
     frames = _frames()
@@ -58,9 +58,10 @@ def test_the_fused_graph_gives_the_policy_answer_for_every_frame_and_threshold(b
             got = fused(x, thr)
             assert got.exit_index.tolist() == want.exit_index.tolist(), (thr, i)
             assert got.answer_index.tolist() == want.answer_index.tolist(), (thr, i)
-            torch.testing.assert_close(got.logits, want.logits, atol=1e-4, rtol=0)
-            torch.testing.assert_close(got.confidence, want.confidence.float(), atol=1e-5, rtol=0)
-            exits_seen.add((int(got.exit_index), int(got.answer_index)))
+            np.testing.assert_allclose(got.logits, want.logits, atol=1e-4, rtol=0)
+            assert got.confidence.dtype == np.float32
+            np.testing.assert_allclose(got.confidence, want.confidence.astype(np.float32), atol=1e-5, rtol=0)
+            exits_seen.add((int(got.exit_index[0]), int(got.answer_index[0])))
     assert {e for e, _ in exits_seen} == {0, 1, 2}  # the settings reach every exit
     if fallback == "most_confident":
         assert any(e != a for e, a in exits_seen)  # and the fallback answered from an earlier exit
@@ -68,41 +69,50 @@ def test_the_fused_graph_gives_the_policy_answer_for_every_frame_and_threshold(b
 
 def test_an_onnxruntime_exit_plan_serves_one_frame_in_one_call_and_opens_stages_on_use(bundle, monkeypatch):
     rt = nd.ProgressiveRuntime(bundle, plan=_plan())
-    eager = nd.ProgressiveRuntime(bundle, plan=None)
+    eager = nd.ProgressiveRuntime(bundle, plan="eager")
     assert rt._fused is not None
-    fused_bytes = rt._session_bytes  # only the fused graph is open so far
+    fused_bytes = rt.own_bytes  # only the fused graph is open so far
+    assert fused_bytes > 0 and rt._head_store.resident_bytes == 0
     frames = _frames(6)
     for i in range(frames.shape[0]):
         got, want = rt(frames[i:i + 1], thresholds=[0.4, 0.5]), eager(frames[i:i + 1], thresholds=[0.4, 0.5])
         assert got.exit_index.tolist() == want.exit_index.tolist()
-        torch.testing.assert_close(got.logits, want.logits, atol=1e-4, rtol=0)
-    assert rt._session_bytes == fused_bytes
+        np.testing.assert_allclose(got.logits, want.logits, atol=1e-4, rtol=0)
+    assert rt.own_bytes == fused_bytes
     batch = rt(frames, thresholds=[0.4, 0.5])  # a batch runs stage by stage: those sessions open now
-    assert rt._session_bytes > fused_bytes
+    assert rt.own_bytes > fused_bytes
     assert batch.exit_index.tolist() == eager(frames, thresholds=[0.4, 0.5]).exit_index.tolist()
     calls = []
     monkeypatch.setattr(rt, "_fused", lambda *a: calls.append(a))
     rt(frames[:1], fallback="final" if rt.fallback != "final" else "most_confident")  # another policy: stage by stage
-    rt(frames[:1], confidence=lambda z: torch.softmax(z, -1).amax(-1))
+    rt(frames[:1], confidence=get_confidence("max_prob"))  # a callable, not the set's own name
     assert calls == []
+
+
+def _top2(z):
+    p = np.exp(z - z.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    return np.clip(np.sort(p, -1)[..., -2:].sum(-1), 0, 1).astype(np.float32)
 
 
 def test_a_custom_confidence_set_runs_stage_by_stage(bundle, monkeypatch):
     import nestflex.deploy.exits as exits_module
-    from nestflex.deploy.backends.base import get_backend
+    from nestflex.deploy.backends.base import ExitsContext, get_backend
 
     # the registry is global: work on a copy so other tests' pinned name lists stay as they are
     monkeypatch.setattr(exits_module._CONFIDENCES, "_entries", dict(exits_module._CONFIDENCES._entries))
-    register_confidence("test_fused_top2", overwrite=True)(
-        lambda z: torch.softmax(z, -1).topk(2, dim=-1).values.sum(-1).clamp(0, 1))
-    rt = nd.ProgressiveRuntime(bundle, plan=None)
-    rt.confidence = "test_fused_top2"  # a set calibrated with a registered measure the graph cannot compute
-    rt._stages, rt._heads_fns = get_backend("onnxruntime").prepare_exits(rt, 1)
-    assert rt._fused is None
+    register_confidence("test_fused_top2", overwrite=True)(_top2)
+    rt = nd.ProgressiveRuntime(bundle, plan=_plan())
+    # a set calibrated with a registered measure the graph cannot compute: what the backend prepares
+    ctx = ExitsContext(bundle, "exits", rt.spec, 1, "test_fused_top2", rt.fallback, rt.active,
+                       bundle.spec.capacity.program.nodes, bundle.num_levels - 1, dict, dict)
+    prepared = get_backend("onnxruntime").prepare_exits(ctx)
+    assert prepared.fused is None and len(prepared.stages) == rt.num_exits
+    rt.confidence, rt._stages, rt._heads_fns, rt._fused = "test_fused_top2", prepared.stages, prepared.heads, None
     x = _frames(4)
     for i in range(4):
-        want = apply_policy(nd.ProgressiveRuntime(bundle, plan=None).all_exits(x[i:i + 1]), [0.9, 0.9], "test_fused_top2",
-                            rt.fallback)
+        want = apply_policy(nd.ProgressiveRuntime(bundle, plan="eager").all_exits(x[i:i + 1]), [0.9, 0.9],
+                            "test_fused_top2", rt.fallback)
         assert rt(x[i:i + 1], thresholds=[0.9, 0.9]).exit_index.tolist() == want.exit_index.tolist()
 
 
@@ -118,4 +128,22 @@ def test_a_graph_that_cannot_be_fused_warns_and_runs_stage_by_stage(bundle, monk
     assert rt._fused is None
     x = _frames(1)
     assert rt(x, thresholds=[0.5, 0.5]).exit_index.tolist() == \
-        nd.ProgressiveRuntime(bundle, plan=None)(x, thresholds=[0.5, 0.5]).exit_index.tolist()
+        nd.ProgressiveRuntime(bundle, plan="eager")(x, thresholds=[0.5, 0.5]).exit_index.tolist()
+
+
+def test_without_onnx_the_fused_graph_is_skipped_with_a_warning_naming_the_extra(bundle, tmp_path, monkeypatch):
+    import shutil
+    import sys
+
+    copy = nd.load(shutil.copytree(bundle.path, tmp_path / "model.nfx"))  # no fused graph built beside it yet
+    monkeypatch.setitem(sys.modules, "onnx", None)  # the base install
+    with pytest.warns(UserWarning, match=r"no fused early-exit graph \(onnx is not installed\).*stage by stage.*"
+                                         r"nestflex\[tune\]"):
+        rt = nd.ProgressiveRuntime(copy, plan=_plan())
+    assert rt._fused is None
+    x = _frames(3)
+    for i in range(3):
+        got, want = rt(x[i:i + 1], thresholds=[0.4, 0.5]), nd.ProgressiveRuntime(copy, plan="eager")(
+            x[i:i + 1], thresholds=[0.4, 0.5])
+        assert got.exit_index.tolist() == want.exit_index.tolist()
+        np.testing.assert_allclose(got.logits, want.logits, atol=1e-4, rtol=0)

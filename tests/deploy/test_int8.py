@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import json
 import shutil
+import sys
 
+import numpy as np
 import pytest
 import torch
 
@@ -15,7 +17,8 @@ from nestflex.deploy.backends.base import BackendError, calibration_split, get_b
 from nestflex.deploy.backends.plan import ExecutionPlan, LevelPlan
 from nestflex.deploy.backends.quantize import quantize_level
 from nestflex.deploy.tune import synthesize
-from nestflex.deploy.bundle.schema import BundleError, manifest_digest
+from nestflex.deploy.bundle.errors import BundleError
+from nestflex.deploy.bundle.manifest import manifest_digest
 from nestflex.cli import main
 from nestflex.export import ExportError
 from tests.export.bundles import nested_vgg, write_bundle
@@ -43,10 +46,12 @@ def bundle(tmp_path_factory):
 
 def test_the_bundle_ships_its_samples_and_reads_them_back_checked(bundle):
     x, y = bundle.samples()
-    assert x.dtype == torch.float32 and tuple(x.shape) == (64, 3, 32, 32) and y.dtype == torch.int64
+    assert isinstance(x, np.ndarray) and isinstance(y, np.ndarray)  # numpy: the runtime's own type
+    assert x.dtype == np.float32 and x.shape == (64, 3, 32, 32) and y.dtype == np.int64
     assert bundle.spec.samples.count == 64 and bundle.spec.samples.split == "validation"
     (cx, cy), (vx, vy) = calibration_split(bundle)
-    assert cx.shape[0] == vx.shape[0] == 32 and torch.equal(torch.cat([cx, vx]), x)
+    assert cx.shape[0] == vx.shape[0] == 32 and np.array_equal(np.concatenate([cx, vx]), x)
+    assert np.array_equal(np.concatenate([cy, vy]), y)
 
 
 def test_samples_the_manifest_misdescribes_are_refused_at_use(bundle, tmp_path):
@@ -85,9 +90,9 @@ def test_the_int8_backend_is_registered_and_runs_every_level_close_to_float(bund
         plan = ExecutionPlan(tuple(LevelPlan("onnxruntime_int8") for _ in range(bundle.num_levels)))
         rt = nd.CapacityRuntime(bundle, level, plan=plan)
         assert rt.backend == "onnxruntime_int8"
-        ref, out = nd.CapacityRuntime(bundle, level, plan=None)(x), rt(x)
-        assert out.shape == ref.shape and not torch.equal(out, ref)  # quantised: close, not equal
-        assert float((out - ref).abs().max()) < 0.25 * float(ref.abs().max())
+        ref, out = nd.CapacityRuntime(bundle, level, plan=None)(x), rt(x)  # float32 onnxruntime, int8
+        assert out.shape == ref.shape and not np.array_equal(out, ref)  # quantised: close, not equal
+        assert float(np.abs(out - ref).max()) < 0.25 * float(np.abs(ref).max())
 
 
 def test_quantised_graphs_are_built_once_and_cached_beside_the_bundle(bundle):
@@ -96,6 +101,23 @@ def test_quantised_graphs_are_built_once_and_cached_beside_the_bundle(bundle):
     stamp = first.stat().st_mtime_ns
     assert quantize_level(bundle, 0) == first and first.stat().st_mtime_ns == stamp
     nd.load(bundle.path)  # the bundle's own files and checksums are untouched
+
+
+def test_without_onnx_a_graph_to_build_names_the_package_and_one_built_before_still_runs(bundle, tmp_path,
+                                                                                         monkeypatch):
+    from nestflex.deploy.backends._onnx import MissingOnnxError
+
+    copy = nd.load(shutil.copytree(bundle.path, tmp_path / "model.nfx"))  # its own, empty tuned folder
+    built = quantize_level(copy, 1)  # where nestflex[tune] is installed (`nestflex tune` builds it)
+    monkeypatch.setitem(sys.modules, "onnx", None)  # now it is not
+    with pytest.raises(MissingOnnxError, match=r"building the int8 graph of level 0 needs the `onnx` package, which "
+                                               r"is not installed. HINT: pip install \"nestflex\[tune\]\""):
+        quantize_level(copy, 0)
+    assert issubclass(MissingOnnxError, (BackendError, ModuleNotFoundError))
+    assert not (tuned_dir(copy) / "level_0.int8.onnx").exists()
+    plan = ExecutionPlan(tuple(LevelPlan("onnxruntime_int8") for _ in range(copy.num_levels)))
+    rt = nd.CapacityRuntime(copy, 1, plan=plan, keep="active")  # the graph built before needs no onnx
+    assert quantize_level(copy, 1) == built and rt(copy.samples()[0][:2]).shape == (2, 10)
 
 
 def test_a_bundle_folder_that_cannot_be_written_caches_in_the_temp_folder(bundle, tmp_path, monkeypatch):

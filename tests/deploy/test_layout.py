@@ -13,6 +13,7 @@ SRC = Path(__file__).resolve().parents[2] / "src"
 #: bottom to top; a module may import its own layer (without a cycle) and the ones below
 LAYERS: list[tuple[str, ...]] = [
     ("nestflex.errors", "nestflex._io", "nestflex.deploy._registry", "nestflex.deploy._arrays",
+     "nestflex.deploy._memory",
      "nestflex.deploy.timing", "nestflex.deploy.exits", "nestflex.deploy.codec"),
     ("nestflex.deploy.onnxgraph",),
     ("nestflex.deploy.bundle",),

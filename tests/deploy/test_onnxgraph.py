@@ -407,15 +407,18 @@ def test_adaptive_pools_global_or_evenly_dividing(op, torch_fn, global_op):
         _close(_run(model, {"x": x})[0], want, f"{op} {size}")
 
 
-@pytest.mark.parametrize("op", ["adaptive_avg_pool2d", "adaptive_max_pool2d"])
-def test_an_adaptive_pool_onnx_cannot_express_is_refused_by_name(op):
-    node = _node("exit_pool", op, output_size=[3, 3])
-    with pytest.raises(OnnxGraphError, match=rf"node 'exit_pool' \({op}\): output size \(3, 3\) does not evenly "
-                                             rf"divide its input's spatial size \(8, 8\); ONNX has no adaptive pool.*"
-                                             rf"HINT: export for an input size"):
-        program_to_onnx([node], {}, {"x": (None, 4, 8, 8)}, ["exit_pool"])
-    with pytest.raises(OnnxGraphError, match=r"output size \(4, 4\) does not evenly divide .* \(2, 2\)"):
-        program_to_onnx([_node("up", op, output_size=4)], {}, {"x": (None, 4, 2, 2)}, ["up"])
+@pytest.mark.parametrize("op,torch_fn", [("adaptive_avg_pool2d", F.adaptive_avg_pool2d),
+                                         ("adaptive_max_pool2d", F.adaptive_max_pool2d)])
+def test_adaptive_pools_with_torch_s_uneven_windows(op, torch_fn):
+    """Outputs that do not divide the input (SDN heads: 14x14 -> 4x4), smaller or larger than it:
+    torch's overlapping windows, one axis at a time."""
+    for (h, w), size in [((14, 14), 4), ((8, 8), [3, 3]), ((7, 5), [3, 2]), ((2, 2), 4), ((12, 8), [5, None]),
+                         ((9, 6), [4, 6])]:
+        x = _rand(2, 3, h, w)
+        node = _node("exit_pool", op, output_size=size)
+        model = program_to_onnx([node], {}, {"x": (None, 3, h, w)}, ["exit_pool"])
+        assert "Slice" in [n.op_type for n in onnx.load_from_string(model).graph.node]
+        _close(_run(model, {"x": x})[0], torch_fn(x, tuple(size) if isinstance(size, list) else size), f"{op} {size}")
 
 
 @pytest.mark.parametrize("start,end,onnx_op", [(1, -1, "Flatten"), (1, 3, "Flatten"), (2, 3, "Reshape"),

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 import nestflex.deploy as nd
-from nestflex.deploy.backends.plan import ExecutionPlan, LevelPlan
+from nestflex.deploy.backends.plan import ExecutionPlan, ExitsPlan, LevelPlan
 from nestflex.deploy.backends.base import get_backend
 from nestflex.deploy.backends.quantize import pad_level
 from nestflex.deploy.tune import synthesize
@@ -40,25 +40,29 @@ def _export(module: nn.Module, path, shape=(1, 3, 8, 8)):
 
 def _run(path, x):
     s = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    return s.run(None, {s.get_inputs()[0].name: x.numpy()})[0]
+    return s.run(None, {s.get_inputs()[0].name: np.asarray(x)})[0]
+
+
+def _x(n, seed):
+    return np.random.default_rng(seed).standard_normal((n, 3, 32, 32), dtype=np.float32)
 
 
 def test_every_level_pads_to_a_multiple_with_the_same_logits(bundle):
-    x = torch.randn(3, 3, 32, 32, generator=torch.Generator().manual_seed(1))
+    x = _x(3, seed=1)
     for level in range(bundle.num_levels):
         padded = pad_level(bundle, level, 8)
         model = onnx.load(str(padded))
         convs = [n for n in model.graph.node if n.op_type == "Conv"]
         inits = {t.name: onnx.numpy_helper.to_array(t) for t in model.graph.initializer}
         assert all(inits[c.input[1]].shape[0] % 8 == 0 for c in convs)
-        ref = nd.CapacityRuntime(bundle, level, plan=None)(x).numpy()
+        ref = nd.CapacityRuntime(bundle, level, plan="eager")(x)
         np.testing.assert_allclose(_run(padded, x), ref, atol=1e-5, rtol=0)
         rt = nd.CapacityRuntime(bundle, level, plan=ExecutionPlan(tuple(LevelPlan("onnxruntime_pad8") for _ in bundle.levels)))
-        np.testing.assert_allclose(rt(x).numpy(), ref, atol=1e-5, rtol=0)
+        np.testing.assert_allclose(rt(x), ref, atol=1e-5, rtol=0)
 
 
 def test_the_padded_int8_backends_run_and_the_synthesis_measures_them(bundle):
-    x = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(2))
+    x = _x(2, seed=2)
     for name in ("onnxruntime_int8_pad8", "onnxruntime_mixed_pad8"):
         if name == "onnxruntime_mixed_pad8" and bundle.spec.precision is None:
             continue
@@ -68,8 +72,9 @@ def test_the_padded_int8_backends_run_and_the_synthesis_measures_them(bundle):
                       repeats=2, budget_points=100)
     rows = [c for c in plan.candidates if c.get("level") is not None and c["backend"] == "onnxruntime_pad8"]
     assert len(rows) == bundle.num_levels and all(r["agrees"] for r in rows)  # exact: the float32 check holds
-    with pytest.raises(nd.NestflexError, match="runs levels, not exit sets"):
-        get_backend("onnxruntime_pad8").prepare_exits(nd.ProgressiveRuntime(bundle, plan=None), 1)
+    with pytest.raises(nd.NestflexError, match="'onnxruntime_pad8' runs levels, not exit sets"):
+        nd.ProgressiveRuntime(bundle, plan=ExecutionPlan((), exits={"exits": ExitsPlan("onnxruntime_pad8", 1)}))
+    assert get_backend("onnxruntime_pad8").precision == "float32"  # padding changes no logit
 
 
 def test_per_channel_ops_residual_adds_and_flatten_pad_through(tmp_path):
@@ -121,8 +126,8 @@ def test_a_level_that_cannot_be_prepared_leaves_the_old_level_running(bundle, mo
     import nestflex.deploy.backends.onnxruntime as backends
 
     plan = ExecutionPlan((LevelPlan("eager"), LevelPlan("onnxruntime_pad8"), LevelPlan("onnxruntime_pad8")))
-    rt = nd.CapacityRuntime(bundle, 0, plan=plan)
-    x = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(3))
+    rt = nd.CapacityRuntime(bundle, 0, plan=plan, keep="active")  # level 2 is prepared when switched to
+    x = _x(2, seed=3)
 
     def refuse(*args, **kwargs):
         raise PaddingError("Concat 'cat' reads a padded tensor")
@@ -131,4 +136,17 @@ def test_a_level_that_cannot_be_prepared_leaves_the_old_level_running(bundle, mo
     with pytest.raises(PaddingError, match="Concat"):
         rt.set_level(2)
     assert rt.level == 0 and rt.backend == "eager"
-    torch.testing.assert_close(rt(x), nd.CapacityRuntime(bundle, 0, plan=None)(x), atol=0, rtol=0)
+    np.testing.assert_allclose(rt(x), nd.CapacityRuntime(bundle, 0, plan="eager")(x), atol=0, rtol=0)
+
+
+def test_without_onnx_padding_names_the_package_and_the_extra(tmp_path, monkeypatch):
+    import sys
+
+    from nestflex.deploy.backends._onnx import MissingOnnxError
+
+    src = _export(nn.Conv2d(3, 5, 1), tmp_path / "net.onnx")
+    monkeypatch.setitem(sys.modules, "onnx", None)  # the base install: no onnx
+    with pytest.raises(MissingOnnxError, match=r"building the padded graph of net.onnx needs the `onnx` package.*"
+                                               r"pip install \"nestflex\[tune\]\""):
+        pad_channels(src, tmp_path / "padded.onnx", 8)
+    assert not (tmp_path / "padded.onnx").exists()

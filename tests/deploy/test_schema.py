@@ -13,7 +13,15 @@ from pathlib import Path
 import pytest
 
 from nestflex.deploy.backends import torch_program as runtime
-from nestflex.deploy.bundle import schema as S
+from nestflex.deploy.bundle._reading import _show
+from nestflex.deploy.bundle.capacity_records import LevelRow
+from nestflex.deploy.bundle.errors import BundleError
+from nestflex.deploy.bundle.exit_records import ExitPlan, ExitSet, OperatingPoint
+from nestflex.deploy.bundle.file_records import TensorInfo
+from nestflex.deploy.bundle.manifest import Manifest
+from nestflex.deploy.bundle.program_records import PROGRAM_OPS, Program
+from nestflex.deploy.bundle.quantization_records import QuantizationRow, SplitQuantization
+from nestflex.deploy.bundle.safetensors_header import read_safetensors_header
 
 FIXTURE = Path(__file__).parent / "fixtures" / "bundle_v1.nfx"
 CONV1 = "backbone.features.conv1.weight"
@@ -26,12 +34,12 @@ def raw_v1():
 
 @pytest.fixture(scope="module")
 def header():
-    return S.read_safetensors_header(FIXTURE / "weights.safetensors")
+    return read_safetensors_header(FIXTURE / "weights.safetensors")
 
 
 @pytest.fixture(scope="module")
 def spec(raw_v1, header):
-    return S.Manifest.from_json(raw_v1, weights_header=header)
+    return Manifest.from_json(raw_v1, weights_header=header)
 
 
 @pytest.fixture
@@ -41,8 +49,8 @@ def m(spec):
 
 
 def refused(m, header, pattern):
-    with pytest.raises(S.BundleError, match=pattern) as e:
-        S.Manifest.from_json(m, weights_header=header, where="bundle 'x.nfx'")
+    with pytest.raises(BundleError, match=pattern) as e:
+        Manifest.from_json(m, weights_header=header, where="bundle 'x.nfx'")
     return e.value
 
 
@@ -55,38 +63,38 @@ def node_index(m, name):
 
 
 def test_the_manifest_is_typed_records(spec):
-    assert isinstance(spec.capacity.program, S.Program) and spec.capacity.program.nodes[0].op == "input"
-    assert isinstance(spec.levels[0], S.LevelRow) and spec.levels[0].latency_ms == {"1": 1.0, "64": 10.0}
+    assert isinstance(spec.capacity.program, Program) and spec.capacity.program.nodes[0].op == "input"
+    assert isinstance(spec.levels[0], LevelRow) and spec.levels[0].latency_ms == {"1": 1.0, "64": 10.0}
     flex = spec.exit_set("flexdnn")
     assert flex is spec.exit_set("flex_exits") and flex.key == "flex_exits" and flex.num_early == 2
-    assert isinstance(flex.plan, S.ExitPlan) and isinstance(flex.operating_points[0], S.OperatingPoint)
+    assert isinstance(flex.plan, ExitPlan) and isinstance(flex.operating_points[0], OperatingPoint)
     assert flex.heads[0].index_tensor() == "flex_exits.0.index" and flex.heads[0].filters
-    assert isinstance(spec.splits[0].quantization.per_bits[0], S.QuantizationRow)
+    assert isinstance(spec.splits[0].quantization.per_bits[0], QuantizationRow)
     assert spec.precision.assignment == {"features.conv1": "float32", "features.conv2": "int8"}
-    assert spec.weights.tensors[CONV1] == S.TensorInfo((8, 3, 3, 3), "float32")
+    assert spec.weights.tensors[CONV1] == TensorInfo((8, 3, 3, 3), "float32")
     with pytest.raises(AttributeError):  # frozen
         spec.num_classes = 3
 
 
 def test_to_json_and_from_json_round_trip(spec, header):
-    again = S.Manifest.from_json(spec.to_json(), weights_header=header)
+    again = Manifest.from_json(spec.to_json(), weights_header=header)
     assert again == spec and again.to_json() == spec.to_json()
     assert again.schema_version == 2 and spec.schema_version == 1  # what was on disk; not compared
     # json text too: plain JSON types only
-    assert S.Manifest.from_json(json.loads(json.dumps(spec.to_json(), allow_nan=False))) == spec
+    assert Manifest.from_json(json.loads(json.dumps(spec.to_json(), allow_nan=False))) == spec
 
 
 def test_unknown_additive_keys_are_kept(m, header):
     m["future"] = {"a": 1}
     m["levels"][0]["energy_mj"] = 1.5
     m["exit_sets"][1]["heads"][0]["program"][2]["hint"] = "x"
-    again = S.Manifest.from_json(m, weights_header=header)
+    again = Manifest.from_json(m, weights_header=header)
     assert again.extra == {"future": {"a": 1}} and again.levels[0].extra == {"energy_mj": 1.5}
     assert again.to_json() == m
 
 
 def test_the_runtime_runs_exactly_the_schema_ops():
-    assert set(runtime.OPS) | set(runtime._BINARY) | set(runtime._SPECIAL) == set(S.PROGRAM_OPS)
+    assert set(runtime.OPS) | set(runtime._BINARY) | set(runtime._SPECIAL) == set(PROGRAM_OPS)
 
 
 def test_schema_1_keys_are_upgraded_and_refused_in_schema_2(raw_v1, m, header):
@@ -290,7 +298,7 @@ def test_the_tensor_table_must_match_the_weights_header(m, header):
         "`weights.tensors['exits.0.alpha']` is in the manifest but not in weights.safetensors",
         "`weights.tensors` does not list tensors weights.safetensors holds: ['extra.t']",
     )
-    S.Manifest.from_json(m)  # without the header only the manifest's own consistency is checked ...
+    Manifest.from_json(m)  # without the header only the manifest's own consistency is checked ...
     bad = dict(header, **{CONV1: {"dtype": 7, "shape": "x"}})
     refused(m, bad, r"cannot be checked: weights.safetensors gives it no valid shape")  # ... and a bad header is named
 
@@ -380,9 +388,9 @@ def _sweep(spec, header, paths, values) -> int:
             else:
                 parent[path[-1]] = value
             try:  # the edit is undone below; nothing read here outlives it
-                got = S.Manifest.from_json(base, weights_header=header)
-                assert S.Manifest.from_json(got.to_json(), weights_header=header) == got
-            except S.BundleError as e:
+                got = Manifest.from_json(base, weights_header=header)
+                assert Manifest.from_json(got.to_json(), weights_header=header) == got
+            except BundleError as e:
                 assert e.problems and all(isinstance(p, str) and p.startswith("`") for p in e.problems), path
                 assert "nestflex bug" not in str(e), (path, value, str(e))
             finally:
@@ -432,22 +440,22 @@ def test_a_deeply_nested_or_non_json_value_is_a_bundle_error(m, header):
 
 
 def test_sub_records_read_alone(m):
-    row = S.LevelRow.from_json(m["levels"][1], path="levels[1]", index=1)
+    row = LevelRow.from_json(m["levels"][1], path="levels[1]", index=1)
     assert row.to_json() == m["levels"][1]
-    with pytest.raises(S.BundleError, match=r"^`levels\[1\]` is invalid \(1 problem\): `levels\[1\].level` must be 2"):
-        S.LevelRow.from_json(m["levels"][1], path="levels[1]", index=2)
-    prog = S.Program.from_json(m["capacity"]["program"])
+    with pytest.raises(BundleError, match=r"^`levels\[1\]` is invalid \(1 problem\): `levels\[1\].level` must be 2"):
+        LevelRow.from_json(m["levels"][1], path="levels[1]", index=2)
+    prog = Program.from_json(m["capacity"]["program"])
     assert prog.to_json() == m["capacity"]["program"] and prog.names[0] == "x"
-    with pytest.raises(S.BundleError, match=r"`program` is empty"):
-        S.Program.from_json([])
-    q = S.SplitQuantization.from_profile({"name": "s", "lowest_bits": {"1": 4}, "fixed_range": [0, 1],
+    with pytest.raises(BundleError, match=r"`program` is empty"):
+        Program.from_json([])
+    q = SplitQuantization.from_profile({"name": "s", "lowest_bits": {"1": 4}, "fixed_range": [0, 1],
                                           "per_bits": [{"bits": 4, "accuracy": 0.5, "drop_points": 0.1}]})
-    assert q.per_bits[0] == S.QuantizationRow(4, 0.5) and "drop_points" not in q.to_json()["per_bits"][0]
-    ex = S.ExitSet.from_json(m["exit_sets"][1])
+    assert q.per_bits[0] == QuantizationRow(4, 0.5) and "drop_points" not in q.to_json()["per_bits"][0]
+    ex = ExitSet.from_json(m["exit_sets"][1])
     assert replace(ex, thresholds=(0.1, 0.2)).to_json()["thresholds"] == [0.1, 0.2]
 
 
 def test_show_never_fails():
-    assert S._show(float("nan")) == "nan (number)"
-    assert S._show("x" * 100).endswith("... (string)")
-    assert S._show(10**5000) == "... (number)"  # too long to print: not an error
+    assert _show(float("nan")) == "nan (number)"
+    assert _show("x" * 100).endswith("... (string)")
+    assert _show(10**5000) == "... (number)"  # too long to print: not an error

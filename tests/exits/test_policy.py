@@ -229,11 +229,6 @@ def test_the_policy_runs_on_numpy_with_torch_blocked():
     assert out.stdout.strip() == "False"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="nestflex/deploy/__init__.py still imports torch (issue 37, its other modules); remove this mark "
-    "when `import nestflex.deploy` is torch-free",
-)
 def test_importing_deploy_exits_leaves_torch_out():
     out = _run_without_torch(bare=False)
     assert out.returncode == 0, out.stderr

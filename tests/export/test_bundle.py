@@ -173,7 +173,8 @@ def test_provenance_and_switching_reach_the_scheduler(tmp_path):
 
 def test_the_writer_and_the_reader_share_one_schema(written):
     """The manifest on disk is ``Manifest.to_json()`` of what the reader parses back, field for field."""
-    from nestflex.deploy.bundle.schema import Manifest, read_safetensors_header
+    from nestflex.deploy.bundle.manifest import Manifest
+    from nestflex.deploy.bundle.safetensors_header import read_safetensors_header
 
     info = written[0]
     raw = json.loads(open(f"{info['bundle']}/manifest.json").read())

@@ -38,7 +38,11 @@ def test_export_stage_includes_the_flex_plan(tmp_path, capsys):
     net.load_state_dict(load_file(out / "flex" / "model.safetensors"))
     prog = nd.ProgressiveRuntime(bundle, exit_set="flex_exits")
     xb = torch.randn(32, 3, 32, 32, generator=torch.Generator().manual_seed(0))
-    for got, want in zip(prog.all_exits(xb), net(xb)):
-        torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
+    # onnxruntime sums a trained VGG's convolutions in another order than torch: logits of ~10
+    # agree to ~1e-5 relative (the parity bound is 1e-4); the torch reference to 1e-5
+    for plan, atol in (("onnxruntime", 1e-4), ("eager", 1e-5)):
+        ref = nd.ProgressiveRuntime(bundle, exit_set="flex_exits", plan=plan)
+        for got, want in zip(ref.all_exits(xb), net(xb)):
+            torch.testing.assert_close(got, want, atol=atol, rtol=0)
     got, want = prog(xb), net.early_exit(xb, spec["thresholds"], confidence=spec["confidence"], fallback=spec["fallback"])
     assert torch.equal(got.exit_index, want.exit_index)

@@ -23,7 +23,7 @@ ray = pytest.importorskip("ray")
 serve = pytest.importorskip("ray.serve")
 
 import nestflex.deploy as nd  # noqa: E402
-from nestflex.deploy.bundle.schema import BundleError
+from nestflex.deploy.bundle.errors import BundleError
 from nestflex.deploy.split.client import SplitError
 from nestflex.deploy.codec import encode  # noqa: E402
 from nestflex.deploy.split.offload import Offloader, SplitConfig

@@ -26,7 +26,8 @@ from nestflex.deploy.codec import (
     list_codecs,
     register_codec,
 )
-from nestflex.deploy.bundle.schema import SCHEMA_VERSION, BundleError
+from nestflex.deploy.bundle.constants import SCHEMA_VERSION
+from nestflex.deploy.bundle.errors import BundleError
 from nestflex.deploy.bundle.loader import Bundle, load
 from nestflex.deploy.exits import (
     ExitError,

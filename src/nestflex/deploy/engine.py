@@ -5,12 +5,16 @@ bundle and goals, frames are submitted (one call, or a paced stream), a single w
 them on each app's runtime, the :class:`~nestflex.deploy.profiler.OnlineProfiler` measures every
 frame, and the scheduler's decisions are applied live, between frames:
 
-* **level**: :meth:`CapacityRuntime.set_level` pages only the delta (downgrades are applied
-  before upgrades, so resident bytes never exceed the memory budget in between);
+* **level**: :meth:`CapacityRuntime.set_level` on a runtime that holds one level at a time
+  (``keep="active"``: an onnxruntime level's session is built from the graph cached beside the
+  bundle, an eager level pages only the delta); downgrades are applied before upgrades, so
+  resident bytes never exceed the memory budget in between;
 * **exit set and threshold** (SPINN/FlexDNN): at the largest level an app with a shared exit set
   runs batched early exit at an *operating point* from the bundle's calibration (the threshold
   sweep of ``exits``, the ``operating_points`` of ``flex_exits``): the most accurate point whose
-  predicted mean latency fits the compute the app was given (FlexDNN's runtime adaptation);
+  predicted mean latency fits the compute the app was given (FlexDNN's runtime adaptation). The
+  exit set's runtime is made when the app reaches its largest level and released when it leaves
+  it: on onnxruntime it holds its own sessions, backbone included;
 * **compute share**: start-time fair queueing of frames. Every app has a virtual finish time that
   advances by ``compute_ms / share`` per frame it runs; the worker always runs the backlogged app
   with the earliest start tag. When every app is backlogged each gets its share of the worker's
@@ -20,8 +24,9 @@ frame, and the scheduler's decisions are applied live, between frames:
 * **CPU budget**: ``cpu < 1`` duty-cycles the worker (after a frame of ``t`` ms it idles
   ``t (1 / cpu - 1)`` ms), the way a CPU quota does, and the scheduler plans with every latency
   divided by ``cpu``;
-* **memory budget**: the sum of every app's resident weight bytes (capacity level plus exit heads)
-  stays within ``memory_mb``; schedulers that do not plan memory (the status quo) are enforced
+* **memory budget**: the sum of every app's resident bytes (its level's session or paged weights,
+  plus its exit set's sessions at the largest level, each measured when the app joins) stays
+  within ``memory_mb``; schedulers that do not plan memory (the status quo) are enforced
   after the fact by demoting the lowest-priority app one level at a time (every app fits at
   level 0: a budget below that is refused when it is set).
 
@@ -31,12 +36,16 @@ process took a core). Schedulers are the registry's (:func:`~nestflex.deploy.sch
 ``greedy_*``, ``cached_*``, ``exact_*``, ``knee`` (the status quo), ``fixed`` (levels frozen)
 and ``flexdnn`` (largest level, thresholds adapted).
 
+Frames are numpy float32 arrays (a torch tensor is accepted too, and its answer's logits come
+back as a tensor); the runtimes run on onnxruntime unless a plan says otherwise, so the engine
+needs no torch.
+
 Example::
 
-    import torch, nestflex.deploy as nd
+    import numpy as np, nestflex.deploy as nd
     with nd.Engine(scheduler="greedy_total", memory_mb=8.0) as engine:
         engine.add_app("cam", "runs/vgg_cifar/bundle.nfx", fps=30, min_accuracy=0.85)
-        result = engine.infer("cam", torch.randn(3, 32, 32))
+        result = engine.infer("cam", np.random.default_rng(0).standard_normal((3, 32, 32), dtype=np.float32))
         result.prediction, result.level, result.latency_ms
 """
 
@@ -52,11 +61,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
-import torch
+import numpy as np
 
+from nestflex.deploy._arrays import as_numpy, is_torch
+from nestflex.deploy._memory import rss_bytes
+from nestflex.deploy.backends.plan import ExecutionPlan
 from nestflex.deploy.bundle.loader import Bundle, load
 from nestflex.deploy.profiler import OnlineProfiler
-from nestflex.deploy.runtime.capacity import CapacityRuntime
+from nestflex.deploy.runtime.capacity import CapacityRuntime, resolve_plan
 from nestflex.deploy.runtime.progressive import ProgressiveRuntime
 from nestflex.deploy.scheduler import AppProfile, Decision, Scheduler, SchedulerError, get_scheduler
 from nestflex.deploy.timing import median_ms
@@ -97,7 +109,8 @@ class FrameResult:
         seq: per-app sequence number (submission order).
         tag: whatever the caller passed with the frame (e.g. a label), returned untouched.
         prediction: arg-max class, ``None`` when the frame was dropped.
-        logits: ``(C,)`` logits, ``None`` when dropped.
+        logits: ``(C,)`` float32 logits in the frame's array type (numpy; a torch tensor for a
+            torch frame), ``None`` when dropped.
         level: capacity level that ran it.
         exit: exit index it left at (``None``: the exit set was not in use).
         latency_ms: submission to answer.
@@ -113,7 +126,7 @@ class FrameResult:
     seq: int
     tag: Any
     prediction: int | None
-    logits: torch.Tensor | None
+    logits: Any
     level: int | None
     exit: int | None
     latency_ms: float
@@ -128,7 +141,8 @@ class FrameResult:
 
 @dataclass
 class _Frame:
-    x: torch.Tensor
+    x: np.ndarray  # (1, *shape) float32
+    back: Callable[[Any], Any]  # numpy -> the caller's array type
     tag: Any
     seq: int
     arrival: float
@@ -146,10 +160,13 @@ class _App:
     priority: float
     exit_key: str | None
     shape: list[int] = field(default_factory=list)
+    plan: Any = None  # the ExecutionPlan both runtimes run (the engine's threads applied)
     runtime: Any = None  # CapacityRuntime
-    progressive: Any = None  # ProgressiveRuntime on the largest level, when an exit set is used
+    progressive: Any = None  # ProgressiveRuntime, held while the app runs its largest level with its exit set
     level_ms: list[float] = field(default_factory=list)
+    level_mem: list[int] = field(default_factory=list)  # bytes the capacity runtime holds at each level
     exit_ms: list[float] = field(default_factory=list)
+    exits_bytes: int = 0  # bytes the exit set's runtime holds (its own sessions), measured
     points: list[ExitPoint] = field(default_factory=list)
     lossless: int | None = None
     accuracy_ref: float | None = None
@@ -174,15 +191,14 @@ class _App:
         return self.bundle.num_levels - 1
 
     def level_bytes(self, level: int) -> int:
-        return self.runtime.level_bytes(level) + self.heads_bytes
-
-    @property
-    def heads_bytes(self) -> int:
-        return self.progressive.own_bytes if self.progressive is not None else 0
+        """What the app holds at ``level``: the capacity runtime there and, at the largest level of
+        an app with an exit set, the exit set's runtime (both measured)."""
+        exits = self.exits_bytes if level == self.top and self.exit_key is not None else 0
+        return self.level_mem[level] + exits
 
     @property
     def resident_bytes(self) -> int:
-        return self.runtime.resident_bytes + self.heads_bytes
+        return self.runtime.resident_bytes + (self.progressive.own_bytes if self.progressive is not None else 0)
 
     def level_accuracy(self, level: int) -> float:
         acc = self.bundle.levels[level].get("accuracy")
@@ -284,14 +300,15 @@ class Engine:
     Args:
         scheduler: a registered scheduler name or a :class:`~nestflex.deploy.scheduler.Scheduler`
             (``knee`` is the status quo: fixed knee level, equal shares, memory not planned).
-        memory_mb: memory budget for all apps' resident weights (``None``: unlimited).
+        memory_mb: memory budget for all apps' resident bytes (``None``: unlimited).
         cpu: share of the device the apps may use, in (0, 1].
         alpha: the scheduler's latency weight.
         unit: the scheduler's compute unit.
-        threads: torch intra-op threads of the worker thread (``None``: leave torch's setting). One by
-            default: measured here (2 cores, VGG-16 x0.5 levels at batch 1), an OpenMP team of two
-            started from a thread that is not the main one ran 1.2-1.8x *slower* than one thread,
-            while one thread there matched two threads on the main thread within 10%.
+        threads: intra-op threads of every level and exit set the engine runs: it replaces the
+            thread counts of the app's execution plan (the one ``nestflex tune`` stored beside the
+            bundle, else onnxruntime everywhere), the backends stay the plan's (``None``: the
+            plan's own counts). One by default, as in the runtimes' default plan: the worker runs
+            one frame at a time, and several apps share the device's cores between their frames.
         adapt_exits: choose each app's exit operating point for the compute it gets (FlexDNN); if
             false, exit sets run at their shipped (lossless) thresholds.
         replan_drift: re-plan when the device slowdown moves by more than this fraction.
@@ -341,7 +358,7 @@ class Engine:
         self.plans: deque[dict[str, Any]] = deque(maxlen=256)
         self._apps: dict[str, _App] = {}
         # device profiles of the bundles seen, so an app that comes back is not timed again
-        self._profiles_seen: dict[tuple[str, str | None, bool], tuple[list[float], list[float]]] = {}
+        self._profiles_seen: dict[tuple[str, str | None, bool], tuple[list[float], list[float], list[int], int]] = {}
         self._controls: deque[tuple[Callable[[], Any], Future]] = deque()
         self._cond = threading.Condition()
         self._closed = False
@@ -349,6 +366,7 @@ class Engine:
         self._plan_slowdown = 1.0
         self._last_plan = 0.0
         self._t0 = time.perf_counter()
+        self._rss0 = rss_bytes()  # the process before any app: what the apps add is measured from here
         self._worker = threading.Thread(target=self._run, name="nestflex-engine", daemon=True)
         self._worker.start()
 
@@ -442,12 +460,13 @@ class Engine:
         """Re-plan now (the engine also does on every event)."""
         return self._control(lambda: self._plan("request"))
 
-    def submit(self, name: str, frame: torch.Tensor, tag: Any = None) -> Future:
+    def submit(self, name: str, frame: Any, tag: Any = None) -> Future:
         """Queue one frame of app ``name``; returns a future of its :class:`FrameResult`.
 
         Args:
             name: the app.
-            frame: one normalised sample, ``(C, H, W)`` or ``(1, C, H, W)``, float32.
+            frame: one normalised sample, ``(C, H, W)`` or ``(1, C, H, W)``, a float32 numpy array
+                (or a torch tensor: its result's logits are one too).
             tag: returned untouched in the result (e.g. the label).
 
         Raises:
@@ -455,14 +474,14 @@ class Engine:
                 expected shape).
         """
         app = self._app(name)
-        x = self._check_frame(app, frame)
+        x, back = self._check_frame(app, frame)
         fut: Future = Future()
         with self._cond:
             if self._closed:
                 raise EngineError("the engine is closed. HINT: create a new Engine")
             if name not in self._apps:
                 raise EngineError(f"app {name!r} left the engine")
-            frame_rec = _Frame(x, tag, app.seq, time.perf_counter(), fut)
+            frame_rec = _Frame(x, back, tag, app.seq, time.perf_counter(), fut)
             app.seq += 1
             app.counts["submitted"] += 1
             app.queue.append(frame_rec)
@@ -471,7 +490,7 @@ class Engine:
             self._cond.notify()
         return fut
 
-    def infer(self, name: str, frame: torch.Tensor, tag: Any = None, timeout: float | None = None) -> FrameResult:
+    def infer(self, name: str, frame: Any, tag: Any = None, timeout: float | None = None) -> FrameResult:
         """Submit one frame and wait for its result (see :meth:`submit`)."""
         return self.submit(name, frame, tag).result(timeout)
 
@@ -480,7 +499,7 @@ class Engine:
 
         Args:
             name: the app.
-            frames: tensors, or ``(tensor, tag)`` pairs.
+            frames: arrays (or tensors), or ``(frame, tag)`` pairs.
             fps: pace submissions at this rate (default: the app's fps); ``0`` submits as fast as
                 the source yields.
 
@@ -529,7 +548,7 @@ class Engine:
         return list(self._apps)
 
     def resident_bytes(self) -> int:
-        """Weight bytes resident for all apps."""
+        """Bytes resident for all apps (sessions and paged weights)."""
         return self._control(lambda: sum(a.resident_bytes for a in self._apps.values()))
 
     def stats(self) -> dict[str, Any]:
@@ -570,20 +589,23 @@ class Engine:
         return app
 
     @staticmethod
-    def _check_frame(app: _App, frame: Any) -> torch.Tensor:
+    def _check_frame(app: _App, frame: Any) -> tuple[np.ndarray, Callable[[Any], Any]]:
+        """The frame as a ``(1, *shape)`` float32 numpy batch (a CPU tensor's own memory), and the
+        function that gives an answer back in the frame's array type."""
         shape = app.shape
-        if not isinstance(frame, torch.Tensor):
-            raise EngineError(f"app {app.name!r}: a frame must be a torch.Tensor of shape {tuple(shape)}, got "
-                              f"{type(frame).__name__}")
-        if frame.dtype != torch.float32:
+        if not isinstance(frame, np.ndarray) and not is_torch(frame):
+            raise EngineError(f"app {app.name!r}: a frame must be a numpy array (or a torch tensor) of shape "
+                              f"{tuple(shape)}, got {type(frame).__name__}")
+        if str(frame.dtype) not in ("float32", "torch.float32"):
             raise EngineError(f"app {app.name!r}: a frame must be float32 (normalised), got {frame.dtype}. "
                               f"HINT: prepare inputs as the bundle's input.note says (its scale, mean and std)")
-        if list(frame.shape) == shape:
-            return frame.unsqueeze(0)
-        if frame.dim() == len(shape) + 1 and frame.shape[0] == 1 and list(frame.shape[1:]) == shape:
-            return frame
+        x, back = as_numpy(frame)
+        if list(x.shape) == shape:
+            return x[None], back
+        if x.ndim == len(shape) + 1 and x.shape[0] == 1 and list(x.shape[1:]) == shape:
+            return x, back
         raise EngineError(f"app {app.name!r}: a frame must have shape {tuple(shape)} or {(1, *shape)}, got "
-                          f"{tuple(frame.shape)}. HINT: submit one frame at a time")
+                          f"{tuple(x.shape)}. HINT: submit one frame at a time")
 
     def _budget_message(self, memory_mb: float, apps: Sequence[_App]) -> str:
         rows = ", ".join(f"{a.name} {a.level_bytes(0) / _MB:.3f} MB" for a in apps)
@@ -604,8 +626,6 @@ class Engine:
         return fut.result()
 
     def _run(self) -> None:
-        if self.threads is not None:
-            torch.set_num_threads(self.threads)
         while True:
             with self._cond:
                 while not self._closed and not self._controls and not any(
@@ -682,9 +702,9 @@ class Engine:
         app.latencies.append(latency)
         predicted = app.exit_ms[exit_k] if exit_k is not None else app.level_ms[level]
         self.profiler.record(app.name, level, exit_k, compute_ms, predicted)
-        scores = logits.tolist()  # arg-max in Python: a torch call costs more than the 10-100 values
+        scores = logits.tolist()  # arg-max in Python: an array call costs more than the 10-100 values
         frame.future.set_result(FrameResult(app.name, frame.seq, frame.tag, max(range(len(scores)), key=scores.__getitem__),
-                                            logits, level, exit_k, latency, compute_ms))
+                                            frame.back(logits), level, exit_k, latency, compute_ms))
         if self.cpu < 1.0:  # a CPU quota: idle for the rest of this frame's slice
             time.sleep(compute_ms * (1.0 / self.cpu - 1.0) / 1e3)
         slow = self.profiler.slowdown()
@@ -702,13 +722,17 @@ class Engine:
             raise EngineError(f"app {app.name!r} is already registered. HINT: remove_app({app.name!r}) first, or "
                               f"choose another name")
         try:
-            app.runtime = CapacityRuntime(app.bundle, level=0)
+            app.plan = self._app_plan(app.bundle)
+            # one level's sessions at a time: the memory budget is NestDNN's one-model memory, and a
+            # switch (between frames) builds the next level's session from its cached graph
+            app.runtime = CapacityRuntime(app.bundle, level=0, plan=app.plan, keep="active")
             if app.exit_key is not None:
                 app.points, app.lossless, app.accuracy_ref = operating_points(app.bundle, app.exit_key)
         except NestflexError as e:
             raise EngineError(f"app {app.name!r}: its bundle cannot run: {e}") from e
         others = sum(a.resident_bytes for a in self._apps.values())
-        if self.memory_mb is not None and (others + app.runtime.level_bytes(0)) / _MB > self.memory_mb:
+        app.level_mem = [app.runtime.resident_bytes]  # level 0, as it runs now (the profile measures the rest)
+        if self.memory_mb is not None and (others + app.level_mem[0]) / _MB > self.memory_mb:
             raise EngineError(f"app {app.name!r} does not fit: " + self._budget_message(
                 self.memory_mb, [*self._apps.values(), app]))
         self._profile(app, profile, repeats, others)
@@ -724,58 +748,82 @@ class Engine:
         return self._stats()["apps"][app.name]
 
     def _profile(self, app: _App, measure: bool, repeats: int, others: int) -> None:
-        """Batch-1 latency of every level and of stopping at every exit, on this device now.
+        """What every level holds in memory and its batch-1 latency, and what the exit set holds and
+        the latency of stopping at each exit, on this device now.
 
-        Levels that would break the memory budget are not paged in to be timed: their time is
-        scaled from the largest timed level by MACs (a lower bound on this CPU, corrected by the
-        profiler's slowdown factor once the level runs). A bundle timed before (same path and exit
-        set) reuses its profile: an app that comes back starts at once."""
-        rows, rt = app.bundle.levels, app.runtime
-        budget = math.inf if self.memory_mb is None else self.memory_mb * _MB - others
+        Memory is measured, not computed from the weights: the runtime is switched to the level and
+        its resident bytes read (an onnxruntime session holds its graph, a few kB more than the
+        level's weights; the process's real resident set is reported beside it in :meth:`stats`); an exit set's runtime holds its own sessions, backbone included
+        (:attr:`ProgressiveRuntime.own_bytes`), so it is made only while the app runs its largest
+        level and counted there. What is measured is made for real, so only what fits beside the
+        other apps now is: a level whose weights would not is never switched to (its memory is its
+        weight bytes times the largest overhead measured, its time scaled from the largest timed
+        level by MACs, a lower bound on this CPU corrected by the profiler's slowdown factor once
+        the level runs), and an exit set that would not is left out (levels only). A bundle
+        profiled before (same path and exit set) reuses its profile, nothing is made: an app that
+        comes back starts at once, with its exits if they fit the budget alone."""
+        rows, rt, top = app.bundle.levels, app.runtime, app.top
+        total = math.inf if self.memory_mb is None else self.memory_mb * _MB
+        budget = total - others
         key = (str(Path(app.bundle.path).resolve()), app.exit_key, measure)
         seen = self._profiles_seen.get(key)
-        if seen is not None and (app.exit_key is None or rt.level_bytes(app.top) <= budget):
-            app.level_ms, app.exit_ms = list(seen[0]), list(seen[1])
-            if app.exit_key is not None:
-                app.progressive = ProgressiveRuntime(app.bundle, rt, exit_set=app.exit_key)
-            rt.set_level(0)
-            app.level = 0
+        if seen is not None:
+            (app.level_ms, app.exit_ms, app.level_mem), app.exits_bytes = (list(v) for v in seen[:3]), seen[3]
+            if app.exit_key is not None and app.level_mem[top] + app.exits_bytes > total:
+                app.exit_key, app.points, app.exit_ms = None, [], []  # its exits never fit the budget
             return
-        x = torch.randn(1, *app.bundle.input_spec["shape"], generator=torch.Generator().manual_seed(0))
-        app.level_ms = []
+        x = np.random.default_rng(0).standard_normal((1, *app.bundle.input_spec["shape"]), dtype=np.float32)
+        app.level_ms, mem = [], []
+        macs = [float(r.get("macs") or 0) for r in rows]
         for k in range(app.bundle.num_levels):
-            if measure and rt.level_bytes(k) <= budget:
+            fits = rt.level_bytes(k) <= budget
+            if fits:  # its weights fit: switch to it, run a frame, and read what it holds
                 rt.set_level(k)
-                app.level_ms.append(median_ms(lambda: rt(x), repeats))
-            elif not measure:
-                app.level_ms.append(float(_row_latency(rows[k])))
+                mem.append(rt.resident_bytes)
             else:
-                j = len(app.level_ms) - 1
-                macs = [float(r.get("macs") or 0) for r in rows]
+                mem.append(None)
+            if not measure:
+                app.level_ms.append(float(_row_latency(rows[k])))
+            elif fits:
+                app.level_ms.append(median_ms(lambda: rt(x), repeats))
+            else:
+                j = len(app.level_ms) - 1  # level 0 always fits: _join refuses an app whose level 0 does not
                 scale = macs[k] / macs[j] if macs[j] > 0 and macs[k] > 0 else 1.0
                 app.level_ms.append(app.level_ms[j] * scale)
-        fits_exits = app.exit_key is not None and rt.level_bytes(app.top) <= budget
-        if app.exit_key is not None and fits_exits:
-            app.progressive = ProgressiveRuntime(app.bundle, rt, exit_set=app.exit_key)
-            early = app.progressive.num_exits - 1
-            app.exit_ms = []
-            for k in range(early + 1):
-                # confidence > 0: every frame leaves at exit k, or at the first exit after it the
-                # plan keeps (a frame that would leave at an exit the plan dropped, by the exit
-                # rates calibrated with every exit, is counted at the next kept one)
-                thr = [1.0] * k + [0.0] * (early - k)
-                if measure:
-                    app.exit_ms.append(median_ms(lambda t=thr: app.progressive(x, thresholds=t), repeats))
-                else:
-                    ex = app.bundle.exit_sets[app.exit_key]
-                    frac = [m / ex["backbone_macs"] for m in ex["macs"]] if ex.get("macs") else [1.0] * (early + 1)
-                    app.exit_ms.append(app.level_ms[app.top] * frac[k])
-        elif app.exit_key is not None:
-            app.exit_key, app.points = None, []  # the exits' level never fits: levels only
+        overhead = max(m / max(rt.level_bytes(k), 1) for k, m in enumerate(mem) if m is not None)
+        app.level_mem = [m if m is not None else math.ceil(rt.level_bytes(k) * overhead) for k, m in enumerate(mem)]
+        if app.exit_key is not None and rt.level_bytes(top) <= budget:
+            prog = ProgressiveRuntime(app.bundle, rt, exit_set=app.exit_key, plan=app.plan)
+            # a frame as the engine serves them, through every exit, opens all that serving holds
+            # (sessions open on first use)
+            prog(x, thresholds=[1.0] * (prog.num_exits - 1))
+            app.exits_bytes = prog.own_bytes
+            if app.level_mem[top] + app.exits_bytes <= budget:
+                early = prog.num_exits - 1
+                for k in range(early + 1):
+                    # confidence > 0: every frame leaves at exit k, or at the first exit after it the
+                    # plan keeps (a frame that would leave at an exit the plan dropped, by the exit
+                    # rates calibrated with every exit, is counted at the next kept one)
+                    thr = [1.0] * k + [0.0] * (early - k)
+                    if measure:
+                        app.exit_ms.append(median_ms(lambda t=thr: prog(x, thresholds=t), repeats))
+                    else:
+                        ex = app.bundle.exit_sets[app.exit_key]
+                        frac = [m / ex["backbone_macs"] for m in ex["macs"]] if ex.get("macs") else [1.0] * (early + 1)
+                        app.exit_ms.append(app.level_ms[top] * frac[k])
+            del prog  # made again when the app runs its largest level
         rt.set_level(0)
         app.level = 0
-        if len(app.level_ms) == app.bundle.num_levels and (app.exit_key is None or app.exit_ms):
-            self._profiles_seen[key] = (list(app.level_ms), list(app.exit_ms))
+        if app.exit_key is not None and not app.exit_ms:
+            app.exit_key, app.points = None, []  # the exits do not fit beside the others now: levels only
+            return  # not kept: next time there may be room to measure them
+        self._profiles_seen[key] = (list(app.level_ms), list(app.exit_ms), list(app.level_mem), app.exits_bytes)
+
+    def _app_plan(self, bundle: Bundle) -> ExecutionPlan:
+        """The plan an app's runtimes run: the bundle's tuned plan (else the default), at the
+        engine's thread count when it sets one."""
+        plan = resolve_plan(bundle, "auto")
+        return plan if self.threads is None else plan.with_threads(self.threads, bundle.exit_sets)
 
     def _leave(self, name: str) -> None:
         with self._cond:
@@ -795,7 +843,7 @@ class Engine:
             rows = []
             for k, r in enumerate(a.bundle.levels):
                 ms = a.level_ms[k]
-                if k == a.top and a.progressive is not None:
+                if k == a.top and a.exit_key is not None:
                     ms = a.point_ms(a.lossless)  # the largest level runs with its exits
                 rows.append({"level": k, "accuracy": a.level_accuracy(k), "latency_ms": max(ms * scale, 1e-6),
                              "memory_mb": a.level_bytes(k) / _MB, "macs": int(r.get("macs") or 0)})
@@ -825,12 +873,16 @@ class Engine:
         for a in order:
             a.share = shares[a.name]
             if levels[a.name] != a.level:
+                if levels[a.name] != a.top:  # the exit set runs at the largest level only: its sessions go
+                    a.progressive = None
                 report = a.runtime.set_level(levels[a.name])
                 a.level = levels[a.name]
                 a.counts["switches"] += 1
                 a.counts["page_in_bytes"] += report.page_in_bytes
                 a.counts["page_out_bytes"] += report.page_out_bytes
-            a.point = self._choose_point(a, scale) if a.level == a.top and a.progressive is not None else None
+            if a.level == a.top and a.exit_key is not None and a.progressive is None:
+                a.progressive = ProgressiveRuntime(a.bundle, a.runtime, exit_set=a.exit_key, plan=a.plan)
+            a.point = self._choose_point(a, scale) if a.progressive is not None else None
         t2 = time.perf_counter()
         self.decision, self._plan_slowdown, self._last_plan = decision, slow, t2
         self.plans.append({"t": round(t2 - self._t0, 4), "reason": reason, "slowdown": round(slow, 4),
@@ -881,10 +933,18 @@ class Engine:
                 "p50_ms": round(_percentile(lat, 50), 4) if lat else None,
                 "p95_ms": round(_percentile(lat, 95), 4) if lat else None,
                 "resident_bytes": a.resident_bytes,
+                # what the scheduler plans with: bytes held at each level, the exit set's included
+                "level_bytes": [a.level_bytes(k) for k in range(a.bundle.num_levels)],
                 "level_ms": [round(v, 4) for v in a.level_ms], "exit_ms": [round(v, 4) for v in a.exit_ms],
             }
+        rss = rss_bytes()
         return {"scheduler": self.scheduler.name, "memory_mb": self.memory_mb, "cpu": self.cpu,
                 "resident_bytes": sum(a.resident_bytes for a in self._apps.values()),
+                # what the process really holds (the OS's resident set; None where it gives none), and
+                # its growth since the engine was made: the sessions' arenas, kernels and the runtime
+                # libraries loaded for the first app, beside the bytes the budget plans with
+                "process_rss_bytes": rss,
+                "rss_growth_bytes": None if rss is None or self._rss0 is None else rss - self._rss0,
                 "slowdown": round(self.profiler.slowdown(), 4), "plans": len(self.plans),
                 "last_plan": self.plans[-1] if self.plans else None, "apps": apps}
 

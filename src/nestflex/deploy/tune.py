@@ -1,5 +1,18 @@
 """Synthesis of execution plans (Cappuccino, METHODS §5; ``nestflex tune``): every candidate backend
 and thread count measured on this machine, checked against the reference, the fastest kept.
+
+Numpy only (no torch): the base install runs it. The float32 reference every candidate must match
+(:func:`reference_backend`) is the torch ``eager`` interpreter of the bundle's op program where
+torch is installed, and otherwise ``onnxruntime_program``: onnxruntime on graphs written from the
+same program by :mod:`nestflex.deploy.onnxgraph` (never the ONNX files the bundle ships, which
+are one of the things checked). Both run the program, not an export of it, so a candidate that
+runs the shipped graphs (``onnxruntime``) is checked against an independent path either way; the
+plan records which one it was (:attr:`~nestflex.deploy.backends.ExecutionPlan.reference`). Eager
+comes first where it can run because it shares no kernel with the onnxruntime candidates (a fault
+of onnxruntime's would be on both sides of the other check).
+Candidates that need the ``onnx`` package to build their graphs (int8, mixed, padded; the fused
+early-exit graph) are measured where it is installed (``nestflex[tune]``) and recorded with the
+error naming it where not.
 """
 
 from __future__ import annotations
@@ -10,12 +23,12 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-import torch
+import numpy as np
 
 from nestflex.deploy import exits as exit_policy  # looked up per call: tests replace the policy
+from nestflex.deploy._arrays import to_numpy
 from nestflex.deploy.backends.base import (
     BackendError,
-    Fn,
     calibration_split,
     get_backend,
     list_backends,
@@ -23,38 +36,61 @@ from nestflex.deploy.backends.base import (
 )
 from nestflex.deploy.backends.plan import ExecutionPlan, ExitsPlan, LevelPlan
 
-__all__ = ["synthesize", "choose_active_exits"]
+__all__ = ["synthesize", "choose_active_exits", "reference_backend"]
 
 
+def reference_backend() -> str:
+    """The backend the synthesis checks every float32 candidate against: ``"eager"`` (the torch
+    interpreter of the bundle's op program) where torch is installed, else ``"onnxruntime_program"``
+    (onnxruntime on the graphs written from the program; numpy and onnxruntime only).
 
+    Example:
+        >>> reference_backend() in ("eager", "onnxruntime_program")
+        True
+    """
+    return "eager" if get_backend("eager").available() else "onnxruntime_program"
+
+
+def _level_plan(bundle: Any, name: str, threads: int) -> ExecutionPlan:
+    return ExecutionPlan(tuple(LevelPlan(name, threads) for _ in range(bundle.num_levels)))
 
 
 def synthesize(bundle: Any, *, backends: Sequence[str] | None = None, threads: Sequence[int] | None = None,
-               repeats: int = 30, atol: float = 1e-4, samples: torch.Tensor | None = None,
+               repeats: int = 30, atol: float = 1e-4, samples: Any = None,
                budget_points: float = 1.0, batches: Sequence[int] = (1,),
                log: Callable[[str], None] | None = None) -> ExecutionPlan:
     """Measure every backend x threads for every level on this machine; keep the fastest that passes.
 
-    A float32 backend passes when its logits match the eager program's within ``atol``; a reduced
-    precision one (``onnxruntime_int8``) when its top-1 accuracy on the check half of the bundle's
-    samples (:func:`calibration_split`; int8 ranges come from the other half) is at most
-    ``budget_points`` below the eager program's on the same samples.
+    A float32 backend passes when its logits match the reference's (:func:`reference_backend`)
+    within ``atol``; a reduced precision one (``onnxruntime_int8``) when its top-1 accuracy on the
+    check half of the bundle's samples (:func:`calibration_split`; int8 ranges come from the other
+    half) is at most ``budget_points`` below the reference's on the same samples.
 
     Args:
         bundle: a loaded bundle.
         backends: names to try (default: every installed one).
         threads: thread counts (default 1..cores).
         repeats: timed calls per configuration (median; batch 1).
-        atol: a float32 configuration counts only if its logits match the eager program's within ``atol``.
-        samples: inputs for the agreement check (default: 8 of the bundle's check samples, else 8
-            seeded normal batches of one).
+        atol: a float32 configuration counts only if its logits match the reference's within ``atol``.
+        samples: inputs for the agreement check, a float array ``(N, *input shape)`` (default: 8 of
+            the bundle's check samples, else 8 seeded normal samples).
         budget_points: accuracy (points) a reduced-precision configuration may lose.
         batches: batch sizes to time every configuration at; batch 1 (always timed) gives the
             plan's levels, each larger one its own choice per level (:attr:`ExecutionPlan.batches`:
             what a runtime made for that batch size runs).
+        log: called with one line per measured configuration.
 
     Returns:
-        the :class:`ExecutionPlan` (eager at 1 thread is always a candidate, so every level gets one).
+        the :class:`ExecutionPlan` (the reference at 1 thread is always a candidate, so every level
+        gets one).
+
+    Raises:
+        BackendError: ``batches`` holds something other than ints >= 1.
+
+    Example::
+
+        plan = synthesize(nd.load("bundle.nfx"), threads=[1, 2], repeats=10)
+        write_plan(bundle, plan)    # what `nestflex tune` does
     """
     from nestflex._machine import machine
     from nestflex.deploy.bundle.loader import bundle_id
@@ -64,98 +100,99 @@ def synthesize(bundle: Any, *, backends: Sequence[str] | None = None, threads: S
     sizes = sorted({1, *batches})
     if any(isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in sizes):
         raise BackendError(f"`batches` must be ints >= 1, got {list(batches)!r}")
+    reference = reference_backend()
     names = list(backends) if backends is not None else list_backends(available_only=True)
     counts = list(threads) if threads is not None else list(range(1, (os.cpu_count() or 1) + 1))
-    if "eager" not in names:
-        names.insert(0, "eager")
+    if reference not in names:
+        names.insert(0, reference)
     shape = tuple(bundle.spec.input.shape)
     labelled = calibration_split(bundle)[1] if bundle.spec.samples is not None else None
-    x1 = torch.randn(1, *shape, generator=torch.Generator().manual_seed(0))
-    xb = {b: torch.randn(b, *shape, generator=torch.Generator().manual_seed(b)) for b in sizes[1:]}
-    check = samples if samples is not None else (
-        labelled[0][:8] if labelled is not None else torch.randn(8, *shape, generator=torch.Generator().manual_seed(1)))
-    before = torch.get_num_threads()
+    x1 = np.random.default_rng(0).standard_normal((1, *shape), dtype=np.float32)
+    xb = {b: np.random.default_rng(b).standard_normal((b, *shape), dtype=np.float32) for b in sizes[1:]}
+    if samples is not None:
+        check = np.ascontiguousarray(to_numpy(samples), dtype=np.float32)
+    elif labelled is not None:
+        check = labelled[0][:8]
+    else:
+        check = np.random.default_rng(1).standard_normal((8, *shape), dtype=np.float32)
     candidates, levels = [], []
     by_batch: dict[int, list[LevelPlan]] = {b: [] for b in sizes[1:]}
-    try:
-        for level in range(bundle.num_levels):
-            rt = CapacityRuntime(bundle, level, plan=None)
-            torch.set_num_threads(1)
-            ref = torch.cat([rt._eager(check[i:i + 1]) for i in range(check.shape[0])])
-            ref_acc = None if labelled is None else _accuracy(rt._eager, *labelled)
-            best = None
-            eager_ms = None
-            best_b: dict[int, tuple] = {}  # batch -> (backend, threads, ms per call, accuracy)
-            eager_b: dict[int, float] = {}
-            for name in names:
-                backend = get_backend(name)
-                if not backend.available():
+    for level in range(bundle.num_levels):
+        ref_rt = CapacityRuntime(bundle, level, plan=reference, keep="active")
+        ref = np.concatenate([ref_rt(check[i:i + 1]) for i in range(check.shape[0])])
+        ref_acc = None if labelled is None else _accuracy(ref_rt, *labelled)
+        best = None
+        ref_ms = None
+        best_b: dict[int, tuple] = {}  # batch -> (backend, threads, ms per call, accuracy)
+        ref_b: dict[int, float] = {}
+        for name in names:
+            backend = get_backend(name)
+            if not backend.available():
+                continue
+            exact = backend.precision == "float32"
+            for t in counts:
+                try:  # a fresh runtime per configuration: each prepares its own level
+                    rt = CapacityRuntime(bundle, level, plan=_level_plan(bundle, name, t), keep="active")
+                    out = np.concatenate([rt(check[i:i + 1]) for i in range(check.shape[0])])
+                    err = float(np.abs(out - ref).max())
+                    acc = None if exact or labelled is None else _accuracy(rt, *labelled)
+                    ms = median_ms(lambda: rt(x1), repeats, warmup=3)
+                    ms_b = {b: median_ms(lambda v=v: rt(v), repeats, warmup=2) for b, v in xb.items()}
+                except Exception as e:  # a backend that cannot run this level is not a candidate
+                    candidates.append({"level": level, "backend": name, "threads": t, "error": f"{e}"[:200]})
                     continue
-                exact = backend.precision == "float32"
-                for t in counts:
-                    torch.set_num_threads(t)
-                    rt = CapacityRuntime(bundle, level, plan=None)  # fresh: a backend may convert weights in place
-                    try:
-                        fn = backend.prepare(rt, level, t)
-                        out = torch.cat([fn(check[i:i + 1]) for i in range(check.shape[0])])
-                        err = float((out - ref).abs().max())
-                        acc = None if exact or labelled is None else _accuracy(fn, *labelled)
-                        ms = median_ms(lambda: fn(x1), repeats, warmup=3)
-                        ms_b = {b: median_ms(lambda v=v: fn(v), repeats, warmup=2) for b, v in xb.items()}
-                    except Exception as e:  # a backend that cannot run this level is not a candidate
-                        candidates.append({"level": level, "backend": name, "threads": t, "error": f"{e}"[:200]})
-                        continue
-                    if exact:
-                        ok = err <= atol and math.isfinite(err)
-                    else:  # no labelled samples: nothing to judge the accuracy on, so not a candidate
-                        ok = acc is not None and acc >= ref_acc - budget_points / 100
-                    row = {"level": level, "backend": name, "threads": t, "latency_ms": round(ms, 4),
-                           "max_abs_diff": err, "agrees": ok}
-                    if acc is not None:
-                        row.update(accuracy=round(acc, 6), eager_accuracy=round(ref_acc, 6))
-                    if ms_b:
-                        row["batch_ms"] = {str(b): round(v, 4) for b, v in ms_b.items()}
-                    candidates.append(row)
-                    if name == "eager" and t == 1:
-                        eager_ms = ms
-                        eager_b = ms_b
-                    if ok and (best is None or ms < best[2]):
-                        best = (name, t, ms, ref_acc if exact else acc)
-                    for b, v in ms_b.items():
-                        if ok and (b not in best_b or v < best_b[b][2]):
-                            best_b[b] = (name, t, v, ref_acc if exact else acc)
-                    if log is not None:
-                        log(f"level {level}: {name:16s} threads {t}: {ms:8.3f} ms  max|diff| {err:.2e}"
-                            + ("" if acc is None else f"  accuracy {acc:.4f} (eager {ref_acc:.4f})"))
-            levels.append(LevelPlan(best[0], best[1], round(best[2], 4), None if eager_ms is None else round(eager_ms, 4),
-                                    None if best[3] is None else round(best[3], 6)))
-            for b, (name, t, v, acc) in best_b.items():
-                by_batch[b].append(LevelPlan(name, t, round(v, 4), None if b not in eager_b else round(eager_b[b], 4),
-                                             None if acc is None else round(acc, 6)))
-        exits = {key: _synthesize_exits(bundle, key, names, counts, repeats, atol, check, x1, candidates, log,
-                                        budget_points)
-                 for key in bundle.exit_sets}
-    finally:
-        torch.set_num_threads(before)
+                if exact:
+                    ok = err <= atol and math.isfinite(err)
+                else:  # no labelled samples: nothing to judge the accuracy on, so not a candidate
+                    ok = acc is not None and acc >= ref_acc - budget_points / 100
+                row = {"level": level, "backend": name, "threads": t, "latency_ms": round(ms, 4),
+                       "max_abs_diff": err, "agrees": ok}
+                if acc is not None:
+                    row.update(accuracy=round(acc, 6), eager_accuracy=round(ref_acc, 6))
+                if ms_b:
+                    row["batch_ms"] = {str(b): round(v, 4) for b, v in ms_b.items()}
+                candidates.append(row)
+                if name == reference and t == 1:
+                    ref_ms = ms
+                    ref_b = ms_b
+                if ok and (best is None or ms < best[2]):
+                    best = (name, t, ms, ref_acc if exact else acc)
+                for b, v in ms_b.items():
+                    if ok and (b not in best_b or v < best_b[b][2]):
+                        best_b[b] = (name, t, v, ref_acc if exact else acc)
+                if log is not None:
+                    log(f"level {level}: {name:20s} threads {t}: {ms:8.3f} ms  max|diff| {err:.2e}"
+                        + ("" if acc is None else f"  accuracy {acc:.4f} ({reference} {ref_acc:.4f})"))
+        if best is None:  # the reference at the counts asked for failed too: say so, do not guess
+            raise BackendError(f"level {level}: no configuration ran, the reference {reference!r} included; "
+                               f"errors: {[c.get('error') for c in candidates if c['level'] == level][:3]}")
+        levels.append(LevelPlan(best[0], best[1], round(best[2], 4), None if ref_ms is None else round(ref_ms, 4),
+                                None if best[3] is None else round(best[3], 6)))
+        for b, (name, t, v, acc) in best_b.items():
+            by_batch[b].append(LevelPlan(name, t, round(v, 4), None if b not in ref_b else round(ref_b[b], 4),
+                                         None if acc is None else round(acc, 6)))
+    exits = {key: _synthesize_exits(bundle, key, names, counts, repeats, atol, check, x1, candidates, log,
+                                    budget_points, reference)
+             for key in bundle.exit_sets}
     return ExecutionPlan(tuple(levels), bundle_id(bundle), machine(), tuple(candidates),
                          budget_points=budget_points if labelled is not None else None,
                          check_samples=0 if labelled is None else int(labelled[0].shape[0]), exits=exits,
-                         batches={b: tuple(lps) for b, lps in by_batch.items()})
+                         batches={b: tuple(lps) for b, lps in by_batch.items()}, reference=reference)
 
 
 def _synthesize_exits(bundle: Any, key: str, names: Sequence[str], counts: Sequence[int], repeats: int, atol: float,
-                      check: torch.Tensor, x1: torch.Tensor, candidates: list, log: Callable[[str], None] | None,
-                      budget_points: float = 1.0) -> ExitsPlan:
+                      check: np.ndarray, x1: np.ndarray, candidates: list, log: Callable[[str], None] | None,
+                      budget_points: float = 1.0, reference: str = "eager") -> ExitsPlan:
     """One exit set: every backend that runs exit sets x threads; a configuration passes when every
-    exit's logits, and every check sample's early-exit answer, match the eager program's within
+    exit's logits, and every check sample's early-exit answer, match the reference's within
     ``atol``; the one with the least mean latency per frame on the calibration half of the
     bundle's samples wins (without samples: the fastest full path, a frame that reaches the last
     exit). Then the exits worth their time in it (:func:`choose_active_exits`), with samples."""
     from nestflex.deploy.runtime.progressive import ProgressiveRuntime
     from nestflex.deploy.timing import median_ms
 
-    def outputs(rt: ProgressiveRuntime) -> list[torch.Tensor]:
-        return [torch.cat(z) for z in zip(*(rt.all_exits(check[i:i + 1]) for i in range(check.shape[0])))]
+    def outputs(rt: ProgressiveRuntime) -> list[np.ndarray]:
+        return [np.concatenate(z) for z in zip(*(rt.all_exits(check[i:i + 1]) for i in range(check.shape[0])))]
 
     def answers(rt: ProgressiveRuntime) -> list[Any]:
         return [rt(check[i:i + 1]) for i in range(check.shape[0])]
@@ -167,12 +204,11 @@ def _synthesize_exits(bundle: Any, key: str, names: Sequence[str], counts: Seque
         return [median_ms(lambda t=t: rt(x1, thresholds=t), repeats, warmup=3) for t in forced]
 
     def answer_err(got: list[Any], want: list[Any]) -> float:
-        return max((float((a.logits - b.logits).abs().max()) if a.exit_index.tolist() == b.exit_index.tolist()
+        return max((float(np.abs(a.logits - b.logits).max()) if a.exit_index.tolist() == b.exit_index.tolist()
                     else math.inf for a, b in zip(got, want)), default=0.0)
 
-    torch.set_num_threads(1)
-    eager = ProgressiveRuntime(bundle, None, key, plan=None)
-    ref, ref_answers, eager_ms = outputs(eager), answers(eager), path_ms(eager)
+    ref_rt = ProgressiveRuntime(bundle, None, key, plan=reference)
+    ref, ref_answers, ref_ms = outputs(ref_rt), answers(ref_rt), path_ms(ref_rt)
     passing: dict[tuple[str, int], tuple[Any, list[float], dict]] = {}
     frames = calibration_split(bundle)[0][0][:64] if bundle.spec.samples is not None else None
     for name in names:
@@ -180,10 +216,9 @@ def _synthesize_exits(bundle: Any, key: str, names: Sequence[str], counts: Seque
         if not backend.available() or backend.precision != "float32":
             continue
         for t in counts:
-            torch.set_num_threads(t)
             try:
                 rt = ProgressiveRuntime(bundle, None, key, ExecutionPlan((), exits={key: ExitsPlan(name, t)}))
-                err = max(max(float((a - b).abs().max()) for a, b in zip(outputs(rt), ref)),
+                err = max(max(float(np.abs(a - b).max()) for a, b in zip(outputs(rt), ref)),
                           answer_err(answers(rt), ref_answers))  # the one-frame path (fused) too
                 ms = path_ms(rt)
             except Exception as e:  # a backend that does not run exit sets (or this one) is not a candidate
@@ -198,14 +233,13 @@ def _synthesize_exits(bundle: Any, key: str, names: Sequence[str], counts: Seque
             if ok:
                 passing[(name, t)] = (rt, ms, row)
             if log is not None:
-                log(f"{key}: {name:16s} threads {t}: every exit {ms[-1]:8.3f} ms, first {ms[0]:.3f} ms  "
+                log(f"{key}: {name:20s} threads {t}: every exit {ms[-1]:8.3f} ms, first {ms[0]:.3f} ms  "
                     f"max|diff| {err:.2e}")
     if passing and frames is not None:
         # what the choice is made on: the mean frame on the calibration half's exit distribution
         # (the full path alone favours the backbone's speed over the exits'), every candidate in
         # the same passes
-        means = _mean_frame_ms({c: v[0] for c, v in passing.items()}, frames, 3,
-                               threads={c: c[1] for c in passing})
+        means = _mean_frame_ms({c: v[0] for c, v in passing.items()}, frames, 3)
         for c, v in passing.items():
             v[2]["mean_frame_ms"] = round(means[c], 4)
         score = means
@@ -217,21 +251,19 @@ def _synthesize_exits(bundle: Any, key: str, names: Sequence[str], counts: Seque
         if log is not None and frames is not None:
             log(f"{key}: {name} threads {t}: the least mean frame, {score[(name, t)]:.3f} ms")
     else:
-        name, t, ms = "eager", 1, eager_ms
-    entry = ExitsPlan(name, t, tuple(round(v, 4) for v in ms), tuple(round(v, 4) for v in eager_ms))
+        name, t, ms = reference, 1, ref_ms
+    entry = ExitsPlan(name, t, tuple(round(v, 4) for v in ms), tuple(round(v, 4) for v in ref_ms))
     if bundle.spec.samples is None:  # no samples: no exit distribution to choose the exits on
         return entry
-    torch.set_num_threads(t)
     return choose_active_exits(bundle, key, entry, budget_points=budget_points, log=log)
 
 
-def _mean_frame_ms(runtimes: Mapping[Any, Any], x: torch.Tensor, repeats: int,
-                   threads: Mapping[Any, int] | None = None) -> dict[Any, float]:
+def _mean_frame_ms(runtimes: Mapping[Any, Any], x: np.ndarray, repeats: int) -> dict[Any, float]:
     """Per runtime, the mean over the frames of ``x`` of each frame's median early-exit call (ms).
     Each repeat is one pass over the frames per runtime, the runtimes in turn: a slow spell of the
     machine hits them alike, and one session's spinning thread pool (onnxruntime's, after a run)
     slows only the first frames of the next pass, not every frame as frame-by-frame turns would.
-    ``threads``: torch's thread count to set before a runtime's pass (eager runs on torch's)."""
+    Each runtime runs on its own plan's threads (the backends set them per call)."""
     import statistics
     import time
 
@@ -239,8 +271,6 @@ def _mean_frame_ms(runtimes: Mapping[Any, Any], x: torch.Tensor, repeats: int,
     frames = [x[i:i + 1] for i in range(x.shape[0])]
     for _ in range(repeats):
         for k, rt in runtimes.items():
-            if threads is not None and k in threads:
-                torch.set_num_threads(threads[k])
             rt(frames[0])  # warm: the first call of a pass also pays for the previous runtime's pool
             for i, xi in enumerate(frames):
                 t0 = time.perf_counter()
@@ -274,8 +304,7 @@ def choose_active_exits(bundle: Any, key: str, entry: ExitsPlan, *, budget_point
     entry = replace(entry, active=None)  # the search starts from every exit, whatever the entry kept
     plan = ExecutionPlan((), exits={key: entry})
     full = ProgressiveRuntime(bundle, None, key, plan)
-    with torch.no_grad():
-        logits = full.all_exits(xk)  # every exit's logits, once
+    logits = full.all_exits(xk)  # every exit's logits, once
     early = full.num_exits - 1
     # the accuracy is judged at the set's thresholds and at every operating point the engine may
     # run (its calibrated threshold sweep), so no point it picks loses more than the budget
@@ -288,7 +317,7 @@ def choose_active_exits(bundle: Any, key: str, entry: ExitsPlan, *, budget_point
     def accuracy(active: Sequence[int], thr: Sequence[float]) -> float:
         ends = [*active, early]
         got = exit_policy.apply_policy([logits[k] for k in ends], [thr[k] for k in active], full.confidence, full.fallback)
-        return float((got.logits.argmax(-1) == yk).float().mean())
+        return float(np.mean(np.asarray(got.logits).argmax(-1) == yk))
 
     floors = [accuracy(range(early), t) - budget_points / 100 for t in settings]
 
@@ -352,8 +381,7 @@ def _drop_fused(bundle: Any, key: str, created_since: set[Path], keep: Sequence[
             f.unlink(missing_ok=True)
 
 
-def _accuracy(fn: Fn, x: torch.Tensor, y: torch.Tensor, batch: int = 64) -> float:
+def _accuracy(fn: Callable[[np.ndarray], np.ndarray], x: np.ndarray, y: np.ndarray, batch: int = 64) -> float:
     """Top-1 accuracy of ``fn`` on ``(x, y)``, in batches."""
-    with torch.inference_mode():
-        hits = sum(int((fn(x[i:i + batch]).argmax(-1) == y[i:i + batch]).sum()) for i in range(0, x.shape[0], batch))
+    hits = sum(int((fn(x[i:i + batch]).argmax(-1) == y[i:i + batch]).sum()) for i in range(0, x.shape[0], batch))
     return hits / x.shape[0]

@@ -1,7 +1,7 @@
 """Write a nestflex bundle: :func:`export_bundle`.
 
 The bundle layout and the manifest are defined by the deploy side: the manifest is a
-:class:`nestflex.deploy.bundle.schema.Manifest` built here from typed records and written with
+:class:`nestflex.deploy.bundle.manifest.Manifest` built here from typed records and written with
 ``to_json()``; before it is written it is read back with ``Manifest.from_json`` and the weights
 file's header, the same call :func:`nestflex.deploy.load` makes, so a bundle that this writer
 finishes is one the runtime reads (docs/deploy.md lists the keys). The bundle is built in a
@@ -31,10 +31,20 @@ from torch import nn
 from nestflex import __version__
 from nestflex._io import atomic_write_bytes, write_json
 from nestflex.capacity.nested import extract_level, is_nested, nested_modules, num_levels
-from nestflex.deploy.bundle import schema as S
+from nestflex.deploy.bundle import program_records
+from nestflex.deploy.bundle.capacity_records import Capacity, LevelRow
+from nestflex.deploy.bundle.exit_records import ExitHead, ExitPlan, ExitSet, OperatingPoint
+from nestflex.deploy.bundle.file_records import FileEntry, OnnxFile, SampleSet, TensorInfo, Weights
+from nestflex.deploy.bundle.input_records import InputSpec
+from nestflex.deploy.bundle.manifest import Manifest, Producer
+from nestflex.deploy.bundle.quantization_records import PrecisionPlan, SplitQuantization
+from nestflex.deploy.bundle.safetensors_header import read_safetensors_header
+from nestflex.deploy.bundle.split_records import SplitPoint
 from nestflex.deploy.bundle.loader import EXIT_SETS, file_digest
 from nestflex.deploy.exits import FALLBACKS, check_thresholds, list_confidences
-from nestflex.deploy.bundle.schema import FORMAT, MANIFEST, SAMPLES, SCHEMA_VERSION, WEIGHTS, BundleError, manifest_digest
+from nestflex.deploy.bundle.constants import FORMAT, MANIFEST, SAMPLES, SCHEMA_VERSION, WEIGHTS
+from nestflex.deploy.bundle.errors import BundleError
+from nestflex.deploy.bundle.manifest import manifest_digest
 from nestflex.export._program import ExportError, Program, build_program
 from nestflex.graph import trace
 
@@ -81,15 +91,15 @@ def _plain_level_row(model: nn.Module, input_shape: tuple[int, ...]) -> dict[str
             "memory_mb": round(_state_bytes(model.state_dict()) / 1e6, 4), "latency_ms": None}
 
 
-def _splits(graph, split_profile: Mapping[str, Any] | None) -> list[S.SplitPoint]:
+def _splits(graph, split_profile: Mapping[str, Any] | None) -> list[SplitPoint]:
     rows = {r["name"]: (i, r) for i, r in enumerate((split_profile or {}).get("splits", []))}
     out = []
     for s in graph.split_points:
         quantization = None
         if s.name in rows:
             i, row = rows[s.name]
-            quantization = _record(S.SplitQuantization.from_profile, row, path=f"split_profile.splits[{i}]")
-        out.append(S.SplitPoint(
+            quantization = _record(SplitQuantization.from_profile, row, path=f"split_profile.splits[{i}]")
+        out.append(SplitPoint(
             name=s.name, node=s.node, tensors=tuple((n, tuple(shape)) for n, shape in s.tensors), numel=s.numel,
             float32_bytes=s.numel * 4, macs_before=s.macs_before, macs_fraction=round(s.macs_fraction, 6),
             quantization=quantization))
@@ -153,7 +163,7 @@ def export_bundle(
             otherwise its backbone is stored as its own component (``"own"``).
         levels: per-level profile rows (:func:`~nestflex.capacity.profile.profile_levels`); if
             ``None``, params/MACs/memory are computed and accuracy/latency left ``None``. Each row
-            is checked as the runtime will read it (:class:`~nestflex.deploy.bundle.schema.LevelRow`:
+            is checked as the runtime will read it (:class:`~nestflex.deploy.bundle.capacity_records.LevelRow`:
             accuracy a fraction in [0, 1] or ``None``, finite numbers).
         input_shape: per-sample input shape.
         mean, std: per-channel normalisation the caller must apply (recorded, not applied).
@@ -355,15 +365,15 @@ def _write(target: Path, model, exits, levels, input_shape, mean, std, classes, 
         for name, m in model.named_modules():
             if isinstance(m, (nn.Conv2d, nn.Linear)):
                 widths[0][name] = int(m.weight.shape[0])
-    level_rows = tuple(_record(S.LevelRow.from_json, {**r, "widths": widths[k], "weight_bytes": level_bytes[k]},
+    level_rows = tuple(_record(LevelRow.from_json, {**r, "widths": widths[k], "weight_bytes": level_bytes[k]},
                                path=f"levels[{k}]", index=k) for k, r in enumerate(rows))
-    capacity = S.Capacity(
+    capacity = Capacity(
         nested=nested, num_levels=K, level_bytes=tuple(level_bytes), largest_level_bytes=level_bytes[-1],
-        program=S.Program.from_json(backbone.nodes, path="capacity.program"),
+        program=program_records.Program.from_json(backbone.nodes, path="capacity.program"),
         regions={n: tuple(None if r is None else tuple(r) for r in per) for n, per in backbone.regions.items()})
 
     graph = trace(largest, input_shape)
-    exit_sets: list[S.ExitSet] = []
+    exit_sets: list[ExitSet] = []
     heads_bytes = flex_heads_bytes = 0
     if exits is not None:
         if thresholds is None:
@@ -378,18 +388,18 @@ def _write(target: Path, model, exits, levels, input_shape, mean, std, classes, 
         entry, head_tensors = _exit_set(
             "flex_exits", flex_exits, largest, K, flex_policy["thresholds"], flex_policy["confidence"],
             flex_policy["fallback"], profile="profiles/flexdnn_plan.json", calibration=flex_policy.get("calibration"),
-            plan=None if "plan" not in flex_policy else _record(S.ExitPlan.from_json, flex_policy["plan"],
+            plan=None if "plan" not in flex_policy else _record(ExitPlan.from_json, flex_policy["plan"],
                                                                 path="flex_report.plan"),
             operating_points=None if points is None else tuple(
-                _record(S.OperatingPoint.from_json, pt, path=f"flex_report.profile.operating_points[{i}]")
+                _record(OperatingPoint.from_json, pt, path=f"flex_report.profile.operating_points[{i}]")
                 for i, pt in enumerate(points)))
         flex_heads_bytes = _state_bytes({k: v for k, v in head_tensors.items() if k.startswith("flex_exits.")})
         tensors.update(head_tensors)
         exit_sets.append(entry)
 
-    spec = S.Manifest(
-        producer=S.Producer("nestflex", __version__, torch.__version__),
-        input=S.InputSpec(shape=input_shape, dtype="float32", layout="NCHW",
+    spec = Manifest(
+        producer=Producer("nestflex", __version__, torch.__version__),
+        input=InputSpec(shape=input_shape, dtype="float32", layout="NCHW",
                           mean=tuple(map(float, mean)) if mean is not None else None,
                           std=tuple(map(float, std)) if std is not None else None,
                           note=_input_note(input_scale, mean is not None),
@@ -403,10 +413,10 @@ def _write(target: Path, model, exits, levels, input_shape, mean, std, classes, 
         exit_sets=tuple(exit_sets),
         splits=tuple(_splits(graph, split_profile)),
         precision=None if precision_profile is None else _record(
-            S.PrecisionPlan.from_profile, precision_profile, file="profiles/layer_precision.json"),
-        weights=S.Weights({n: S.TensorInfo(tuple(t.shape), str(t.dtype).removeprefix("torch."))
+            PrecisionPlan.from_profile, precision_profile, file="profiles/layer_precision.json"),
+        weights=Weights({n: TensorInfo(tuple(t.shape), str(t.dtype).removeprefix("torch."))
                            for n, t in tensors.items()}),
-        samples=None if samples is None else S.SampleSet(SAMPLES, int(samples[0].shape[0]), str(samples_split)),
+        samples=None if samples is None else SampleSet(SAMPLES, int(samples[0].shape[0]), str(samples_split)),
         created_unix=int(time.time()),
     )
     if samples is not None and int(samples[1].max()) >= spec.num_classes:
@@ -432,18 +442,18 @@ def _write(target: Path, model, exits, levels, input_shape, mean, std, classes, 
             if obj is not None:
                 write_json(tmp / "profiles" / f"{name}.json", obj)
                 profiles[name] = f"profiles/{name}.json"
-        onnx_files: list[S.OnnxFile] = []
+        onnx_files: list[OnnxFile] = []
         if onnx:
             sets = [(k, net) for k, net in (("exits", exits), ("flex_exits", flex_exits)) if net is not None]
-            onnx_files = [S.OnnxFile.from_json(e, path=f"onnx[{i}]")
+            onnx_files = [OnnxFile.from_json(e, path=f"onnx[{i}]")
                           for i, e in enumerate(_write_onnx(tmp, model, largest, sets, K, input_shape, nested))]
         files = sorted(p for p in tmp.rglob("*") if p.is_file())
         spec = replace(spec, profiles=profiles, onnx=tuple(onnx_files), files={
-            p.relative_to(tmp).as_posix(): S.FileEntry(p.stat().st_size, file_digest(p)) for p in files})
+            p.relative_to(tmp).as_posix(): FileEntry(p.stat().st_size, file_digest(p)) for p in files})
         spec = replace(spec, integrity={"manifest_sha256": manifest_digest(spec.to_json())})
         manifest = spec.to_json()
         try:  # what load() will do: the writer and the reader agree, or nothing is written
-            S.Manifest.from_json(manifest, weights_header=S.read_safetensors_header(tmp / WEIGHTS),
+            Manifest.from_json(manifest, weights_header=read_safetensors_header(tmp / WEIGHTS),
                                  where=f"export to {str(target)!r}")
         except BundleError as e:
             raise ExportError(f"{e} (the exporter produced a manifest its own schema refuses: a nestflex bug, or an "
@@ -543,7 +553,7 @@ def _region_bytes(prog: Program, name: str, level: int) -> int:
 
 
 def _exit_set(key, exits, largest, K, thresholds, confidence, fallback, **extra: Any
-              ) -> tuple[S.ExitSet, dict[str, torch.Tensor]]:
+              ) -> tuple[ExitSet, dict[str, torch.Tensor]]:
     """The manifest record of one exit set (``exits`` or ``flex_exits``: same layout) and its tensors.
 
     ``extra``: the set's optional fields (``calibration``, ``plan``, ``operating_points``, ``profile``).
@@ -567,7 +577,7 @@ def _exit_set(key, exits, largest, K, thresholds, confidence, fallback, **extra:
     else:
         own = build_program(exits.backbone, backbone_prefix)
         tensors.update(own.tensors)
-        program = S.Program.from_json(own.nodes, path=f"{arg}.program")
+        program = program_records.Program.from_json(own.nodes, path=f"{arg}.program")
         program_nodes = {n["name"] for n in own.nodes}
     taps = tuple(p.node for p in exits.points)
     missing = [t for t in taps if t not in program_nodes]
@@ -587,9 +597,9 @@ def _exit_set(key, exits, largest, K, thresholds, confidence, fallback, **extra:
                     "filters": tuple(int(i) for i in index.tolist()),
                     "widths": tuple(int(w) for w in getattr(inner, "widths", [])),
                     "stem_pool": int(getattr(inner, "stem_pool", 1))}  # the factor its input is pooled by first
-        heads.append(S.ExitHead(name=exits.exit_names[k], program=S.Program.from_json(
+        heads.append(ExitHead(name=exits.exit_names[k], program=program_records.Program.from_json(
             prog.nodes, path=f"{arg}.heads[{k}].program"), **flex))
-    entry = S.ExitSet(
+    entry = ExitSet(
         kind=EXIT_SETS[key],
         backbone="shared" if shared else "own",
         level=K - 1 if shared else None,

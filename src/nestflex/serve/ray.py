@@ -52,7 +52,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from nestflex.deploy.bundle.loader import Bundle
-from nestflex.deploy.bundle.schema import BundleError
+from nestflex.deploy.bundle.errors import BundleError
 from nestflex.deploy.split.client import SplitError, _LoopClient
 from nestflex.deploy.codec import CodecError
 from nestflex.deploy.exits import ExitError

@@ -48,7 +48,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from nestflex.deploy.bundle.loader import Bundle, bundle_id
-from nestflex.deploy.bundle.schema import BundleError
+from nestflex.deploy.bundle.errors import BundleError
 from nestflex.deploy.codec import CodecError, decode
 from nestflex.deploy.exits import ExitError
 from nestflex.deploy.split.runtime import CPU, SplitRuntime, TailResult

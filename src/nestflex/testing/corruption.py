@@ -51,14 +51,10 @@ from pathlib import Path
 from typing import Any, Callable
 
 from nestflex.deploy.bundle.loader import MAX_MANIFEST_BYTES
-from nestflex.deploy.bundle.schema import (
-    MANIFEST,
-    MAX_HEADER_BYTES,
-    MAX_JSON_DEPTH,
-    MAX_JSON_ITEMS,
-    WEIGHTS,
-    manifest_digest,
-)
+from nestflex.deploy.bundle.constants import MANIFEST, WEIGHTS
+from nestflex.deploy.bundle.manifest import manifest_digest
+from nestflex.deploy.bundle.safetensors_header import MAX_HEADER_BYTES
+from nestflex.deploy.bundle.strict_json import MAX_JSON_DEPTH, MAX_JSON_ITEMS
 from nestflex.deploy.runtime.capacity import CapacityRuntime
 from nestflex.deploy.runtime.progressive import ProgressiveRuntime
 

@@ -14,6 +14,8 @@ A backend turns one resident level into a function ``x -> logits``:
   session's, :meth:`~nestflex.deploy.runtime.CapacityRuntime.resident_bytes`; an eager use such
   as a split pages them in again); the optimised graph is saved beside the bundle the first
   time, so later level switches skip the graph optimiser;
+* ``onnxruntime_program``: the same on the graph written from the bundle's op program even when the
+  bundle ships one (exit sets stage by stage): the torch-free float32 reference of the synthesis;
 * ``onnxruntime_int8``: the level's graph statically quantised (QDQ), calibrated on half the
   bundle's labelled samples; ``onnxruntime_mixed``: the same, with the layers the bundle's
   per-layer precision plan keeps in float, and those whose int8 kernel is slower than float32 on
@@ -27,13 +29,17 @@ An :class:`ExecutionPlan` names, per level, a backend and a thread count, and pe
 ``onnxruntime``, on the stage and head graphs the bundle ships: a sample's path crosses them in
 order, so they share the cores the way one model does). :func:`synthesize`
 measures every candidate on this machine (batch 1, median of repeats), keeps the float32 ones whose
-logits match the eager program within ``atol`` and the int8/mixed ones within an accuracy budget
+logits match the program's reference (``eager`` where torch is installed, else
+``onnxruntime_program``) within ``atol`` and the int8/mixed ones within an accuracy budget
 on the other half of the samples, and writes the fastest per level;
 ``nestflex tune BUNDLE`` runs it and stores the plan *beside* the bundle
 (``bundle.nfx.plan.json``), never inside it: the bundle's checksummed files stay as exported.
 ``CapacityRuntime(bundle)`` picks the plan up, so the engine's level switches switch configuration too.
 
-A backend whose package is missing falls back to ``eager`` with a warning that names the package.
+A backend whose package is missing falls back to ``onnxruntime`` (or ``eager`` when that is the one
+missing) with a warning that names the package. The graph-editing backends (int8, mixed, padded)
+and the fused early-exit graph need the ``onnx`` package (``nestflex[tune]``) to *build* their
+graphs; what they build is kept beside the bundle and runs on onnxruntime alone.
 
 Modules: :mod:`.base` (what a backend is, the registry, the tuned folder), :mod:`.eager` (torch,
 optional), :mod:`.onnxruntime`, :mod:`.quantize` (int8, mixed, padded graphs), :mod:`.plan` (the
@@ -59,6 +65,7 @@ from nestflex.deploy.backends.onnxruntime import (
     OnnxRuntimeMixedBackend,
     OnnxRuntimeMixedPaddedBackend,
     OnnxRuntimePaddedBackend,
+    OnnxRuntimeProgramBackend,
 )
 from nestflex.deploy.backends.plan import (
     ExecutionPlan,
@@ -72,7 +79,7 @@ from nestflex.deploy.backends.plan import (
 )
 from nestflex.deploy.backends.quantize import float_layers, quantize_level
 
-for _b in (EagerBackend(), ChannelsLastBackend(), OnnxRuntimeBackend(), OnnxRuntimeInt8Backend(),
+for _b in (EagerBackend(), ChannelsLastBackend(), OnnxRuntimeBackend(), OnnxRuntimeProgramBackend(), OnnxRuntimeInt8Backend(),
            OnnxRuntimeMixedBackend(), OnnxRuntimePaddedBackend(), OnnxRuntimeInt8PaddedBackend(),
            OnnxRuntimeMixedPaddedBackend()):
     _BACKENDS.register(_b.name, _b)

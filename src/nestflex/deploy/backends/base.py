@@ -52,7 +52,7 @@ class ExitsContext:
     Attributes:
         bundle: the loaded bundle.
         key: the set's key (``exits`` / ``flex_exits``).
-        spec: the set's :class:`~nestflex.deploy.bundle.schema.ExitSet`.
+        spec: the set's :class:`~nestflex.deploy.bundle.exit_records.ExitSet`.
         threads: intra-op threads.
         confidence, fallback: the policy a fused graph bakes in.
         active: the early exits evaluated (ascending).

@@ -24,18 +24,28 @@ def _torch_tensors(arrays: Mapping[str, np.ndarray]) -> dict[str, Any]:
 
 
 def _program(nodes: Sequence[Any], inputs: Sequence[str], outputs: Sequence[str], tensors: Callable[[], Any], level: int,
-             convert: Callable[[Any], Any] = lambda t: t) -> Callable[..., Any]:
-    """``fn(*numpy arrays) -> tuple of numpy arrays`` (the program's output when ``outputs`` is empty)."""
+             threads: int, convert: Callable[[Any], Any] = lambda t: t) -> Callable[..., Any]:
+    """``fn(*numpy arrays) -> tuple of numpy arrays`` (the program's output when ``outputs`` is empty),
+    on ``threads`` torch intra-op threads. Torch's setting is process-wide, so each call sets it and
+    puts the caller's back (a few microseconds): a plan's thread count never leaks into the training
+    code around it."""
     import torch
 
     from nestflex.deploy.backends.torch_program import run_program
 
     def run(*values: np.ndarray) -> tuple[np.ndarray, ...]:
-        with torch.no_grad():
-            env = {name: convert(torch.from_numpy(np.ascontiguousarray(v))) for name, v in zip(inputs, values)}
-            result = run_program(nodes, env, tensors(), level)
-            got = tuple(env[o] for o in outputs) if outputs else (result,)
-            return tuple(t.contiguous().numpy() for t in got)
+        before = torch.get_num_threads()
+        if before != threads:
+            torch.set_num_threads(threads)
+        try:
+            with torch.no_grad():
+                env = {name: convert(torch.from_numpy(np.ascontiguousarray(v))) for name, v in zip(inputs, values)}
+                result = run_program(nodes, env, tensors(), level)
+                got = tuple(env[o] for o in outputs) if outputs else (result,)
+                return tuple(t.contiguous().numpy() for t in got)
+        finally:
+            if before != threads:
+                torch.set_num_threads(before)
 
     return run
 
@@ -48,17 +58,18 @@ class EagerBackend(Backend):
 
     def prepare(self, ctx: LevelContext) -> Prepared:
         nodes = ctx.bundle.spec.capacity.program.nodes
-        run = _program(nodes, [nodes[0].name], [], lambda: _torch_tensors(ctx.tensors()), ctx.level)
+        run = _program(nodes, [nodes[0].name], [], lambda: _torch_tensors(ctx.tensors()), ctx.level, ctx.threads)
         return Prepared(lambda x: run(x)[0])
 
     def prepare_exits(self, ctx: ExitsContext) -> PreparedExits:
         backbone = lambda: _torch_tensors(ctx.backbone_tensors())  # noqa: E731
         heads_t = lambda: _torch_tensors(ctx.head_tensors())  # noqa: E731
-        stages = [_program(body, ins, outs, backbone, ctx.level) for ins, body, outs in cut_program(ctx.backbone, ctx.spec.taps)]
+        stages = [_program(body, ins, outs, backbone, ctx.level, ctx.threads)
+                  for ins, body, outs in cut_program(ctx.backbone, ctx.spec.taps)]
         heads = []
         for h in ctx.spec.heads:
             nodes = h.program.nodes
-            run = _program(nodes, [nodes[0].name], [], heads_t, 0)
+            run = _program(nodes, [nodes[0].name], [], heads_t, 0, ctx.threads)
             heads.append(lambda state, run=run: run(state[0])[0])
         return PreparedExits(stages, heads + [lambda state: state[0]])
 
@@ -77,6 +88,6 @@ class ChannelsLastBackend(Backend):
         tensors = {k: t.contiguous(memory_format=torch.channels_last) if t.dim() == 4 else t
                    for k, t in _torch_tensors(ctx.tensors()).items()}
         held = sum(t.numel() * t.element_size() for t in tensors.values() if t.dim() == 4)
-        run = _program(nodes, [nodes[0].name], [], lambda: tensors, ctx.level,
+        run = _program(nodes, [nodes[0].name], [], lambda: tensors, ctx.level, ctx.threads,
                        lambda t: t.contiguous(memory_format=torch.channels_last) if t.dim() == 4 else t)
         return Prepared(lambda x: run(x)[0], held)

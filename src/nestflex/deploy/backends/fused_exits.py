@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from nestflex._io import atomic_write_bytes
+from nestflex.deploy.backends._onnx import import_onnx
 
 __all__ = ["FUSED_CONFIDENCES", "fuse_exits"]
 
@@ -44,8 +45,12 @@ def fuse_exits(stages: Sequence[Path], heads: Sequence[Path], taps: Sequence[int
                confidence: str, fallback: str, dst: Path, active: Sequence[int] | None = None) -> Path:
     """Write the fused early-exit graph of ``stages`` (K ONNX files, the last one ending in the
     final logits) and ``heads`` (K - 1 files, head ``k`` reading stage ``k``'s output ``taps[k]``)
-    to ``dst`` (atomically) and return it. ``active``: the early exits kept (default all)."""
-    import onnx
+    to ``dst`` (atomically) and return it. ``active``: the early exits kept (default all).
+
+    Raises:
+        MissingOnnxError: the ``onnx`` package (``nestflex[tune]``) is not installed.
+    """
+    onnx = import_onnx("the fused early-exit graph")
     from onnx import TensorProto, helper
 
     if confidence not in FUSED_CONFIDENCES:

@@ -21,7 +21,7 @@ from nestflex.deploy.bundle.program import cut_program
 from nestflex.deploy.bundle.weights import level_tensors
 from nestflex.deploy.onnxgraph import infer_shapes, program_to_onnx, stages_to_onnx
 
-__all__ = ["level_graph", "exit_graphs", "split_graphs", "shipped_level_graph"]
+__all__ = ["level_graph", "exit_graphs", "split_graphs", "cut_graphs", "shipped_level_graph"]
 
 
 def shipped_level_graph(bundle: Any, level: int) -> Path | None:
@@ -40,10 +40,11 @@ def _check_level(bundle: Any, level: int) -> None:
         raise BackendError(f"`level` must be an int in [0, {bundle.num_levels - 1}], got {level!r}")
 
 
-def level_graph(bundle: Any, level: int) -> Path:
-    """The ONNX graph of ``level``: the bundle's own file, else one written from its program."""
+def level_graph(bundle: Any, level: int, *, program: bool = False) -> Path:
+    """The ONNX graph of ``level``: the bundle's own file, else one written from its program
+    (always the program's with ``program=True``: the reference the shipped graphs are checked against)."""
     _check_level(bundle, level)
-    shipped = shipped_level_graph(bundle, level)
+    shipped = None if program else shipped_level_graph(bundle, level)
     if shipped is not None:
         return shipped
     nodes = bundle.spec.capacity.program.nodes
@@ -63,19 +64,19 @@ def _exit_set(bundle: Any, key: str) -> Any:
     return ex
 
 
-def exit_graphs(bundle: Any, key: str) -> tuple[list[Path], list[Path], list[int]]:
+def exit_graphs(bundle: Any, key: str, *, program: bool = False) -> tuple[list[Path], list[Path], list[int]]:
     """An exit set's stage graphs (one per exit), head graphs (one per early exit) and, per early exit,
     which of its stage's outputs the head reads.
 
     The bundle's shipped stage and head files when it has all of them; else graphs written from the
     set's programs: the backbone (the capacity program's largest level when shared, the set's own
     program otherwise) cut after each tap, each head from its program. A written stage returns the
-    tapped value first, so each head reads output 0.
+    tapped value first, so each head reads output 0. ``program=True``: always the written ones.
     """
     ex = _exit_set(bundle, key)
     n = len(ex.names)
-    files = {(o.kind, o.extra.get("stage", o.extra.get("exit"))): o for o in bundle.spec.onnx
-             if o.kind in ("stage", "exit") and o.exit_set == ex.kind}
+    files = {} if program else {(o.kind, o.extra.get("stage", o.extra.get("exit"))): o for o in bundle.spec.onnx
+                                if o.kind in ("stage", "exit") and o.exit_set == ex.kind}
     if all(("stage", k) in files for k in range(n)) and all(("exit", k) in files for k in range(n - 1)):
         return ([bundle.file(files[("stage", k)].file) for k in range(n)],
                 [bundle.file(files[("exit", k)].file) for k in range(n - 1)],
@@ -142,3 +143,33 @@ def split_graphs(bundle: Any, node: str, level: int | None = None) -> tuple[Path
     head_path = _built(bundle, f"split.{safe}.l{level}.head.program.onnx", lambda t: build(t, 0))
     tail_path = _built(bundle, f"split.{safe}.l{level}.tail.program.onnx", lambda t: build(t, 1))
     return head_path, tail_path, list(outs)
+
+
+def cut_graphs(bundle: Any, cuts: Sequence[str],
+               level: int | None = None) -> tuple[list[Path], list[tuple[list[str], list[str]]]]:
+    """The capacity program at ``level`` (default: the largest) cut after each node of ``cuts`` (in
+    execution order): one graph per stage, and per stage the names of the values it takes and
+    returns (``cut_program``'s; the last stage returns the logits, its output list is empty).
+
+    What a split with exits on both sides runs (:class:`~nestflex.deploy.split.SplitRuntime`: cut at
+    the split and at every exit tap). The files are named after a digest of the cuts, so each
+    set of cuts is written once per device and shared by every runtime that asks for it.
+    """
+    import hashlib
+
+    level = bundle.num_levels - 1 if level is None else level
+    _check_level(bundle, level)
+    nodes = bundle.spec.capacity.program.nodes
+    stages = cut_program(nodes, list(cuts))
+    digest = hashlib.sha256("\n".join(cuts).encode()).hexdigest()[:12]
+    tag = f"cut.{digest}.l{level}"
+
+    def build(target: Path, k: int) -> None:  # one pass writes every stage; the rest are found
+        models = stages_to_onnx(stages, level_tensors(bundle, level), _input(bundle), level=level, name=tag)
+        for j, model in enumerate(models):
+            other = target.with_name(f"{tag}.stage_{j}.program.onnx")
+            if j == k or not other.is_file():
+                atomic_write_bytes(other, model)
+
+    paths = [_built(bundle, f"{tag}.stage_{k}.program.onnx", lambda t, k=k: build(t, k)) for k in range(len(stages))]
+    return paths, [(list(ins), list(outs)) for ins, _, outs in stages]

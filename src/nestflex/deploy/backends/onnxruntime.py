@@ -19,7 +19,8 @@ from nestflex.deploy.backends.fused_exits import FUSED_CONFIDENCES, fuse_exits
 from nestflex.deploy.backends.quantize import mixed_float_layers, pad_level, quantize_level
 from nestflex.deploy.exits import ExitResult
 
-__all__ = ["OnnxRuntimeBackend", "OnnxRuntimeInt8Backend", "OnnxRuntimeMixedBackend", "OnnxRuntimePaddedBackend", "OnnxRuntimeInt8PaddedBackend", "OnnxRuntimeMixedPaddedBackend", "fused_exits_path"]
+__all__ = ["OnnxRuntimeBackend", "OnnxRuntimeProgramBackend", "OnnxRuntimeInt8Backend", "OnnxRuntimeMixedBackend",
+           "OnnxRuntimePaddedBackend", "OnnxRuntimeInt8PaddedBackend", "OnnxRuntimeMixedPaddedBackend", "fused_exits_path"]
 
 class OnnxRuntimeBackend(Backend):
     """The level's ONNX graph (the bundle's, or one written from its program:
@@ -31,10 +32,12 @@ class OnnxRuntimeBackend(Backend):
     package = "onnxruntime"
     own_weights = True
     pad_to = 1  # >1: the level's widths zero-padded to this multiple (pad_level)
+    program = False  # True: the graphs written from the bundle's program, never its shipped ones
+    fuse = True  # serve single frames of an exit set with the fused early-exit graph when it can be built
 
     def model_path(self, bundle: Any, level: int) -> Path:
         """The ONNX file this backend runs for ``level``."""
-        return level_graph(bundle, level)
+        return level_graph(bundle, level, program=self.program)
 
     def prepare(self, ctx: LevelContext) -> Prepared:
         path = self.model_path(ctx.bundle, ctx.level)
@@ -50,7 +53,7 @@ class OnnxRuntimeBackend(Backend):
         if self.precision != "float32" or self.pad_to > 1:
             return super().prepare_exits(ctx)
         bundle = ctx.bundle
-        stage_files, head_files, taps = exit_graphs(bundle, ctx.key)
+        stage_files, head_files, taps = exit_graphs(bundle, ctx.key, program=self.program)
         tuned = tuned_dir(bundle)
         held = [0]
 
@@ -91,7 +94,7 @@ class OnnxRuntimeBackend(Backend):
             return run
 
         fused = None
-        if ctx.confidence in FUSED_CONFIDENCES:
+        if self.fuse and ctx.confidence in FUSED_CONFIDENCES:
             try:
                 path = fused_exits_path(bundle, ctx.key, ctx.confidence, ctx.fallback, stage_files, head_files, taps,
                                         ctx.active)
@@ -107,6 +110,18 @@ class OnnxRuntimeBackend(Backend):
         stages = [stage(lazy(p)) for p in stage_files]
         heads = [head(lazy(p), t) for p, t in zip(head_files, taps)]
         return PreparedExits(stages, heads + [lambda state: state[0]], fused, lambda: held[0])
+
+
+class OnnxRuntimeProgramBackend(OnnxRuntimeBackend):
+    """``onnxruntime`` on the graphs written from the bundle's op program
+    (:mod:`nestflex.deploy.onnxgraph`) even when the bundle ships its own, exit sets stage by stage
+    (no fused graph): the program's float32 reference where torch is not installed, which
+    ``nestflex tune`` checks every candidate against (:func:`nestflex.deploy.tune.reference_backend`).
+    Needs numpy and onnxruntime only."""
+
+    name = "onnxruntime_program"
+    program = True
+    fuse = False
 
 
 def _fused_call(session: Any) -> Callable[[np.ndarray, Sequence[float]], Any]:

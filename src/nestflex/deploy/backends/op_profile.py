@@ -56,9 +56,14 @@ def layer_names(path: str | Path) -> list[str]:
     """Each Conv/Gemm/MatMul of an exported (unoptimised) graph, in graph order, as the scope of
     its node name: ``/features/conv1/`` for torch's ``/features/conv1/Conv`` (the operators of
     the module ``features.conv1``; nested modules keep the exporter's own scope, e.g.
-    ``/layer1/layer1.0/conv1/``); a node without a scope gives its own name."""
-    import onnx
+    ``/layer1/layer1.0/conv1/``); a node without a scope gives its own name.
 
+    Raises:
+        MissingOnnxError: the ``onnx`` package (``nestflex[tune]``) is not installed.
+    """
+    from nestflex.deploy.backends._onnx import import_onnx
+
+    onnx = import_onnx(f"the layer names of {Path(path).name}")
     out = []
     for node in onnx.load(str(path), load_external_data=False).graph.node:
         if node.op_type in ("Conv", "Gemm", "MatMul"):

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from nestflex._io import atomic_write_bytes
+from nestflex.deploy.backends._onnx import import_onnx
 from nestflex.errors import NestflexError
 
 __all__ = ["PaddingError", "pad_channels"]
@@ -47,9 +48,11 @@ def pad_channels(src: Path, dst: Path, multiple: int = 8) -> dict[str, Any]:
     Raises:
         PaddingError: an operator reads a padded tensor in a way the pass does not support, or
             ``multiple`` is not an int >= 2.
+        MissingOnnxError: the ``onnx`` package (``nestflex[tune]``) is not installed.
     """
     import numpy as np
-    import onnx
+
+    onnx = import_onnx(f"the padded graph of {Path(src).name}")
     from onnx import numpy_helper
 
     if isinstance(multiple, bool) or not isinstance(multiple, int) or multiple < 2:

@@ -7,19 +7,27 @@ from __future__ import annotations
 import json
 import os
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
 from nestflex.deploy.backends.base import Backend, BackendError, get_backend
 
-__all__ = ["LevelPlan", "ExitsPlan", "ExecutionPlan", "plan_path", "load_plan", "resolve", "writable_plan_path", "write_plan"]
+__all__ = ["LevelPlan", "ExitsPlan", "ExecutionPlan", "plan_path", "load_plan", "resolve", "writable_plan_path",
+           "write_plan"]
+
+#: what a plan entry runs when it names no backend: the base install's
+_DEFAULT = "onnxruntime"
+
 
 @dataclass(frozen=True)
 class LevelPlan:
-    """One level's configuration and what it measured when it was chosen."""
+    """One level's configuration and what it measured when it was chosen.
 
-    backend: str = "eager"
+    ``eager_ms``: the reference configuration's time (:attr:`ExecutionPlan.reference` at one
+    thread; the name is the plan format's, from when the reference was always ``eager``)."""
+
+    backend: str = _DEFAULT
     threads: int = 1
     latency_ms: float | None = None
     eager_ms: float | None = None
@@ -36,7 +44,7 @@ class ExitsPlan:
 
     ``latency_ms`` / ``eager_ms``: per exit, what one frame that leaves there costs (the early-exit
     call: the stages up to it, every head on the way and the policy), with this configuration /
-    eager at 1 thread, every early exit evaluated.
+    the reference (:attr:`ExecutionPlan.reference`) at 1 thread, every early exit evaluated.
 
     ``active``: the early exits the runtime evaluates (``None``: all). A head costs time whatever
     its MACs; one that few samples leave at costs every later sample more than it saves, so the
@@ -45,7 +53,7 @@ class ExitsPlan:
     ``mean_ms``: the mean latency per frame it measured with ``active``, against ``all_mean_ms``
     with every exit (both on the samples the choice was made on)."""
 
-    backend: str = "eager"
+    backend: str = _DEFAULT
     threads: int = 1
     latency_ms: tuple[float, ...] = ()
     eager_ms: tuple[float, ...] = ()
@@ -73,10 +81,13 @@ class ExecutionPlan:
             samples, so only float32 configurations were candidates).
         check_samples: how many samples the accuracy was judged on.
         exits: per exit set of the bundle (``exits``, ``flex_exits``), its :class:`ExitsPlan`; a
-            set not named runs eager.
+            set not named runs on ``onnxruntime`` at one thread.
         batches: per batch size above 1 that was timed, one :class:`LevelPlan` per level (its
             ``latency_ms`` per call at that batch): the choice for a runtime made for that batch
             (:meth:`for_batch`); ``levels`` are batch 1's.
+        reference: the float32 backend every candidate was checked against and whose one-thread
+            times are the plan's ``eager_ms`` (``eager`` where torch is installed, else
+            ``onnxruntime_program``: :func:`nestflex.deploy.tune.reference_backend`).
     """
 
     levels: tuple[LevelPlan, ...]
@@ -87,6 +98,7 @@ class ExecutionPlan:
     check_samples: int = 0
     exits: Mapping[str, ExitsPlan] = field(default_factory=dict)
     batches: Mapping[int, tuple[LevelPlan, ...]] = field(default_factory=dict)
+    reference: str = "eager"
 
     def for_batch(self, batch: int) -> tuple[LevelPlan, ...]:
         """The levels' configurations for batches of ``batch``: those of the largest timed batch
@@ -94,9 +106,24 @@ class ExecutionPlan:
         fits = [b for b in self.batches if b <= batch]
         return self.batches[max(fits)] if fits else self.levels
 
+    def with_threads(self, threads: int, exit_sets: Iterable[str] = ()) -> ExecutionPlan:
+        """The same plan with every level, batch size and exit set at ``threads`` intra-op threads
+        (the backends keep their choice); an exit set in ``exit_sets`` the plan does not name gets
+        the default backend at ``threads``.
+
+        Raises:
+            BackendError: ``threads`` is not an int in [1, 1024].
+        """
+        if isinstance(threads, bool) or not isinstance(threads, int) or not 1 <= threads <= 1024:
+            raise BackendError(f"`threads` must be an int in [1, 1024], got {threads!r}")
+        keys = dict.fromkeys([*self.exits, *exit_sets])
+        exits = {k: replace(self.exits.get(k) or ExitsPlan(), threads=threads) for k in keys}
+        return replace(self, levels=tuple(replace(lp, threads=threads) for lp in self.levels), exits=exits,
+                       batches={b: tuple(replace(lp, threads=threads) for lp in lps) for b, lps in self.batches.items()})
+
     def to_json(self) -> dict[str, Any]:
         return {"format": "nestflex-execution-plan", "version": 1, "bundle": self.bundle, "machine": self.machine,
-                "budget_points": self.budget_points, "check_samples": self.check_samples,
+                "reference": self.reference, "budget_points": self.budget_points, "check_samples": self.check_samples,
                 "levels": [lp.to_json() for lp in self.levels],
                 "exits": {k: e.to_json() for k, e in self.exits.items()},
                 "batches": {str(b): [lp.to_json() for lp in lps] for b, lps in sorted(self.batches.items())},
@@ -158,9 +185,13 @@ class ExecutionPlan:
         if isinstance(checked, bool) or not isinstance(checked, int) or checked < 0:
             raise BackendError(f"{where}: `check_samples` must be an int >= 0, got {checked!r:.80}. "
                                f"HINT: re-run `nestflex tune BUNDLE`")
+        reference = data.get("reference", "eager")  # plans written before the torch-free reference: eager
+        if not isinstance(reference, str):
+            raise BackendError(f"{where}: `reference` must be a backend name, got {reference!r:.80}. "
+                               f"HINT: re-run `nestflex tune BUNDLE`")
         return cls(tuple(levels), str(data.get("bundle", "")), dict(data.get("machine") or {}),
                    tuple(data.get("candidates") or ()), None if budget is None else float(budget), checked, exits,
-                   batches)
+                   batches, reference)
 
 
 def _backend_and_threads(r: Any, where: str) -> tuple[str, int]:
@@ -193,8 +224,8 @@ def load_plan(bundle: Any) -> ExecutionPlan | None:
                            f"it or run `nestflex tune` again") from None
     plan = ExecutionPlan.from_json(data, repr(str(path)))
     if plan.bundle != bundle_id(bundle):
-        warnings.warn(f"execution plan {str(path)!r} was tuned for another bundle; running eager. HINT: run "
-                      f"`nestflex tune {bundle.path}` again", stacklevel=2)
+        warnings.warn(f"execution plan {str(path)!r} was tuned for another bundle; running the default plan. HINT: "
+                      f"run `nestflex tune {bundle.path}` again", stacklevel=2)
         return None
     if len(plan.levels) != bundle.num_levels:
         raise BackendError(f"execution plan {str(path)!r} has {len(plan.levels)} levels, the bundle "
@@ -203,13 +234,22 @@ def load_plan(bundle: Any) -> ExecutionPlan | None:
 
 
 def resolve(plan_level: LevelPlan | ExitsPlan) -> tuple[Backend, int]:
-    """The backend to use for a plan entry: itself, or eager (with a warning) when its package is missing."""
+    """The backend to use for a plan entry: itself, or (with a warning) the first installed of
+    ``onnxruntime`` (the base install's) and ``eager`` when its package is missing.
+
+    Raises:
+        BackendError: the entry's package is missing and so are both fallbacks'.
+    """
     backend = get_backend(plan_level.backend)
-    if not backend.available():
-        warnings.warn(f"execution backend {backend.name!r} needs the package {backend.package!r}, which is not "
-                      f"installed; running eager. HINT: pip install {backend.package}", stacklevel=3)
-        return get_backend("eager"), plan_level.threads
-    return backend, plan_level.threads
+    if backend.available():
+        return backend, plan_level.threads
+    fallback = next((b for b in map(get_backend, (_DEFAULT, "eager")) if b is not backend and b.available()), None)
+    if fallback is None:
+        raise BackendError(f"execution backend {backend.name!r} needs the package {backend.package!r}, which is not "
+                           f"installed, and no fallback is ({_DEFAULT}, eager). HINT: pip install {backend.package}")
+    warnings.warn(f"execution backend {backend.name!r} needs the package {backend.package!r}, which is not "
+                  f"installed; running {fallback.name}. HINT: pip install {backend.package}", stacklevel=3)
+    return fallback, plan_level.threads
 
 
 def writable_plan_path(bundle: Any, path: str | os.PathLike | None = None) -> Path:

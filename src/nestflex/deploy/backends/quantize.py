@@ -12,6 +12,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from nestflex.deploy.backends._onnx import import_onnx
 from nestflex.deploy.backends.base import BackendError, _built, calibration_split
 from nestflex.deploy.backends.graphs import level_graph
 from nestflex.deploy.backends.padding import pad_channels
@@ -99,6 +100,11 @@ def quantize_level(bundle: Any, level: int, keep_float: Sequence[str] = (), pad_
     ``pad_to``: quantise the level with its widths zero-padded to this multiple (:func:`pad_level`).
     Building takes well under a second for the recipe's levels; a bundle folder that cannot be
     written beside gets a cache in the temp folder instead.
+
+    Raises:
+        MissingOnnxError: the graph is not cached and the ``onnx`` package (``nestflex[tune]``, which
+            onnxruntime's quantiser reads and writes graphs with) is not installed.
+        BackendError: the bundle ships no samples to calibrate on.
     """
     import hashlib
     import shutil
@@ -107,6 +113,7 @@ def quantize_level(bundle: Any, level: int, keep_float: Sequence[str] = (), pad_
     tag = "int8" if not keep_float else "mixed-" + hashlib.sha256("\n".join(keep_float).encode()).hexdigest()[:8]
 
     def build(target: Path) -> None:
+        import_onnx(f"the {tag.split('-')[0]} graph of level {level}")  # before any work: the quantiser needs it
         src = level_graph(bundle, level) if pad_to == 1 else pad_level(bundle, level, pad_to)
         work = Path(tempfile.mkdtemp(dir=target.parent, prefix=".int8-"))
         try:
@@ -132,7 +139,6 @@ def pad_level(bundle: Any, level: int, multiple: int) -> Path:
 def _quantize(src: Path, dst: Path, inputs: np.ndarray, work: Path, keep_float: Sequence[str] = ()) -> None:
     import logging
 
-    import onnx
     import onnxruntime as ort
     from onnxruntime.quantization import (
         CalibrationDataReader,
@@ -149,7 +155,7 @@ def _quantize(src: Path, dst: Path, inputs: np.ndarray, work: Path, keep_float: 
     try:
         quant_pre_process(str(src), str(pre))
         name = ort.InferenceSession(str(pre), providers=["CPUExecutionProvider"]).get_inputs()[0].name
-        exclude = _nodes_of(onnx.load(str(pre)), keep_float, src) if keep_float else []
+        exclude = _nodes_of(import_onnx("a mixed-precision graph").load(str(pre)), keep_float, src) if keep_float else []
         batches = [{name: inputs[i:i + 1]} for i in range(inputs.shape[0])]
 
         class Reader(CalibrationDataReader):

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from nestflex.deploy.bundle.program import _nodes
-from nestflex.deploy.bundle.schema import ProgramNode as Node
+from nestflex.deploy.bundle.program_records import ProgramNode as Node
 
 __all__ = ["OPS", "run_program"]
 
@@ -77,10 +77,10 @@ def _node_weights(node: Node, tensors: Mapping[str, torch.Tensor], level: int) -
 
 
 def run_program(nodes: Sequence[Node], env: dict[str, Any], tensors: Mapping[str, torch.Tensor], level: int = 0) -> Any:
-    """Run ``nodes`` (:class:`~nestflex.deploy.bundle.schema.ProgramNode`, or their JSON dicts) in order;
+    """Run ``nodes`` (:class:`~nestflex.deploy.bundle.program_records.ProgramNode`, or their JSON dicts) in order;
     ``env`` holds the inputs by node name and receives every result.
 
-    The program was validated when the bundle was loaded (:mod:`nestflex.deploy.bundle.schema`), so
+    The program was validated when the bundle was loaded (:mod:`nestflex.deploy.bundle.program_records`), so
     this loop only dispatches.
 
     Returns the ``output`` node's value (a tensor or a tuple), or ``None`` if ``nodes`` has none.

@@ -2,8 +2,8 @@
 
 A bundle is one directory (``model.nfx`` by convention) that describes itself:
 
-* ``manifest.json``: the :class:`~nestflex.deploy.bundle.schema.Manifest` (one typed definition, in
-  :mod:`nestflex.deploy.bundle.schema`): schema and producer version, the input spec, the classes, the
+* ``manifest.json``: the :class:`~nestflex.deploy.bundle.manifest.Manifest` (one typed definition, in
+  :mod:`nestflex.deploy.bundle.manifest`): schema and producer version, the input spec, the classes, the
   multi-capacity levels (profile rows + widths) and the program that runs them, the exit sets
   (``exit_sets``: a list of sets with a ``kind``, ``progressive`` for SPINN/SDN and ``flexdnn``
   for FlexDNN, same layout: heads, thresholds, confidence, fallback, calibration or plan), the
@@ -16,7 +16,7 @@ A bundle is one directory (``model.nfx`` by convention) that describes itself:
 
 :func:`load` checks the schema and producer versions, the manifest's own digest, each file's size
 and sha256, then reads the manifest through :meth:`Manifest.from_json
-<nestflex.deploy.bundle.schema.Manifest.from_json>` with the safetensors header (every field the runtime
+<nestflex.deploy.bundle.manifest.Manifest.from_json>` with the safetensors header (every field the runtime
 uses: types, ranges, shapes, programs, regions, taps, FlexDNN filter indices), and reports every
 problem in one :class:`BundleError`. Schema-1 bundles (``exits`` / ``flex_exits`` keys) are
 upgraded on read. Nothing is unpickled: the manifest is JSON, the weights are safetensors. The
@@ -45,22 +45,13 @@ import numpy as np
 
 from nestflex import __version__
 from nestflex.deploy.bundle.program import check_shapes
-from nestflex.deploy.bundle.schema import (
-    EXIT_SET_KEYS,
-    FORMAT,
-    MANIFEST,
-    SCHEMA_VERSION,
-    WEIGHTS,
-    BundleError,
-    ExitSet,
-    Manifest,
-    describe,
-    manifest_digest,
-    parse_json,
-    parse_manifest,
-    read_safetensors_header,
-    safe_relpath,
-)
+from nestflex.deploy.bundle._reading import describe, safe_relpath
+from nestflex.deploy.bundle.constants import EXIT_SET_KEYS, FORMAT, MANIFEST, SCHEMA_VERSION, WEIGHTS
+from nestflex.deploy.bundle.errors import BundleError
+from nestflex.deploy.bundle.exit_records import ExitSet
+from nestflex.deploy.bundle.manifest import Manifest, manifest_digest, parse_manifest
+from nestflex.deploy.bundle.safetensors_header import read_safetensors_header
+from nestflex.deploy.bundle.strict_json import parse_json
 
 __all__ = [
     "BundleError",
@@ -321,12 +312,12 @@ class Bundle:
 
     Args:
         path: the bundle directory.
-        spec: its :class:`~nestflex.deploy.bundle.schema.Manifest` (or a manifest dict, validated here
+        spec: its :class:`~nestflex.deploy.bundle.manifest.Manifest` (or a manifest dict, validated here
             without the weights header; :func:`load` is the usual way in).
 
     Attributes:
         path: the bundle directory.
-        spec: the typed :class:`~nestflex.deploy.bundle.schema.Manifest`.
+        spec: the typed :class:`~nestflex.deploy.bundle.manifest.Manifest`.
         manifest: ``spec.to_json()``: the manifest as a plain dict, in the current schema (a
             schema-1 bundle reads as its upgrade; ``spec.schema_version`` says what was on disk).
         levels: one profile row per multi-capacity level (level, accuracy, params, macs,
@@ -443,10 +434,10 @@ def load(path: str | os.PathLike) -> Bundle:
 
     Checks, in order: the directory and ``manifest.json`` exist, are regular files inside the
     bundle, within :data:`MAX_MANIFEST_BYTES`, and parse as strict JSON
-    (:func:`~nestflex.deploy.bundle.schema.parse_json`: bounded depth, items and number length, no
+    (:func:`~nestflex.deploy.bundle.strict_json.parse_json`: bounded depth, items and number length, no
     NaN/Infinity), the schema version is one this runtime reads, the producer is nestflex of the same major version (these stop at the
     first problem); then the manifest digest, every listed file's size and sha256, and the whole
-    manifest through :meth:`Manifest.from_json <nestflex.deploy.bundle.schema.Manifest.from_json>` with
+    manifest through :meth:`Manifest.from_json <nestflex.deploy.bundle.manifest.Manifest.from_json>` with
     the safetensors header (types, finite numbers, ranges, tensor shapes and dtypes, programs,
     regions, exit taps, split nodes, FlexDNN filter indices, also against the index tensors'
     values). Every problem of the second group is reported together. Schema-1 bundles are

@@ -9,7 +9,8 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from nestflex.deploy.bundle.schema import BundleError, Program, ProgramNode
+from nestflex.deploy.bundle.errors import BundleError
+from nestflex.deploy.bundle.program_records import Program, ProgramNode
 from nestflex.deploy.onnxgraph import OnnxGraphError, infer_shapes
 
 __all__ = ["cut_program", "check_shapes", "MAX_ACTIVATION_ELEMENTS"]

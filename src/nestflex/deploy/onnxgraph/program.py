@@ -31,8 +31,11 @@ How each op maps, and why:
   (``kernel area / torch's divisor``).
 * ``adaptive_avg_pool2d`` / ``adaptive_max_pool2d``: output 1 -> ``GlobalAveragePool`` /
   ``GlobalMaxPool``; an output that evenly divides the (static) input -> the plain pool with
-  kernel = stride = input / output (torch's windows are exactly those); anything else is refused
-  (:class:`OnnxGraphError`), since ONNX has no adaptive pool.
+  kernel = stride = input / output (torch's windows are exactly those); otherwise (ONNX has no
+  adaptive pool) torch's own windows, output ``i`` of an axis of ``n`` reading
+  ``[floor(i n / out), ceil((i + 1) n / out))``: a ``Slice`` and a ``ReduceMax`` / ``ReduceMean``
+  per output row, then per column (a max or mean over a rectangle is one over its rows, then its
+  columns), joined by ``Concat``.
 * ``flatten`` -> ``Flatten(axis=1)`` for ``(start_dim, end_dim) = (1, -1)``, ``Reshape``
   otherwise; ``index_select`` -> ``Gather``; ``add``/``sub``/``mul`` -> ``Add``/``Sub``/``Mul``
   (numbers become scalar constants); ``param`` -> an initializer.
@@ -192,11 +195,8 @@ def _adaptive_size(node: Any, x: _Value) -> tuple[int, int]:
 
 def _adaptive_shape(node: Any, x: _Value) -> Shape:
     oh, ow = _adaptive_size(node, x)
-    h, w = x.shape[2:]
-    if (oh, ow) != (1, 1) and (h % oh or w % ow):
-        raise _fail(node, f"output size {(oh, ow)} does not evenly divide its input's spatial size {(h, w)}; ONNX "
-                          f"has no adaptive pool, and only an output of 1 or an even division is a plain pool",
-                    "export for an input size the head's output size divides, or use output_size=1")
+    if oh < 1 or ow < 1:
+        raise _fail(node, f"output size {(oh, ow)} must be positive")
     return (*x.shape[:2], oh, ow)
 
 
@@ -529,9 +529,30 @@ def _emit_adaptive(kind: str) -> Callable[..., None]:
         if (oh, ow) == (1, 1):
             g.add(f"Global{kind}Pool", [x], node.name, node.name)
             return
-        kernel = (xv.shape[2] // oh, xv.shape[3] // ow)  # the walk checked it divides
-        g.add(f"{kind}Pool", [x], node.name, node.name, P.attr_ints("kernel_shape", kernel),
-              P.attr_ints("strides", kernel))
+        h, w = xv.shape[2:]
+        if h % oh == 0 and w % ow == 0:  # torch's windows are exactly a plain pool's
+            kernel = (h // oh, w // ow)
+            g.add(f"{kind}Pool", [x], node.name, node.name, P.attr_ints("kernel_shape", kernel),
+                  P.attr_ints("strides", kernel))
+            return
+        # torch's windows otherwise: output i of an axis of n reads [floor(i n / out), ceil((i + 1) n / out)),
+        # each axis in turn (a max or mean over a rectangle is one over its rows, then its columns)
+        reduce = {"Max": "ReduceMax", "Average": "ReduceMean"}[kind]
+        value = x
+        for axis, n, out in ((2, h, oh), (3, w, ow)):
+            if n == out:
+                continue
+            parts = []
+            for i in range(out):
+                start, end = (i * n) // out, -((-(i + 1) * n) // out)
+                piece = g.add("Slice", [value, g.const([start], np.int64, "start"), g.const([end], np.int64, "end"),
+                                        g.const([axis], np.int64, "axis")], g.fresh(f"{node.name}_slice"),
+                              g.fresh(f"{node.name}_slice"))
+                parts.append(g.add(reduce, [piece], g.fresh(f"{node.name}_reduce"), g.fresh(f"{node.name}_reduce"),
+                                   P.attr_ints("axes", [axis]), P.attr_int("keepdims", 1)))
+            value = g.add("Concat", parts, g.fresh(f"{node.name}_axis{axis}"), g.fresh(f"{node.name}_axis{axis}"),
+                          P.attr_int("axis", axis))
+        g.add("Identity", [value], node.name, node.name)
 
     return emit
 
@@ -661,8 +682,7 @@ def program_to_onnx(nodes: Sequence[Any], tensors: Mapping[str, Any], inputs: Ma
         is symbolic (``"batch"``).
 
     Raises:
-        OnnxGraphError: an op without an ONNX form (an adaptive pool whose output does not divide
-            its input, an op outside :data:`SUPPORTED_OPS`), a missing tensor or input shape, a
+        OnnxGraphError: an op outside :data:`SUPPORTED_OPS`, a missing tensor or input shape, a
             shape a node cannot take, an output that names no value.
 
     Example:

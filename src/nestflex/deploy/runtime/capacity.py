@@ -42,7 +42,7 @@ from nestflex.deploy.backends.graphs import split_graphs
 from nestflex.deploy.backends.onnxruntime import _session
 from nestflex.deploy.backends.plan import ExecutionPlan, ExitsPlan, LevelPlan, load_plan, resolve
 from nestflex.deploy.bundle.loader import Bundle
-from nestflex.deploy.bundle.schema import BundleError
+from nestflex.deploy.bundle.errors import BundleError
 from nestflex.deploy.bundle.weights import WeightStore
 
 __all__ = ["PagingReport", "CapacityRuntime", "DEFAULT_BACKEND", "KEEP"]

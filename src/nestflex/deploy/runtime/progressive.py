@@ -13,7 +13,9 @@ from nestflex.deploy._arrays import as_numpy
 from nestflex.deploy.backends.base import ExitsContext
 from nestflex.deploy.backends.plan import ExitsPlan, resolve
 from nestflex.deploy.bundle.loader import EXIT_SETS, Bundle
-from nestflex.deploy.bundle.schema import EXIT_SET_KEYS, BundleError, ExitSet
+from nestflex.deploy.bundle.constants import EXIT_SET_KEYS
+from nestflex.deploy.bundle.errors import BundleError
+from nestflex.deploy.bundle.exit_records import ExitSet
 from nestflex.deploy.bundle.weights import WeightStore
 from nestflex.deploy.exits import ConfidenceFn, ExitResult, check_thresholds, early_exit
 from nestflex.deploy.runtime.capacity import DEFAULT_BACKEND, CapacityRuntime, check_input, resolve_plan
@@ -44,7 +46,7 @@ class ProgressiveRuntime:
             ``None``: the plan's choice, else all.
 
     Attributes:
-        spec: the set's :class:`~nestflex.deploy.bundle.schema.ExitSet`.
+        spec: the set's :class:`~nestflex.deploy.bundle.exit_records.ExitSet`.
         exits: the same as a dict (its manifest form).
         exit_set: the set's key, ``"exits"`` or ``"flex_exits"``.
         backend: the backend running the stages and heads.

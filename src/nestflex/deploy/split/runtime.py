@@ -54,7 +54,9 @@ from nestflex.deploy.backends.base import tuned_dir
 from nestflex.deploy.backends.graphs import cut_graphs, exit_graphs
 from nestflex.deploy.backends.onnxruntime import _session
 from nestflex.deploy.bundle.loader import EXIT_SETS, Bundle
-from nestflex.deploy.bundle.schema import EXIT_SET_KEYS, BundleError, ExitSet
+from nestflex.deploy.bundle.constants import EXIT_SET_KEYS
+from nestflex.deploy.bundle.errors import BundleError
+from nestflex.deploy.bundle.exit_records import ExitSet
 from nestflex.deploy.exits import (
     ExitResult,
     _check_fallback,
