@@ -17,7 +17,6 @@ Example::
 
 from __future__ import annotations
 
-import asyncio
 import json
 import threading
 import time
@@ -121,6 +120,9 @@ class _LoopClient:
     def __init__(self, bundle: Bundle, thread_name: str) -> None:
         self.bundle, self.bundle_id = bundle, bundle_id(bundle)
         self.num_classes = int(bundle.spec.num_classes)
+        import asyncio  # here, not at import: `import nestflex.deploy` should not pay for it (~20 ms)
+
+        self._asyncio = asyncio
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name=thread_name, daemon=True)
         self._thread.start()
@@ -153,7 +155,7 @@ class _LoopClient:
             deadline_s: the request's deadline; the server stops working on the request after it.
         """
         md = request_metadata(self.bundle_id, split, exit_set, thresholds)
-        fut = asyncio.run_coroutine_threadsafe(self._call(frame, md, deadline_s, n, num_exits), self._loop)
+        fut = self._asyncio.run_coroutine_threadsafe(self._call(frame, md, deadline_s, n, num_exits), self._loop)
         return TailCall(fut, len(frame))
 
     def _same_bundle(self, info: dict[str, Any]) -> dict[str, Any]:
@@ -209,7 +211,7 @@ class TailClient(_LoopClient):
         async def connect() -> Any:
             return grpc.aio.insecure_channel(address, options=opts)
 
-        self._channel = asyncio.run_coroutine_threadsafe(connect(), self._loop).result(30)
+        self._channel = self._asyncio.run_coroutine_threadsafe(connect(), self._loop).result(30)
         self._run = self._channel.unary_unary(RUN_METHOD)
         self._info = self._channel.unary_unary(INFO_METHOD)
         self._grpc = grpc
@@ -219,7 +221,7 @@ class TailClient(_LoopClient):
         call = self._run(body, metadata=tuple(metadata), timeout=timeout)  # the gRPC deadline
         try:
             return await call, dict(await call.trailing_metadata() or ())
-        except asyncio.CancelledError:
+        except self._asyncio.CancelledError:
             call.cancel()
             raise
         except self._grpc.aio.AioRpcError as e:
@@ -238,11 +240,11 @@ class TailClient(_LoopClient):
                 raise SplitError(f"tail server {self.address}: {e.code().name}: {e.details()}", e.code().name) \
                     from None
 
-        info = asyncio.run_coroutine_threadsafe(go(), self._loop).result(timeout + 1)
+        info = self._asyncio.run_coroutine_threadsafe(go(), self._loop).result(timeout + 1)
         return self._same_bundle(json.loads(info))
 
     def close(self) -> None:
         if self._loop.is_running():
-            asyncio.run_coroutine_threadsafe(self._channel.close(), self._loop).result(10)
+            self._asyncio.run_coroutine_threadsafe(self._channel.close(), self._loop).result(10)
             self._stop_loop()
 
