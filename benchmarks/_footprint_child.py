@@ -74,10 +74,10 @@ class _Api:
             return self.nd.CapacityRuntime(bundle, level=level, plan="auto", batch=batch)
         return bundle.capacity(level, plan="auto", batch=batch)
 
-    def progressive(self, bundle, rt, key: str):
+    def progressive(self, bundle, rt, key: str, active=None, fused=True):
         if self.kind == "new":
-            return self.nd.ProgressiveRuntime(bundle, rt, exit_set=key, plan="auto")
-        return bundle.progressive(rt, exit_set=key, plan="auto")
+            return self.nd.ProgressiveRuntime(bundle, rt, exit_set=key, plan="auto", active=active, fused=fused)
+        return bundle.progressive(rt, exit_set=key, plan="auto", active=active)
 
     def array(self, x):
         """``x`` (numpy) as the runtime takes it."""
@@ -114,7 +114,7 @@ def _median_ms(fn, repeats: int, warmup: int = 3) -> float:
     return 1e3 * (samples[mid] if len(samples) % 2 else (samples[mid - 1] + samples[mid]) / 2)
 
 
-def footprint(kind: str, path: str) -> dict:
+def footprint(kind: str, path: str, fused: bool = True) -> dict:
     start = time.perf_counter()
     api = _Api(kind)
     imported = time.perf_counter()
@@ -122,7 +122,7 @@ def footprint(kind: str, path: str) -> dict:
     loaded = time.perf_counter()
     after_load = proc_status()
     rt = api.capacity(bundle, 0)
-    progs = {key: api.progressive(bundle, rt, key) for key in bundle.exit_sets}
+    progs = {key: api.progressive(bundle, rt, key, fused=fused) for key in bundle.exit_sets}
     ready = time.perf_counter()
     x1, x8 = api.array(_inputs(bundle, 1)), api.array(_inputs(bundle, 8))
     backends = []
@@ -211,7 +211,10 @@ def answers(kind: str, path: str, samples: int) -> dict:
     out: dict = {"samples": int(x.shape[0]), "inputs": "random: the bundle ships no samples" if got is None
                  else "the bundle's samples"}
     for key in bundle.exit_sets:
-        prog = api.progressive(bundle, rt, key)
+        # every early exit evaluated on both sides: each runtime's own tune chooses the exits it keeps
+        # by measured time, so two plans may keep different subsets, a choice and not the runtime
+        early = len(bundle.exit_sets[key]["names"]) - 1
+        prog = api.progressive(bundle, rt, key, active=list(range(early)))
         batched = prog(api.array(x))
         single = [prog(api.array(x[i:i + 1])) for i in range(x.shape[0])]
         row = {}
@@ -236,9 +239,10 @@ def main(argv: list[str]) -> dict:
     p.add_argument("--batches", type=int, nargs="+", default=[1, 8])
     p.add_argument("--repeats", type=int, default=50)
     p.add_argument("--samples", type=int, default=512)
+    p.add_argument("--unfused", action="store_true", help="footprint: exit sets without the fused one-call graph")
     a = p.parse_args(argv)
     if a.mode == "footprint":
-        return footprint(a.api, a.bundle)
+        return footprint(a.api, a.bundle, fused=not a.unfused)
     if a.mode == "latency":
         return latency(a.api, a.bundle, a.batches, a.repeats)
     if a.mode == "switch":

@@ -370,6 +370,9 @@ def measure_bundle(src: Path, work: Path, venv: dict[str, Any], old_src: Path | 
     log(f"  footprint: {args.processes} processes")
     result["new"] = summarize_footprint([child(new_python, "footprint", "new", copies["new"], None)
                                          for _ in range(args.processes)])
+    log(f"  footprint without the fused early-exit graphs: {args.processes} processes")
+    result["new_unfused"] = summarize_footprint([child(new_python, "footprint", "new", copies["new"], None, "--unfused")
+                                                 for _ in range(args.processes)])
     if old_src is not None:
         log(f"  previous footprint: {args.previous_processes} processes")
         result["old"] = summarize_footprint([child(args.old_python, "footprint", "old", copies["old"], old_env)
@@ -430,6 +433,11 @@ def goals(venv: dict[str, Any], results: list[dict[str, Any]], args) -> dict[str
         f"VmRSS, the largest of {args.processes} fresh processes per bundle, tuned plan, deploy-only venv; every level "
         f"once at batch 1, each exit set once at batch 8 and once on one frame",
         previous=_per_bundle(results, lambda r: r["old"]["rss_after_run_mb_max"]))
+    rss = _per_bundle(results, lambda r: r["new_unfused"]["rss_after_run_mb_max"])
+    g["rss_after_run_unfused"] = goal(
+        "<= 100 MB: the same with ProgressiveRuntime(fused=False)", rss, all_within(rss, 100),
+        "as rss_after_run, each exit set stage by stage (no fused one-call graph: onnxruntime holds a session "
+        "state per If branch of it)")
     hwm = _per_bundle(results, lambda r: r["new"]["peak_rss_load_mb_max"])
     g["peak_rss_load"] = goal("<= 120 MB: peak RSS during load", hwm, all_within(hwm, 120),
                               "VmHWM right after import + load, the largest over the processes",

@@ -147,3 +147,14 @@ def test_without_onnx_the_fused_graph_is_skipped_with_a_warning_naming_the_extra
             x[i:i + 1], thresholds=[0.4, 0.5])
         assert got.exit_index.tolist() == want.exit_index.tolist()
         np.testing.assert_allclose(got.logits, want.logits, atol=1e-4, rtol=0)
+
+
+def test_fused_false_runs_a_single_frame_stage_by_stage_with_the_same_answers(bundle):
+    fused = nd.ProgressiveRuntime(bundle, plan="onnxruntime")
+    plain = nd.ProgressiveRuntime(bundle, plan="onnxruntime", fused=False)
+    assert fused._fused is not None and plain._fused is None
+    x = np.random.default_rng(9).standard_normal((6, 3, 32, 32)).astype(np.float32)
+    for i in range(x.shape[0]):
+        a, b = fused(x[i:i + 1], thresholds=[0.5, 0.5]), plain(x[i:i + 1], thresholds=[0.5, 0.5])
+        np.testing.assert_allclose(a.logits, b.logits, atol=1e-5, rtol=0)
+        assert a.exit_index.tolist() == b.exit_index.tolist() and a.answer_index.tolist() == b.answer_index.tolist()

@@ -59,6 +59,8 @@ class ExitsContext:
         backbone: the backbone program's nodes (the capacity program when shared).
         level: the level the backbone runs at (its largest when shared, 0 when own).
         backbone_tensors, head_tensors: their weights on demand (numpy).
+        fused: whether a single frame may run as one fused early-exit graph (faster per frame,
+            more memory: see :class:`~nestflex.deploy.runtime.progressive.ProgressiveRuntime`).
     """
 
     bundle: Any
@@ -72,6 +74,7 @@ class ExitsContext:
     level: int
     backbone_tensors: Callable[[], Mapping[str, np.ndarray]]
     head_tensors: Callable[[], Mapping[str, np.ndarray]]
+    fused: bool = True
 
 
 @dataclass

@@ -94,7 +94,7 @@ class OnnxRuntimeBackend(Backend):
             return run
 
         fused = None
-        if self.fuse and ctx.confidence in FUSED_CONFIDENCES:
+        if self.fuse and ctx.fused and ctx.confidence in FUSED_CONFIDENCES:
             try:
                 path = fused_exits_path(bundle, ctx.key, ctx.confidence, ctx.fallback, stage_files, head_files, taps,
                                         ctx.active)

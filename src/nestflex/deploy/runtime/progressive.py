@@ -44,6 +44,11 @@ class ProgressiveRuntime:
         active: the early exits to evaluate (indices in ``[0, num_exits - 1)``), overriding the
             plan's; a dropped exit's head never runs and its samples go on to the next kept exit.
             ``None``: the plan's choice, else all.
+        fused: on onnxruntime, run a single frame as one fused early-exit graph (one call per
+            frame instead of one per stage and head) when the set's own confidence and fallback
+            apply. Its price is memory: onnxruntime builds a session state for every ``If`` branch
+            (benchmarks/deploy_footprint.py measures the process with and without it). ``False``:
+            stage by stage, sessions opened on first use.
 
     Attributes:
         spec: the set's :class:`~nestflex.deploy.bundle.exit_records.ExitSet`.
@@ -57,7 +62,7 @@ class ProgressiveRuntime:
     """
 
     def __init__(self, bundle: Bundle, capacity: CapacityRuntime | None = None, exit_set: str = "exits",
-                 plan: Any = "auto", active: Sequence[int] | None = None) -> None:
+                 plan: Any = "auto", active: Sequence[int] | None = None, fused: bool = True) -> None:
         key = EXIT_SET_KEYS.get(exit_set, exit_set)
         if key not in EXIT_SETS:
             raise BundleError(f"`exit_set` must be one of {', '.join(EXIT_SETS)} (or the kinds "
@@ -103,7 +108,7 @@ class ProgressiveRuntime:
                                        {}, 1)
         prepared = backend.prepare_exits(ExitsContext(
             bundle, key, ex, threads, self.confidence, self.fallback, self._active, nodes, self._level,
-            _paged(store, self._level), _paged(self._head_store, 0)))
+            _paged(store, self._level), _paged(self._head_store, 0), bool(fused)))
         self._stages, self._heads_fns, self._fused, self._prepared_bytes = (
             prepared.stages, prepared.heads, prepared.fused, prepared.bytes)
         self.backend = backend.name
