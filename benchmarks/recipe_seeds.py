@@ -106,6 +106,10 @@ def aggregate(rows: list[dict[str, Any]], timing_exclude: frozenset[int] = froze
             "timing_excluded": sorted(timing_exclude)}
 
 
+#: issue 24's "the default recipe stays within ~30 minutes on 2 cores", as a number (issue 42)
+GOAL_RECIPE_MINUTES = 30.0
+
+
 def goals(rows: list[dict[str, Any]], stages: list[str]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     pruned = [r for r in rows if "seed_macs_fraction" in r and "seed_drop_points" in r]
@@ -117,10 +121,19 @@ def goals(rows: list[dict[str, Any]], stages: list[str]) -> dict[str, Any]:
             "measured": f"{len(good)} of {len(pruned)} runs (seeds {good})", "met": len(good) >= need and len(pruned) >= 5,
             "note": "per run: seed_macs_fraction and seed_drop_points in `runs`"}
     if all(s in stages for s in ("baseline", "prune", "grow", "exits", "flex", "profile", "export")):
-        totals = [sum(r["stage_seconds"].values()) for r in rows]
+        minutes = sorted((sum(r["stage_seconds"].values()) / 60, r["seed"]) for r in rows)
+        median = statistics.median(m for m, _ in minutes)
+        slowest, slowest_seed = minutes[-1]
+        # Judged on the median: one run is one draw of the machine's speed, and the slowest of a sweep
+        # grows with the number of runs and with whatever else ran beside them; the note gives the max.
         out["recipe_within_30_minutes"] = {
-            "target": "default recipe <= ~30 min on 2 cores", "measured": f"median {statistics.median(totals) / 60:.1f} min, "
-            f"max {max(totals) / 60:.1f} min", "met": max(totals) <= 1800 * 1.1, "note": "sum of the stage wall times"}
+            "target": f"median wall time of the whole default recipe over the runs <= {GOAL_RECIPE_MINUTES:.0f} min "
+                      "on 2 cores",
+            "measured": {"median_minutes": round(median, 1), "max_minutes": round(slowest, 1), "runs": len(minutes)},
+            "met": median <= GOAL_RECIPE_MINUTES,
+            "note": f"per run the sum of its stage wall times; judged on the median, the typical run; "
+                    f"{sum(m > GOAL_RECIPE_MINUTES for m, _ in minutes)} of {len(minutes)} runs took longer than "
+                    f"{GOAL_RECIPE_MINUTES:.0f} min (the slowest, seed {slowest_seed}: {slowest:.1f} min)"}
     return out
 
 

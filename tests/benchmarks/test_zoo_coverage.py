@@ -55,3 +55,15 @@ def test_resume_keeps_the_rows_already_written_and_reports_goals(tmp_path):
     goals = summary["goals"]
     assert goals["passed"]["met"] and goals["passed"]["measured"] == 1 and goals["macs_exact"]["met"]
     assert json.loads((tmp_path / "summary.json").read_text())["goals"] == goals
+
+
+def test_a_model_with_nothing_pruned_does_not_pass_and_each_tool_counts_what_it_pruned():
+    bench = load_script("benchmarks/zoo_coverage.py")
+    rows = [{"model": "a", "ok": True, "pruned": True, "macs_left": 0.5, "tp_ok": True, "tp_macs_left": 0.5},
+            {"model": "b", "ok": True, "pruned": False, "macs_left": 1.0, "tp_ok": True, "tp_macs_left": 1.0},
+            {"model": "c", "ok": True, "pruned": True, "macs_left": 0.9995, "tp_ok": False, "tp_macs_left": None}]
+    summary = {"passed": 3, "pruned": 2, "torch_pruning": {"passed": 2, "both": 1, "median_macs_left_both": None}}
+    goals = bench.goals(summary, rows, "timm")
+    assert goals["passed"]["measured"] == 2 and not goals["passed"]["met"]  # 3 of 3 needed (50/55 of 3)
+    assert "not counted: b" in goals["passed"]["note"] and "c (0.9995" in goals["passed"]["note"]
+    assert goals["above_torch_pruning"]["measured"] == {"nestflex": 2, "torch_pruning": 1}

@@ -1,0 +1,344 @@
+"""Figures in README.md and docs/*.md that name their results file, read from that file (issue 42).
+
+A claim is a page, the page's words with a ``{}`` field where each figure goes (``str.format``
+syntax: the field carries the rounding, ``{:.1f}``, ``{:.2%}``, ``{:,}``), the results file (or
+files) the page names, and per field where its figure is in the file: a dotted key path
+(``goals.passed.measured``, list items by index) or a function of the loaded file (of the list of
+loaded files when the claim has several). The test formats the file's figures into the words and
+looks for the result in the page, whitespace collapsed so a page may wrap its lines anywhere: a
+re-run that moves a figure fails here until the page follows.
+
+To add one, copy a row and paste the page's words verbatim, each figure replaced by a field.
+Python rounds a float half to even (on its binary value); where a page rounded a half up (574.5 s
+as 575), use ``half_up``.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import re
+import string
+from collections.abc import Callable
+from decimal import ROUND_HALF_UP, Decimal
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+Figure = str | Callable[[Any], Any]
+
+
+class Claim(NamedTuple):
+    page: str  # relative to the repository root
+    words: str  # the page's words, a format field per figure
+    source: str | tuple[str, ...]  # the results file(s) the page names, relative to the root
+    figures: tuple[Figure, ...]  # one per field: a key path into the file, or a function of it
+
+
+def claim(page: str, words: str, source: str | tuple[str, ...], *figures: Figure) -> Claim:
+    return Claim(page, words, source, figures)
+
+
+def dig(data: Any, path: str) -> Any:
+    for part in path.split("."):
+        data = data[int(part)] if isinstance(data, list) else data[part]
+    return data
+
+
+def pct(path: str) -> Callable[[Any], float]:
+    """A fraction in the file as percent points, for a figure the page prints without its % sign."""
+    return lambda d: 100 * dig(d, path)
+
+
+def half_up(path: str) -> Callable[[Any], Decimal]:
+    """The figure rounded to a whole number, halves up."""
+    return lambda d: Decimal(str(dig(d, path))).quantize(Decimal(1), rounding=ROUND_HALF_UP)
+
+
+def seed_run(d: dict[str, Any], seed: int) -> dict[str, Any]:
+    """One run of a recipe_seeds summary, by its seed."""
+    (run,) = [r for r in d["runs"] if r["seed"] == seed]
+    return run
+
+
+def recipe_minutes(run: dict[str, Any]) -> float:
+    return sum(run["stage_seconds"].values()) / 60
+
+
+def zoo_row(d: dict[str, Any], model: str) -> dict[str, Any]:
+    (row,) = [r for r in d["rows"] if r["model"] == model]
+    return row
+
+
+def goal_values(docs: list[dict[str, Any]], goal: str, key: str | None = None,
+                bundle: str | None = None) -> list[Any]:
+    """A synthesis goal's measured value for every bundle (or ``bundle``) of every run in ``docs``."""
+    values = [v for d in docs for b, v in d["goals"][goal]["measured"].items() if bundle in (None, b)]
+    return [v[key] for v in values] if key else values
+
+
+def minutes_seconds(path: str) -> tuple[Callable[[Any], int], Callable[[Any], int]]:
+    """A duration in seconds as the page's "25 min 42 s"."""
+    return (lambda d: divmod(round(dig(d, path)), 60)[0], lambda d: divmod(round(dig(d, path)), 60)[1])
+
+
+WORDS = ("no", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten")
+STATS = ("median", "min", "max")
+STAGES = ("baseline", "prune", "grow", "exits", "flex", "profile", "export")
+B2, ALL = "docs/results/recipe_seeds_b2/summary.json", "docs/results/recipe_seeds_all/summary.json"
+CIFAR, MNIST = "docs/results/vgg_cifar_default/summary.json", "docs/results/vgg_mnist_default/summary.json"
+ZOO_TV = "docs/results/zoo_coverage_torchvision/summary.json"
+ZOO_TIMM = "docs/results/zoo_coverage_timm/summary.json"
+ZOO_TIMM_PINNED = "docs/results/zoo_coverage_timm_pinned/summary.json"
+LIVE = "docs/results/multitenant_live/summary.json"
+
+
+def three_runs(folder: str) -> tuple[str, ...]:
+    return tuple(f"docs/results/{folder}/{name}.json" for name in ("summary", "summary_r2", "summary_r3"))
+
+
+# The README's switch and memory ranges are over every committed synthesis run on the default
+# recipe's bundle that measured resident memory, i.e. every run since a switch drops the old
+# level's session first (the runs before have no memory goal): a new run joins the range by itself.
+DEFAULT_BUNDLE = "runs/seeds_b2/seed_0/bundle.nfx"
+
+
+def _measures_memory(path: Path) -> bool:
+    goals = json.loads(path.read_text()).get("goals", {})
+    return DEFAULT_BUNDLE in goals.get("resident_memory", {}).get("measured", {})
+
+
+CURRENT_SYNTHESIS = tuple(sorted(p.relative_to(ROOT).as_posix()
+                                 for p in ROOT.glob("docs/results/synthesis*/*.json") if _measures_memory(p)))
+
+
+def default_bundle(goal: str, key: str | None = None) -> Callable[[list[dict[str, Any]]], list[float]]:
+    return lambda docs: goal_values(docs, goal, key, DEFAULT_BUNDLE)
+
+
+SWITCH, MEMORY = default_bundle("switch_within_a_frame"), default_bundle("resident_memory", "rss")
+
+CLAIMS = [
+    # README, over seeds (recipe_seeds_b2)
+    claim("README.md", "| baseline (VGG-16 x0.25, 6 epochs), test | {:.2f}% [{:.2f}, {:.2f}] |",
+          B2, *(pct(f"figures.baseline_accuracy.{s}") for s in STATS)),
+    claim("README.md", "| TRR seed model, share of the baseline's MACs | {:.1f}% [{:.1f}, {:.1f}] |",
+          B2, *(pct(f"figures.seed_macs_fraction.{s}") for s in STATS)),
+    claim("README.md", "| seed model, test | {:.2f}% [{:.2f}, {:.2f}] |",
+          B2, *(pct(f"figures.seed_accuracy.{s}") for s in STATS)),
+    claim("README.md", "| seed model's drop from its baseline, test | {:.2f} [{:.2f}, {:.2f}] points |",
+          B2, *(f"figures.seed_drop_points.{s}" for s in STATS)),
+    claim("README.md", "5 in every run; the largest {:.2f}% [{:.2f}, {:.2f}]",
+          B2, *(pct(f"figures.level_accuracy_max.{s}") for s in STATS)),
+    claim("README.md", "| early exits (6 SDN exits, lossless thresholds) | {:.1f}% [{:.1f}, {:.1f}] of the MACs |",
+          B2, *(pct(f"figures.exits_macs_fraction.{s}") for s in STATS)),
+    claim("README.md", "| wall time per stage: baseline / prune / grow / exits / flex / profile / export | "
+          + " / ".join("{} s [{}, {}]" for _ in STAGES) + " |",
+          B2, *(half_up(f"stage_seconds.{st}.{s}") for st in STAGES for s in STATS)),
+    claim("README.md", "| whole recipe | {:.1f} min [{:.1f}, {:.1f}] |",
+          B2, *(lambda d, s=s: d["total_seconds"][s] / 60 for s in STATS)),
+    # item 8: the 30-minute goal, judged on the median run
+    claim("README.md", "The 30-minute bound, judged on the median run: median {:.1f} min, {}; {} of {} runs "
+          "took longer, the slowest {:.1f} min.",
+          B2, "goals.recipe_within_30_minutes.measured.median_minutes",
+          lambda d: "met" if d["goals"]["recipe_within_30_minutes"]["met"] else "not met",
+          lambda d: sum(recipe_minutes(r) > 30 for r in d["runs"]), lambda d: len(d["runs"]),
+          "goals.recipe_within_30_minutes.measured.max_minutes"),
+    # item 9: seed 0 without its validation figure, which no committed file holds
+    claim("README.md", "seed 0 reaches {:.1f}% but loses {:.2f} points on test, though each of its {} steps "
+          "held the goal on the validation split",
+          B2, lambda d: 100 * seed_run(d, 0)["seed_macs_fraction"], lambda d: seed_run(d, 0)["seed_drop_points"],
+          # every step held the goal only if none was rejected
+          lambda d: seed_run(d, 0)["prune_steps"] if seed_run(d, 0)["prune_rejected"] == 0 else "(rejected)"),
+    claim("README.md", "seed 0's stages took {:.0f} min longer than in the previous sweep",
+          (B2, ALL), lambda ds: recipe_minutes(seed_run(ds[0], 0)) - recipe_minutes(seed_run(ds[1], 0))),
+    claim("README.md", "its roadmap ends at step {} ({:.1f}% of the MACs, {:.0f} s of pruning) instead of "
+          "step {} ({:.1f}%, {:.0f} s)",
+          (B2, ALL), *(f for i in (0, 1) for f in (lambda ds, i=i: seed_run(ds[i], 2)["prune_steps"],
+                                                   lambda ds, i=i: 100 * seed_run(ds[i], 2)["seed_macs_fraction"],
+                                                   lambda ds, i=i: seed_run(ds[i], 2)["stage_seconds"]["prune"]))),
+    # README, one run, every stage (vgg_cifar_default, vgg_mnist_default)
+    claim("README.md", "Wall time {} min {} s (synthetic: " + ", ".join(f"{st} {{:.0f}} s" for st in STAGES) + ")",
+          CIFAR, *minutes_seconds("timing.seconds"), *(f"timing.stages.{st}" for st in STAGES)),
+    claim("README.md", "and {} min {} s (MNIST)", MNIST, *minutes_seconds("timing.seconds")),
+    claim("README.md", "| baseline | VGG-16 x0.25: {:.2%}, {:,} params, {:.1f} M MACs, {} epochs |",
+          CIFAR, "baseline.accuracy", "baseline.params", lambda d: d["baseline"]["macs"] / 1e6, "baseline.epochs"),
+    claim("README.md", "VGG-16 x0.25, one input channel: {:.2%}, {:,} params, {:.1f} M MACs, {} epochs |",
+          MNIST, "baseline.accuracy", "baseline.params", lambda d: d["baseline"]["macs"] / 1e6, "baseline.epochs"),
+    claim("README.md", "seed at {:.1%} of the MACs and {:.1%} of the params: {:.2%} (goal: 1 point below the "
+          "start, on validation; {} steps)",
+          CIFAR, "pruning.macs_fraction", "pruning.params_fraction", "pruning.accuracy", "pruning.steps"),
+    claim("README.md", "seed at {:.1%} of the MACs and {:.1%} of the params: {:.2%} ({} steps, goal still held)",
+          MNIST, "pruning.macs_fraction", "pruning.params_fraction", "pruning.accuracy", "pruning.steps"),
+    claim("README.md", "5 nested levels: " + " / ".join("{:.2f}" for _ in range(5)) + "% at "
+          + " / ".join("{:.1f}" for _ in range(5)) + " M MACs; one model of {:.2f} MB, {:.3f}x its largest "
+          "level, vs {:.2f} MB for five",
+          CIFAR, *(pct(f"levels.{k}.accuracy") for k in range(5)),
+          *(lambda d, k=k: d["levels"][k]["macs"] / 1e6 for k in range(5)),
+          "memory.multi_capacity_mb", "memory.ratio_to_largest", "memory.independent_mb"),
+    claim("README.md", "lossless thresholds: {:.2%} at {:.0%} of the MACs (the level alone {:.2%})",
+          CIFAR, "exits.lossless.accuracy", "exits.lossless.macs_fraction", "exits.backbone.accuracy"),
+    # item 9: the FlexDNN row without the guard's bound, which the committed flex/report.json predates
+    claim("README.md", "FlexDNN plan keeps {} of {} candidate exits: {:.2%} at {:.0%} of the MACs ({:.1f} "
+          "points; thresholds fitted on {:,} calibration images)",
+          CIFAR, lambda d: len(d["flexdnn"]["kept_locations"]), lambda d: len(d["flexdnn"]["candidates"]),
+          "flexdnn.accuracy", "flexdnn.mean_macs_fraction",
+          lambda d: 100 * (d["flexdnn"]["accuracy"] - d["flexdnn"]["backbone_accuracy"]),
+          "flexdnn.calibration.samples"),
+    claim("README.md", "`bundle.nfx`: {:.1f} MB ({:.1f} MB weights stored once, {:.1f} MB ONNX per level",
+          CIFAR, *(lambda d, k=k: d["export"][k] / 1e6 for k in ("bytes", "weights_bytes", "onnx_bytes"))),
+    claim("README.md", "| {:.1f} MB ({:.1f} MB weights, {:.1f} MB ONNX) |",
+          MNIST, *(lambda d, k=k: d["export"][k] / 1e6 for k in ("bytes", "weights_bytes", "onnx_bytes"))),
+    claim("README.md", "(`nestflex bench`, batch 1, 2 torch threads, 50 repeats) has {:.2f}-{:.2f} ms per level",
+          "docs/results/vgg_cifar_default/bench.json",
+          *(lambda d, f=f: f(lv["latency_ms"] for lv in d["levels"]) for f in (min, max))),
+    claim("README.md", "([bench.json](docs/results/vgg_mnist_default/bench.json)) {:.2f}-{:.2f} ms",
+          "docs/results/vgg_mnist_default/bench.json",
+          *(lambda d, f=f: f(lv["latency_ms"] for lv in d["levels"]) for f in (min, max))),
+    # the "Smaller" item: two bundles, each run as three apps; the times under the burn are predicted
+    claim("README.md", "{} apps ({} VGG-16 x0.5 bundles, one trained on **synthetic** data and one on the "
+          "real **MNIST**, each run as {} apps)",
+          LIVE, lambda d: WORDS[d["config"]["pool_size"]], lambda d: WORDS[len(d["config"]["runs"])],
+          lambda d: WORDS[d["config"]["pool_size"] // len(d["config"]["runs"])]),
+    claim("README.md", "slowdown factor rises from {:.2f} to {:.2f} and it moves the apps to configurations "
+          "whose offline profile predicts {:.2f} instead of {:.2f} ms per frame (predicted times, not measured "
+          "ones)",
+          LIVE, "burn.slowdown_before", "burn.slowdown_during", "burn.predicted_ms_during",
+          "burn.predicted_ms_before"),
+    # item 7: synthesis, every current run on the default bundle
+    claim("README.md", "the plan runs the levels {:.1f}-{:.1f}x faster than the single-thread eager runtime",
+          three_runs("synthesis_padded"),
+          *(lambda ds, f=f: f(lv["speedup_vs_eager"] for d in ds for lv in d["results"][0]["levels"])
+            for f in (min, max))),
+    claim("README.md", "Over all {} committed runs on that bundle since a switch drops the old level's session "
+          "first", CURRENT_SYNTHESIS, len),
+    claim("README.md", "the worst level switch took {:.1f}-{:.1f} ms (goal: within a 33 ms frame) and resident "
+          "memory {:.2f}-{:.2f}x the largest level's float32 weights (goal: 1.1x)",
+          CURRENT_SYNTHESIS, lambda ds: min(SWITCH(ds)), lambda ds: max(SWITCH(ds)),
+          lambda ds: min(MEMORY(ds)), lambda ds: max(MEMORY(ds))),
+    # item 6: the zoos, models pruned and passing every step
+    claim("README.md", "passes on {}/{} torchvision and {}/{} timm models (Torch-Pruning prunes {} and {} into "
+          "models that still run; {} more timm models trace and check but have nothing prunable)",
+          (ZOO_TV, ZOO_TIMM), *(f for i in (0, 1) for f in (lambda ds, i=i: ds[i]["goals"]["passed"]["measured"],
+                                                            lambda ds, i=i: ds[i]["models"])),
+          *(lambda ds, i=i: ds[i]["goals"]["above_torch_pruning"]["measured"]["torch_pruning"] for i in (0, 1)),
+          lambda ds: WORDS[sum(r["ok"] and not r["pruned"] for r in ds[1]["rows"])]),
+    claim("docs/architecture.md", "[results/zoo_coverage_torchvision](results/zoo_coverage_torchvision/table.md) "
+          "{}/{} pass every step (Torch-Pruning {}/{}:",
+          ZOO_TV, "goals.passed.measured", "models", "goals.above_torch_pruning.measured.torch_pruning", "models"),
+    claim("docs/architecture.md", "[results/zoo_coverage_timm](results/zoo_coverage_timm/table.md) {}/{} "
+          "(Torch-Pruning {}/{}).",
+          ZOO_TIMM, "goals.passed.measured", "models", "goals.above_torch_pruning.measured.torch_pruning",
+          "models"),
+    claim("docs/architecture.md", "Torch-Pruning prunes ConvNeXt-V2-Atto to {} of its MACs), and SK-ResNet-18 "
+          "counts with {} of its MACs left ({} in the pinned run below)",
+          (ZOO_TIMM, ZOO_TIMM_PINNED), lambda ds: zoo_row(ds[0], "convnextv2_atto")["tp_macs_left"],
+          lambda ds: zoo_row(ds[0], "skresnet18")["macs_left"],
+          lambda ds: zoo_row(ds[1], "skresnet18")["macs_left"]),
+    claim("docs/architecture.md", "MACs equal the flop counter's within 1% on all {} models that trace",
+          (ZOO_TV, ZOO_TIMM), lambda ds: sum(d["macs_within_1pct_of_flop_counter"] for d in ds)),
+    claim("docs/architecture.md", "the median MACs left is {:.4f} vs Torch-Pruning's {:.4f} (torchvision, {} "
+          "models) and {:.4f} vs {:.4f} (timm, {})",
+          (ZOO_TV, ZOO_TIMM), *(f for i in (0, 1) for f in (
+              lambda ds, i=i: ds[i]["torch_pruning"]["median_macs_left_both"]["nestflex"],
+              lambda ds, i=i: ds[i]["torch_pruning"]["median_macs_left_both"]["torch_pruning"],
+              lambda ds, i=i: ds[i]["torch_pruning"]["both"]))),
+    # docs/pruning.md, over seeds and time (item 9: seed 2's rejected tries without their accuracies)
+    claim("docs/pruning.md", "seed models at {:.1f}-{:.1f}% of the MACs (median {:.1f}%), drop from their "
+          "baseline on test {:.2f} to {:.2f} points (median {:.2f})",
+          B2, *(pct(f"figures.seed_macs_fraction.{s}") for s in ("min", "max", "median")),
+          *(f"figures.seed_drop_points.{s}" for s in ("min", "max", "median"))),
+    claim("docs/pruning.md", "seed 2 had {} rejected tries (two retries, the budget, and a third that ends the "
+          "roadmap) and ended on `{}` at step {}, {:.1f}% of the MACs, {:.2f} points below its baseline on test",
+          B2, *(lambda d, k=k: seed_run(d, 2)[k] for k in ("prune_rejected", "prune_status", "prune_steps")),
+          lambda d: 100 * seed_run(d, 2)["seed_macs_fraction"], lambda d: seed_run(d, 2)["seed_drop_points"]),
+    claim("docs/pruning.md", "whole recipe took {:.1f}-{:.1f} min, median {:.1f}",
+          B2, *(lambda d, s=s: d["total_seconds"][s] / 60 for s in ("min", "max", "median"))),
+    claim("docs/pruning.md", "With a budget of 3 seed 2 spent a fourth try and {:.0f} s, the whole recipe "
+          "{:.1f} min",
+          ALL, lambda d: seed_run(d, 2)["stage_seconds"]["prune"], lambda d: recipe_minutes(seed_run(d, 2))),
+    # docs/synthesis.md: worst switch and memory, run by run
+    claim("docs/synthesis.md", "| worst level switch / RSS over the largest level's weights | "
+          + " | ".join("{:.1f} ms / {:.2f}" for _ in range(3)) + " |",
+          three_runs("synthesis_active"),
+          *(f for i in range(3) for f in (lambda ds, i=i: SWITCH(ds)[i], lambda ds, i=i: MEMORY(ds)[i]))),
+    claim("docs/synthesis.md", "Switches worst {:.1f}-{:.1f} ms and RSS {:.2f}x",
+          three_runs("synthesis_padded"),
+          lambda ds: min(SWITCH(ds)), lambda ds: max(SWITCH(ds)), lambda ds: max(MEMORY(ds))),
+    claim("docs/synthesis.md", "| worst level switch (goal <= 33 ms) | "
+          + " | ".join("{:.1f} ms" for _ in range(4)) + " |",
+          (*three_runs("synthesis_fused"), "docs/results/synthesis_fused/round8_summary.json"),
+          *(lambda ds, i=i: goal_values([ds[i]], "switch_within_a_frame")[0] for i in range(4))),
+    claim("docs/synthesis.md", "| worst level's RSS / largest level's weights (goal <= 1.1) | "
+          + " | ".join("{:.2f}" for _ in range(4)) + " |",
+          (*three_runs("synthesis_fused"), "docs/results/synthesis_fused/round8_summary.json"),
+          *(lambda ds, i=i: goal_values([ds[i]], "resident_memory", "rss")[0] for i in range(4))),
+    claim("docs/synthesis.md", "worst switch {:.1f}-{:.1f} ms; RSS {:.2f}-{:.2f}x",
+          three_runs("synthesis_round8_track"),
+          *(lambda ds, f=f: f(goal_values(ds, "switch_within_a_frame")) for f in (min, max)),
+          *(lambda ds, f=f: f(goal_values(ds, "resident_memory", "rss")) for f in (min, max))),
+]
+
+
+@functools.cache
+def _read(path: str) -> Any:
+    return json.loads((ROOT / path).read_text())
+
+
+@functools.cache
+def _page(path: str) -> str:
+    return _flat((ROOT / path).read_text())
+
+
+def _flat(text: str) -> str:
+    return " ".join(text.split())
+
+
+def _said(words: str, page: str) -> list[str] | None:
+    """The page's figures where its text matches ``words`` with any figures, or None."""
+    parts = list(string.Formatter().parse(_flat(words)))
+    # a figure is (part of) one word of the page, up to the claim's next words
+    pattern = "".join(re.escape(literal) + (r"(\S+?)" if field is not None else "") for literal, field, _, _ in parts)
+    if parts and parts[-1][1] is not None:  # the words end on a figure: it runs to the end of the page's word
+        pattern += r"(?!\S)"
+    found = re.search(pattern, page)
+    return list(found.groups()) if found else None
+
+
+def _sources(c: Claim) -> tuple[str, ...]:
+    return c.source if isinstance(c.source, tuple) else (c.source,)
+
+
+@pytest.mark.parametrize("c", CLAIMS, ids=[f"{c.page}: {c.words[:50]}" for c in CLAIMS])
+def test_the_page_gives_the_figure_its_results_file_holds(c):
+    data = [_read(s) for s in c.source] if isinstance(c.source, tuple) else _read(c.source)
+    figures = [dig(data, f) if isinstance(f, str) else f(data) for f in c.figures]
+    expected = _flat(c.words.format(*figures))
+    page = _page(c.page)
+    if expected in page:
+        return
+    said = _said(c.words, page)
+    assert said is not None, f"{c.page} no longer has these words (with any figures): {c.words!r}"
+    pytest.fail(f"{c.page} says {said}; {', '.join(_sources(c))} gives {expected!r}")
+
+
+@pytest.mark.parametrize("c", CLAIMS, ids=[f"{c.page}: {c.words[:50]}" for c in CLAIMS])
+def test_the_page_names_the_results_folder_of_each_figure(c):
+    page = _page(c.page)
+    for source in _sources(c):
+        assert Path(source).parent.name in page, f"{c.page} quotes {source} without naming it"
+
+
+def test_the_synthesis_range_covers_the_runs_it_should():
+    # the 13 runs of issue 42's item 7; a new run on the bundle adds itself to CURRENT_SYNTHESIS
+    folders = {Path(p).parent.name for p in CURRENT_SYNTHESIS}
+    assert {"synthesis_memory", "synthesis_fused", "synthesis_padded", "synthesis_active",
+            "synthesis_round8_track"} <= folders and len(CURRENT_SYNTHESIS) >= 13
+
+
+def test_a_moved_figure_is_reported_with_what_the_page_says():
+    page = _flat("the whole recipe took\n27.0-30.1 min, median 28.9 (results/x)")
+    assert _said("took {:.1f}-{:.1f} min, median {:.1f}", page) == ["27.0", "30.1", "28.9"]
+    assert _said("took {:.1f}-{:.1f} hours", page) is None
