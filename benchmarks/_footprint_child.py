@@ -101,7 +101,7 @@ def _inputs(bundle, n: int, seed: int = 0):
     return np.random.default_rng(seed).standard_normal((n, *shape)).astype(np.float32)
 
 
-def _median_ms(fn, repeats: int, warmup: int = 3) -> float:
+def _median_ms(fn, repeats: int, warmup: int = 20) -> float:
     for _ in range(warmup):
         fn()
     samples = []

@@ -121,10 +121,12 @@ def bundle_label(path: str | os.PathLike) -> str:
 
 def ratio_table(new: list[dict[str, Any]], old: list[dict[str, Any]]) -> dict[str, Any]:
     """Per batch size and level, the median over processes of today's and the previous runtime's
-    per-process medians, and their ratio (new / old); with the worst ratio.
+    per-process medians, and the ratio (new / old) judged: the median over process pairs of each
+    pair's ratio (pair ``r`` ran back to back, so a slow minute of the shared machine slows both);
+    with the worst ratio.
 
     ``new`` / ``old``: the ``latency`` objects of the latency children, ``{batch: [{level, backend,
-    ms}, ...]}``, one per process.
+    ms}, ...]}``, one per process, ``new[r]`` and ``old[r]`` the pair run together.
     """
     table: dict[str, list[dict[str, Any]]] = {}
     worst = None
@@ -133,9 +135,13 @@ def ratio_table(new: list[dict[str, Any]], old: list[dict[str, Any]]) -> dict[st
         for k in range(len(new[0][batch])):
             n = statistics.median(run[batch][k]["ms"] for run in new)
             o = statistics.median(run[batch][k]["ms"] for run in old)
-            ratio = n / o if o > 0 else float("inf")
+            pairs = [a[batch][k]["ms"] / b[batch][k]["ms"] if b[batch][k]["ms"] > 0 else float("inf")
+                     for a, b in zip(new, old)]
+            ratio = statistics.median(pairs)
             worst = ratio if worst is None else max(worst, ratio)
             rows.append({"level": k, "new_ms": round(n, 5), "old_ms": round(o, 5), "ratio": round(ratio, 4),
+                         "ratio_of_medians": round(n / o if o > 0 else float("inf"), 4),
+                         "ratio_per_pair": [round(v, 4) for v in pairs],
                          "new_backend": new[0][batch][k]["backend"], "old_backend": old[0][batch][k]["backend"],
                          "new_ms_per_process": [round(run[batch][k]["ms"], 5) for run in new],
                          "old_ms_per_process": [round(run[batch][k]["ms"], 5) for run in old]})
@@ -328,8 +334,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                                                 "their plans here (reused when present; default: a temp folder, removed)")
     p.add_argument("--processes", type=int, default=7, help="fresh processes for import/load time and memory (>= 7)")
     p.add_argument("--previous-processes", type=int, default=3, help="the same for the previous runtime")
-    p.add_argument("--latency-processes", type=int, default=5, help="process pairs (old, new) for per-level latency")
-    p.add_argument("--repeats", type=int, default=50, help="timed calls per level in one latency process")
+    p.add_argument("--latency-processes", type=int, default=9, help="process pairs (old, new) for per-level latency")
+    p.add_argument("--repeats", type=int, default=200, help="timed calls per level in one latency process")
     p.add_argument("--switch-repeats", type=int, default=10, help="timed switches per ordered level pair")
     p.add_argument("--tune-repeats", type=int, default=30, help="`nestflex tune --repeats` for both plans")
     p.add_argument("--answer-samples", type=int, default=512, help="bundle samples the early-exit answers compare on")
@@ -454,8 +460,9 @@ def goals(venv: dict[str, Any], results: list[dict[str, Any]], args) -> dict[str
         g["level_latency"] = goal(
             "<= 1.05: per-level latency at batch 1 and 8 over the previous runtime's synthesized plan", ratio,
             all_within(ratio, 1.05),
-            f"worst level and batch of (today / previous), each the median over {args.latency_processes} processes of "
-            f"a per-process median of {args.repeats} calls, processes alternating; each runtime with its own "
+            f"worst level and batch of (today / previous): the median over {args.latency_processes} process pairs "
+            f"(run back to back, the order alternating) of the pair's ratio of per-process medians of {args.repeats} "
+            f"calls after 20 untimed ones; each runtime with its own "
             f"`nestflex tune --batches 1 8` plan on its own copy of the bundle (bundles[].plans)")
         differ = _per_bundle(results, lambda r: r["answers"]["differing"])
         g["early_exit_answers"] = goal(

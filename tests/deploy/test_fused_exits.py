@@ -158,3 +158,35 @@ def test_fused_false_runs_a_single_frame_stage_by_stage_with_the_same_answers(bu
         a, b = fused(x[i:i + 1], thresholds=[0.5, 0.5]), plain(x[i:i + 1], thresholds=[0.5, 0.5])
         np.testing.assert_allclose(a.logits, b.logits, atol=1e-5, rtol=0)
         assert a.exit_index.tolist() == b.exit_index.tolist() and a.answer_index.tolist() == b.answer_index.tolist()
+
+
+def _branches(graph):
+    import onnx
+
+    return [a.g for node in graph.node for a in node.attribute if a.type == onnx.AttributeProto.GRAPH]
+
+
+@pytest.mark.parametrize("active", [None, [0], [1]])
+def test_the_fused_graph_is_a_flat_chain_holding_each_weight_once_in_its_block(bundle, active):
+    # Nested branches made onnxruntime hold a deep exit set's weights about 20 times (each If's
+    # attribute carried every deeper weight): no branch may hold another If, and the graph's
+    # weights are exactly the stages' and kept heads' weights, each once.
+    import onnx
+
+    files = {(o.kind, o.extra.get("stage", o.extra.get("exit"))): o for o in bundle.spec.onnx
+             if o.kind in ("stage", "exit") and o.exit_set == "progressive"}
+    n = len(bundle.spec.exit_set("exits").names)
+    stages = [bundle.file(files[("stage", k)].file) for k in range(n)]
+    heads = [bundle.file(files[("exit", k)].file) for k in range(n - 1)]
+    path = fused_exits_path(bundle, "exits", "max_prob", "final", stages, heads,
+                            [int(files[("stage", k)].extra.get("tap_output") or 0) for k in range(n - 1)], active)
+    graph = onnx.load(str(path)).graph
+    branches = _branches(graph)
+    kept = list(range(n - 1)) if active is None else active
+    assert len(branches) == 2 * len(kept)  # one If (skip, run) per block after the first
+    assert not any(_branches(b) for b in branches)
+    weights = sorted(t.raw_data or t.SerializeToString() for g in [graph, *branches] for t in g.initializer
+                     if len(t.dims) >= 2)  # the conv and linear weights, not the graph's small constants
+    want = sorted(t.raw_data or t.SerializeToString() for f in stages + [heads[k] for k in kept]
+                  for t in onnx.load(str(f)).graph.initializer if len(t.dims) >= 2)
+    assert weights == want

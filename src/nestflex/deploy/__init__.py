@@ -10,54 +10,60 @@ the multi-capacity and progressive runtimes (:mod:`nestflex.deploy.runtime`), th
 gRPC is imported only when a :class:`TailClient` is made).
 """
 
-from nestflex.deploy.codec import (
-    Codec,
-    CodecError,
-    QuantizedTensor,
-    compression_pays_off,
-    decode,
-    dequantize,
-    encode,
-    fake_quantize,
-    fixed_quantize,
-    get_codec,
-    inspect_frame,
-    isquant,
-    list_codecs,
-    register_codec,
-)
-from nestflex.deploy.bundle.constants import SCHEMA_VERSION
-from nestflex.deploy.bundle.errors import BundleError
-from nestflex.deploy.bundle.loader import Bundle, load
-from nestflex.deploy.exits import (
-    ExitError,
-    ExitResult,
-    apply_policy,
-    early_exit,
-    get_confidence,
-    list_confidences,
-    register_confidence,
-)
-from nestflex.deploy.runtime.capacity import CapacityRuntime, PagingReport
-from nestflex.deploy.runtime.progressive import ProgressiveRuntime
-from nestflex.deploy.engine import Engine, EngineError, FrameResult
-from nestflex.deploy.split.network import NetworkProfiler
-from nestflex.deploy.profiler import OnlineProfiler, ProfilerError
-from nestflex.deploy.split.runtime import SERVER_ONLY, SplitRuntime
-from nestflex.deploy.split.costs import accuracy_drops, measure_bytes, measure_costs
-from nestflex.deploy.split.client import SplitError, TailClient
-from nestflex.deploy.split.offload import Offloader, SplitAnswer, SplitConfig
-from nestflex.deploy.scheduler.split import SplitCosts, SplitPlan, SplitScheduler
-from nestflex.deploy.scheduler import (
-    AppProfile,
-    Decision,
-    SchedulerError,
-    get_scheduler,
-    knee_level,
-    list_schedulers,
-    register_scheduler,
-)
-from nestflex.errors import NestflexError
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # the names, for type checkers and IDEs; at run time they are imported on first use
+    from nestflex.deploy.codec import (
+        Codec,
+        CodecError,
+        QuantizedTensor,
+        compression_pays_off,
+        decode,
+        dequantize,
+        encode,
+        fake_quantize,
+        fixed_quantize,
+        get_codec,
+        inspect_frame,
+        isquant,
+        list_codecs,
+        register_codec,
+    )
+    from nestflex.deploy.bundle.constants import SCHEMA_VERSION
+    from nestflex.deploy.bundle.errors import BundleError
+    from nestflex.deploy.bundle.loader import Bundle, load
+    from nestflex.deploy.exits import (
+        ExitError,
+        ExitResult,
+        apply_policy,
+        early_exit,
+        get_confidence,
+        list_confidences,
+        register_confidence,
+    )
+    from nestflex.deploy.runtime.capacity import CapacityRuntime, PagingReport
+    from nestflex.deploy.runtime.progressive import ProgressiveRuntime
+    from nestflex.deploy.engine import Engine, EngineError, FrameResult
+    from nestflex.deploy.split.network import NetworkProfiler
+    from nestflex.deploy.profiler import OnlineProfiler, ProfilerError
+    from nestflex.deploy.split.runtime import SERVER_ONLY, SplitRuntime
+    from nestflex.deploy.split.costs import accuracy_drops, measure_bytes, measure_costs
+    from nestflex.deploy.split.client import SplitError, TailClient
+    from nestflex.deploy.split.offload import Offloader, SplitAnswer, SplitConfig
+    from nestflex.deploy.scheduler.split import SplitCosts, SplitPlan, SplitScheduler
+    from nestflex.deploy.scheduler import (
+        AppProfile,
+        Decision,
+        SchedulerError,
+        get_scheduler,
+        knee_level,
+        list_schedulers,
+        register_scheduler,
+    )
+    from nestflex.errors import NestflexError
 
 __all__ = [
     "NestflexError",
@@ -123,3 +129,77 @@ __all__ = [
     "SplitPlan",
     "SplitScheduler",
 ]
+
+
+#: where each exported name lives. Imported on first use (PEP 562): a device that only loads a bundle and
+#: runs its levels does not pay for the engine, split inference or the codec (docs/deploy.md: memory)
+_HOME: dict[str, str] = {
+    "Codec": "nestflex.deploy.codec",
+    "CodecError": "nestflex.deploy.codec",
+    "QuantizedTensor": "nestflex.deploy.codec",
+    "compression_pays_off": "nestflex.deploy.codec",
+    "decode": "nestflex.deploy.codec",
+    "dequantize": "nestflex.deploy.codec",
+    "encode": "nestflex.deploy.codec",
+    "fake_quantize": "nestflex.deploy.codec",
+    "fixed_quantize": "nestflex.deploy.codec",
+    "get_codec": "nestflex.deploy.codec",
+    "inspect_frame": "nestflex.deploy.codec",
+    "isquant": "nestflex.deploy.codec",
+    "list_codecs": "nestflex.deploy.codec",
+    "register_codec": "nestflex.deploy.codec",
+    "SCHEMA_VERSION": "nestflex.deploy.bundle.constants",
+    "BundleError": "nestflex.deploy.bundle.errors",
+    "Bundle": "nestflex.deploy.bundle.loader",
+    "load": "nestflex.deploy.bundle.loader",
+    "ExitError": "nestflex.deploy.exits",
+    "ExitResult": "nestflex.deploy.exits",
+    "apply_policy": "nestflex.deploy.exits",
+    "early_exit": "nestflex.deploy.exits",
+    "get_confidence": "nestflex.deploy.exits",
+    "list_confidences": "nestflex.deploy.exits",
+    "register_confidence": "nestflex.deploy.exits",
+    "CapacityRuntime": "nestflex.deploy.runtime.capacity",
+    "PagingReport": "nestflex.deploy.runtime.capacity",
+    "ProgressiveRuntime": "nestflex.deploy.runtime.progressive",
+    "Engine": "nestflex.deploy.engine",
+    "EngineError": "nestflex.deploy.engine",
+    "FrameResult": "nestflex.deploy.engine",
+    "NetworkProfiler": "nestflex.deploy.split.network",
+    "OnlineProfiler": "nestflex.deploy.profiler",
+    "ProfilerError": "nestflex.deploy.profiler",
+    "SERVER_ONLY": "nestflex.deploy.split.runtime",
+    "SplitRuntime": "nestflex.deploy.split.runtime",
+    "accuracy_drops": "nestflex.deploy.split.costs",
+    "measure_bytes": "nestflex.deploy.split.costs",
+    "measure_costs": "nestflex.deploy.split.costs",
+    "SplitError": "nestflex.deploy.split.client",
+    "TailClient": "nestflex.deploy.split.client",
+    "Offloader": "nestflex.deploy.split.offload",
+    "SplitAnswer": "nestflex.deploy.split.offload",
+    "SplitConfig": "nestflex.deploy.split.offload",
+    "SplitCosts": "nestflex.deploy.scheduler.split",
+    "SplitPlan": "nestflex.deploy.scheduler.split",
+    "SplitScheduler": "nestflex.deploy.scheduler.split",
+    "AppProfile": "nestflex.deploy.scheduler",
+    "Decision": "nestflex.deploy.scheduler",
+    "SchedulerError": "nestflex.deploy.scheduler",
+    "get_scheduler": "nestflex.deploy.scheduler",
+    "knee_level": "nestflex.deploy.scheduler",
+    "list_schedulers": "nestflex.deploy.scheduler",
+    "register_scheduler": "nestflex.deploy.scheduler",
+    "NestflexError": "nestflex.errors",
+}
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOME.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(home), name)
+    globals()[name] = value  # once: later lookups are plain module attributes
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

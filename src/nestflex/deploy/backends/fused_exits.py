@@ -2,12 +2,12 @@
 
 Run stage by stage, early exit costs a session call per stage and per head; on a small CNN at
 batch 1 those calls cost more than the stages compute (docs/synthesis.md). Here the bundle's
-stage and head graphs are chained with ONNX ``If`` nodes: stage ``k``, head ``k``, the head's
-confidence, and ``If confidence > thresholds[k]`` whose ``then`` branch answers with exit ``k``
-and whose ``else`` branch holds everything after it (each branch carries its own stages'
-weights). The last branch applies the fallback over every exit's confidence, which nested
-branches read from the enclosing scopes. A sample's call runs exactly the stages and heads up
-to where it leaves, in one ``run``.
+stage and head graphs are chained into one graph of blocks: block 0 (the stages up to the first
+exit, its head and confidence) runs in the main graph, and each later block runs in the ``else``
+branch of an ``If`` on whether the sample has already left, whose ``then`` branch passes the
+answer on. The final block applies the fallback over every exit's confidence. A sample's call
+computes exactly the stages and heads up to where it leaves, in one ``run``; after that each
+block costs one ``If`` of a few ``Identity`` nodes.
 
 Inputs: ``input`` (one sample, the bundle's input shape) and ``thresholds`` (float32, one per
 early exit; compared in float32 as the torch policy compares them). Outputs: ``logits`` (1, C),
@@ -113,52 +113,97 @@ def fuse_exits(stages: Sequence[Path], heads: Sequence[Path], taps: Sequence[int
                 helper.make_tensor_value_info(prefix + "answer_index", TensorProto.INT64, [1]),
                 helper.make_tensor_value_info(prefix + "confidence", TensorProto.FLOAT, [1])]
 
-    def identity_outputs(prefix: str, logits: str, index: str, answer: str, conf: str) -> list:
-        return [helper.make_node("Identity", [src], [prefix + name])
-                for src, name in zip((logits, index, answer, conf), _OUTPUTS)]
+    state = ("L", "I", "A", "C", "done")  # the answer so far: logits, exit index, answer index, confidence, left
+    kinds = {"L": TensorProto.FLOAT, "I": TensorProto.INT64, "A": TensorProto.INT64, "C": TensorProto.FLOAT,
+             "done": TensorProto.BOOL}
 
-    def block(g: int, feeds: Sequence[str], prefix: str) -> tuple[list, list]:
-        """Nodes and initializers from exit ``ends[g]``'s block on, writing ``prefix + output`` names."""
+    def run_block(g: int, feeds: Sequence[str]) -> tuple[list, list, list[str], list[str]]:
+        """Nodes and initializers of block ``g`` (its stages, its exit's head and confidence) on ``feeds``;
+        returns them with the names of the answer state it writes (``state``, less ``done`` for the final
+        block) and of its last stage's outputs."""
         k, nodes, inits = ends[g], [], []
         for j in range(ends[g - 1] + 1 if g else 0, k + 1):  # the block's stages, chained
             stage_nodes, stage_inits, feeds = embed(models[j], f"s{j}/", feeds)
             nodes += stage_nodes
             inits += stage_inits
-        outs = feeds
-        logits = outs[0] if k == num - 1 else None  # the final exit: the last stage's first output, as stage by stage
+        logits = feeds[0]  # the final exit: the last stage's first output, as stage by stage
         if k < num - 1:
-            head_nodes, head_inits, head_outs = embed(head_models[k], f"h{k}/", [outs[taps[k]]])
+            head_nodes, head_inits, head_outs = embed(head_models[k], f"h{k}/", [feeds[taps[k]]])
             nodes += head_nodes
             inits += head_inits
             logits = head_outs[0]
         conf = f"c{k}/confidence"
         nodes += conf_nodes(logits, conf, f"c{k}/")
-        nodes.append(helper.make_node("Identity", [logits], [f"z{k}"]))  # read by the fallback, deeper down
-        nodes.append(helper.make_node("Identity", [conf], [f"conf{k}"]))
-        if k == num - 1:  # nothing passed: the fallback answers
-            if fallback == "most_confident" and num > 1:
-                nodes += [helper.make_node("Concat", [f"conf{i}" for i in ends], ["all_conf"], axis=0),
-                          helper.make_node("ArgMax", ["all_conf"], ["best"], axis=0, keepdims=1),  # first of ties
-                          helper.make_node("Concat", [f"z{i}" for i in ends], ["all_logits"], axis=0),
-                          helper.make_node("Gather", ["all_logits", "best"], ["best_logits"], axis=0),
-                          helper.make_node("Gather", ["all_conf", "best"], ["best_conf"], axis=0),
-                          helper.make_node("Gather", ["exit_numbers", "best"], ["best_exit"], axis=0)]
-                nodes += identity_outputs(prefix, "best_logits", "last_index", "best_exit", "best_conf")
-            else:
-                nodes += identity_outputs(prefix, logits, "last_index", "last_index", conf)
-            return nodes, inits
-        nodes += [helper.make_node("Gather", ["thresholds", f"k{k}"], [f"t{k}"], axis=0),
-                  helper.make_node("Greater", [conf, f"t{k}"], [f"leave{k}"])]
-        then = helper.make_graph(identity_outputs(f"then{k}/", logits, f"k{k}", f"k{k}", conf),
-                                 f"exit_{k}", [], outputs_of(f"then{k}/"))
-        else_nodes, else_inits = block(g + 1, outs, f"else{k}/")
-        orelse = helper.make_graph(else_nodes, f"after_exit_{k}", [], outputs_of(f"else{k}/"), else_inits)
-        nodes.append(helper.make_node("If", [f"leave{k}"], [prefix + o for o in _OUTPUTS],
-                                      then_branch=then, else_branch=orelse))
-        return nodes, inits
+        if k < num - 1:
+            nodes += [helper.make_node("Gather", ["thresholds", f"k{k}"], [f"t{k}"], axis=0),
+                      helper.make_node("Greater", [conf, f"t{k}"], [f"leave{k}"])]
+            return nodes, inits, [logits, f"k{k}", f"k{k}", conf, f"leave{k}"], list(feeds)
+        if fallback == "most_confident" and num > 1:  # nothing passed: the most confident exit answers
+            confs = [f"C{i}" for i in ends[:-1]] + [conf]
+            zs = [f"Z{i}" for i in ends[:-1]] + [logits]
+            nodes += [helper.make_node("Concat", confs, ["all_conf"], axis=0),
+                      helper.make_node("ArgMax", ["all_conf"], ["best"], axis=0, keepdims=1),  # first of ties
+                      helper.make_node("Concat", zs, ["all_logits"], axis=0),
+                      helper.make_node("Gather", ["all_logits", "best"], ["best_logits"], axis=0),
+                      helper.make_node("Gather", ["all_conf", "best"], ["best_conf"], axis=0),
+                      helper.make_node("Gather", ["exit_numbers", "best"], ["best_exit"], axis=0)]
+            return nodes, inits, ["best_logits", "last_index", "best_exit", "best_conf"], list(feeds)
+        return nodes, inits, [logits, "last_index", "last_index", conf], list(feeds)
 
-    nodes, inits = block(0, ["input"], "")
+    # A flat chain, not nested branches: block 0 runs in the main graph, and block g in the ``else`` branch
+    # of an ``If`` on whether the sample has left by block g - 1, whose ``then`` branch passes the answer
+    # on. Each branch holds its own stages' weights, so onnxruntime prepacks them as in any graph; nested
+    # branches would put every deeper weight inside the attribute of each ``If`` above it, and onnxruntime
+    # held a 12-exit set's 4 MB of weights about 20 times (81 MB, docs/deploy.md).
+    nodes, inits, written, feeds = run_block(0, ["input"])
+    k0 = ends[0]
+    nodes += [helper.make_node("Identity", [src], [f"{name}{k0}"]) for src, name in zip(written, state)]
+    if k0 < num - 1:
+        nodes.append(helper.make_node("Identity", [written[0]], [f"Z{k0}"]))  # the logits the fallback reads
+    prev, shapes = k0, []
+    for g in range(1, len(ends)):
+        k = ends[g]
+        run_nodes, run_inits, written, outs = run_block(g, feeds)
+        names = list(state if k < num - 1 else state[:4])
+        # the branch outputs: the answer state, then (early exits) the logits the fallback reads, then the
+        # block's last stage outputs (the next block's inputs)
+        run_out = [f"run{k}/{n}" for n in names] + ([f"run{k}/Z"] if k < num - 1 else [])
+        run_out += [f"run{k}/f{i}" for i in range(len(outs))] if k < num - 1 else []
+        run_src = written + ([written[0]] if k < num - 1 else []) + (outs if k < num - 1 else [])
+        run_nodes += [helper.make_node("Identity", [a], [b]) for a, b in zip(run_src, run_out)]
+        skip_out = [f"skip{k}/{n}" for n in names] + ([f"skip{k}/Z"] if k < num - 1 else [])
+        skip_out += [f"skip{k}/f{i}" for i in range(len(outs))] if k < num - 1 else []
+        # skipped: the answer passes on; the fallback's logits and the next block's inputs are never read
+        skip_src = [f"{n}{prev}" for n in names] + ([f"L{prev}"] if k < num - 1 else [])
+        skip_nodes = [helper.make_node("Identity", [a], [b]) for a, b in zip(skip_src, skip_out)]
+        for i, out in enumerate(skip_out[len(skip_src):]):
+            # zeros of the block's output shape, where it is static: with both branches' shapes equal,
+            # onnxruntime knows the next block's input shape and optimises its convolutions as in the
+            # stage graph (NCHWc); an unknown shape cost the deep path half again its time
+            shape = _static_shape(models[k].graph.output[i])
+            if shape is None:
+                skip_nodes.append(helper.make_node("Identity", [feeds[0]], [out]))
+                continue
+            shapes.append(helper.make_tensor(f"shape{k}_{i}", TensorProto.INT64, [len(shape)], shape))
+            skip_nodes.append(helper.make_node("ConstantOfShape", [f"shape{k}_{i}"], [out]))
+        top_out = [f"{n}{k}" for n in names] + ([f"Z{k}"] if k < num - 1 else [])
+        top_feats = [f"f{k}_{i}" for i in range(len(outs))] if k < num - 1 else []
+        top_out += top_feats
+
+        types = [kinds[n] for n in names] + ([TensorProto.FLOAT] if k < num - 1 else [])
+        types += [TensorProto.FLOAT] * len(top_feats)
+
+        def infos(out: list[str]) -> list:
+            return [helper.make_tensor_value_info(n, t, None) for n, t in zip(out, types)]
+
+        nodes.append(helper.make_node(
+            "If", [f"done{prev}"], top_out,
+            then_branch=helper.make_graph(skip_nodes, f"left_before_{k}", [], infos(skip_out)),
+            else_branch=helper.make_graph(run_nodes, f"block_{k}", [], infos(run_out), run_inits)))
+        feeds, prev = top_feats, k
+    nodes += [helper.make_node("Identity", [f"{n}{prev}"], [o]) for n, o in zip(state, _OUTPUTS)]
     consts = [helper.make_tensor(f"k{k}", TensorProto.INT64, [1], [k]) for k in ends[:-1]]  # only those read
+    consts += shapes
     consts.append(helper.make_tensor("last_index", TensorProto.INT64, [1], [num - 1]))
     if fallback == "most_confident" and num > 1:
         consts.append(helper.make_tensor("exit_numbers", TensorProto.INT64, [len(ends)], ends))
@@ -180,3 +225,11 @@ def fuse_exits(stages: Sequence[Path], heads: Sequence[Path], taps: Sequence[int
     onnx.checker.check_model(model)
     atomic_write_bytes(dst, model.SerializeToString())
     return dst
+
+
+def _static_shape(value: Any) -> list[int] | None:
+    """The shape of graph output ``value`` at batch 1, or None where a dimension other than the batch is
+    not a number."""
+    dims = value.type.tensor_type.shape.dim
+    shape = [1] + [d.dim_value for d in dims[1:]]
+    return shape if dims and all(v > 0 for v in shape) else None

@@ -18,6 +18,7 @@ from nestflex.deploy.backends.graphs import exit_graphs, level_graph
 from nestflex.deploy.backends.fused_exits import FUSED_CONFIDENCES, fuse_exits
 from nestflex.deploy.backends.quantize import mixed_float_layers, pad_level, quantize_level
 from nestflex.deploy.exits import ExitResult
+from nestflex.deploy._memory import release_freed
 
 __all__ = ["OnnxRuntimeBackend", "OnnxRuntimeProgramBackend", "OnnxRuntimeInt8Backend", "OnnxRuntimeMixedBackend",
            "OnnxRuntimePaddedBackend", "OnnxRuntimeInt8PaddedBackend", "OnnxRuntimeMixedPaddedBackend", "fused_exits_path"]
@@ -142,7 +143,8 @@ def fused_exits_path(bundle: Any, key: str, confidence: str, fallback: str, stag
     fraction of a second) and kept there; the temp folder when the bundle's folder cannot be written."""
     active = None if active is None else sorted(set(active))
     kept = "" if active is None or active == list(range(len(heads))) else "-a" + ".".join(str(k) for k in active)
-    return _built(bundle, f"{key}.fused-{confidence}-{fallback}{kept}.onnx",
+    # v2: every weight in the main graph (fused_exits), so a v1 file a device kept is rebuilt, not reused
+    return _built(bundle, f"{key}.fused-v2-{confidence}-{fallback}{kept}.onnx",
                   lambda target: fuse_exits(stages, heads, taps, bundle.spec.num_classes, confidence, fallback, target,
                                             active))
 
@@ -164,11 +166,17 @@ def _session(path: Path, threads: int, cache: Path | None) -> Any:
         opts.inter_op_num_threads = 1
         opts.graph_optimization_level = level
         opts.log_severity_level = 3  # its notes on the graphs it optimises (If branches' names) are not for users
+        # no memory arena: each run allocates its tensors from the heap. The arena kept its largest run's
+        # tensors per session, 15 MB over the default recipe's levels and exit sets, and the latency was
+        # the same within 1% at batch 1 and 8 (docs/deploy.md: memory)
+        opts.enable_cpu_mem_arena = False
         return opts
 
     providers = ["CPUExecutionProvider"]
     if cache is None:
-        return ort.InferenceSession(str(path), options(ort.GraphOptimizationLevel.ORT_ENABLE_ALL), providers=providers)
+        session = ort.InferenceSession(str(path), options(ort.GraphOptimizationLevel.ORT_ENABLE_ALL), providers=providers)
+        release_freed()  # the optimiser's copies of the graph, freed but still resident
+        return session
     if cache.is_file():
         try:
             return ort.InferenceSession(str(cache), options(ort.GraphOptimizationLevel.ORT_DISABLE_ALL), providers=providers)
@@ -184,6 +192,7 @@ def _session(path: Path, threads: int, cache: Path | None) -> Any:
     session = ort.InferenceSession(str(path), opts, providers=providers)
     if tmp is not None and tmp.is_file():
         os.replace(tmp, cache)
+    release_freed()
     return session
 
 

@@ -46,9 +46,10 @@ class ProgressiveRuntime:
             ``None``: the plan's choice, else all.
         fused: on onnxruntime, run a single frame as one fused early-exit graph (one call per
             frame instead of one per stage and head) when the set's own confidence and fallback
-            apply. Its price is memory: onnxruntime builds a session state for every ``If`` branch
-            (benchmarks/deploy_footprint.py measures the process with and without it). ``False``:
-            stage by stage, sessions opened on first use.
+            apply. Its price is memory: the graph holds a second copy of the set's float weights
+            beside the stage sessions that batches use (about 10 MB per set of the default recipe's
+            bundle; benchmarks/deploy_footprint.py measures the process with and without it).
+            ``False``: stage by stage, sessions opened on first use.
 
     Attributes:
         spec: the set's :class:`~nestflex.deploy.bundle.exit_records.ExitSet`.
