@@ -6,6 +6,8 @@
 * :mod:`.greedy` - the greedy heuristic (MinTotalCost, MinMaxCost) and its cached variant;
 * :mod:`.exact` - the exact dynamic-programming solver (to measure the heuristic's gap);
 * :mod:`.static` - the status-quo baseline (fixed knee model, equal shares);
+* :mod:`.joint` - one scheduler over levels x exits x splits x bitwidths for apps sharing a
+  device, a link and a server (:class:`JointScheduler`, its exact yardstick);
 * :mod:`.registry` - schedulers by name.
 
 Example:
@@ -21,6 +23,8 @@ from nestflex.deploy.scheduler.base import OBJECTIVES, Allocation, Decision, Sch
 from nestflex.deploy.scheduler.errors import SchedulerError
 from nestflex.deploy.scheduler.exact import ExactScheduler
 from nestflex.deploy.scheduler.greedy import CachedGreedyScheduler, GreedyScheduler
+from nestflex.deploy.scheduler.joint import (ExactJointScheduler, JointApp, JointDecision, JointOption, JointResources,
+                                             JointScheduler)
 from nestflex.deploy.scheduler.profile import DEFAULT_FPS, AppProfile, LevelProfile, knee_level
 from nestflex.deploy.scheduler.registry import get_scheduler, list_schedulers, register_scheduler
 from nestflex.deploy.scheduler.static import FixedScheduler, KneeScheduler, LargestScheduler
@@ -43,6 +47,12 @@ __all__ = [
     "KneeScheduler",
     "LargestScheduler",
     "FixedScheduler",
+    "JointOption",
+    "JointApp",
+    "JointResources",
+    "JointDecision",
+    "JointScheduler",
+    "ExactJointScheduler",
     "register_scheduler",
     "list_schedulers",
     "get_scheduler",

@@ -313,6 +313,21 @@ class SplitScheduler:
         m = self._metrics(bandwidth_mbps, latency_ms, device_slowdown, server_slowdown)
         return self._option(self._index[key], m)
 
+    def static_rows(self) -> list[dict[str, Any]]:
+        """Every candidate's per-frame costs that do not depend on the live inputs: ``split``,
+        ``bits``, ``point``, ``device_ms`` (at the device's profiled speed), ``sent`` (share of
+        frames sent), ``bytes`` and ``server_ms`` per frame (times ``sent``; the server's time
+        divided by ``server_speedup``) and ``accuracy`` (``None`` when unknown): what the joint
+        scheduler (:mod:`nestflex.deploy.scheduler.joint`) weighs across apps."""
+        rows = []
+        for i, (split, bits, point) in enumerate(self._keys):
+            acc = float(self._accuracy[i])
+            rows.append({"split": split, "bits": bits, "point": point, "device_ms": float(self._device[i]),
+                         "sent": float(self._sent[i]), "bytes": float(self._sent[i] * self._size[i]),
+                         "server_ms": float(self._sent[i] * self._server[i] / self.server_speedup),
+                         "accuracy": None if math.isnan(acc) else acc})
+        return rows
+
     def options(self, **inputs: float) -> list[SplitOption]:
         """Every candidate's prediction."""
         m = self._metrics(**inputs)

@@ -1,0 +1,613 @@
+"""One scheduler for the whole device: level x exits x split x bitwidth for several apps (issue 41).
+
+NestDNN's scheduler picks a level and a compute share per app; SPINN's and DynO's pick a split,
+an exit operating point and a bitwidth for one app. Here every app has one list of
+configurations, each a :class:`JointOption` (a level, an exit operating point, local or a split
+point and bitwidth) with its predicted cost per frame on every shared resource:
+
+* the device: ``device_ms`` per frame at the whole device;
+* the uplink: ``bytes`` sent per frame (the share of frames sent times one frame's bytes);
+* the server: ``server_ms`` per frame (the share sent times the tail's time);
+* memory: ``memory_mb`` resident while the configuration runs.
+
+**Load model.** App ``v`` runs at its goal rate ``f_v`` (frames/s, its frame period ``1000 /
+f_v`` ms is NestDNN's ``L_max``). Each resource is shared in proportion to demand (processor
+sharing), so its load is ``rho_r = sum_v f_v d_{v,r} / capacity_r`` and, when ``rho_r > 1``,
+every app using ``r`` is slowed by ``rho_r`` (a frame's stage on ``r`` takes ``rho_r`` times its
+period). App ``v``'s slowdown is ``s_v = max(1, max_{r used by v} rho_r)`` - the device always, the
+link and the server only when it sends frames - and its cost extends NestDNN's Eq. 2::
+
+    C_v = max(0, A_min(v) - A(c_v)) + alpha * (s_v - 1)
+
+``s_v - 1`` is NestDNN's relative latency overshoot ``(L / u - L_max) / L_max`` with shares
+proportional to demand; a pipelined app's period is its slowest stage, which is why the slowdown
+is the largest load it meets, not a sum. Memory is a hard budget. ``objective="total"`` minimises
+``sum_v C_v`` (MinTotalCost), ``"max"`` the largest ``C_v`` (MinMaxCost).
+
+**Hard constraints per app** (SPINN): ``min_accuracy_floor`` removes the options below it; when
+none is left the most accurate option stays (SPINN's relaxation: best effort, reported in
+``JointDecision.relaxed``). The soft targets are the cost above, one number per app, so that apps
+can be traded against each other; SPINN's lexicographic order breaks ties among equal costs
+(fewer bytes, then less server time).
+
+**Search.** Each app's options are first cut to their Pareto front (no other option at least as
+accurate and no more costly on every resource), so the search runs over small fronts.
+:class:`JointScheduler` (the live heuristic) does coordinate descent from several starts (every
+app on its lightest option, every app on its most accurate one, and the last decision when the
+apps are the same): it moves one app at a time to its best option given the others, until no
+move helps. :class:`ExactJointScheduler` enumerates every combination of the fronts (small
+instances) to measure the heuristic's gap.
+
+Example:
+    >>> local = JointOption(level=1, accuracy=0.90, device_ms=20.0, memory_mb=4.0)
+    >>> small = JointOption(level=0, accuracy=0.80, device_ms=8.0, memory_mb=2.0)
+    >>> split = JointOption(level=1, accuracy=0.89, device_ms=4.0, memory_mb=4.0, split="s1", bits=4,
+    ...                     sent=1.0, bytes=2000.0, server_ms=5.0)
+    >>> apps = [JointApp(n, (local, small, split), fps=30.0) for n in ("a", "b")]
+    >>> res = JointResources(memory_mb=8.0, link_mbps=20.0, server_capacity=1.0)
+    >>> d = JointScheduler().schedule(apps, res, alpha=1.0)
+    >>> [(a.app, a.option.label) for a in d.allocations]  # both local: 2 x 30 x 20 ms fill the device 1.2x
+    [('a', 'L1'), ('b', 'L1@s1:4')]
+    >>> round(d.loads["device"], 2), round(d.value, 4)  # one offloads, giving up 1 point, and both keep 30 fps
+    (0.72, 0.01)
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Sequence
+
+import numpy as np
+
+from nestflex.deploy.scheduler.base import MEMORY_TOL, OBJECTIVES
+from nestflex.deploy.scheduler.errors import SchedulerError
+
+__all__ = [
+    "JointOption",
+    "JointApp",
+    "JointResources",
+    "JointAllocation",
+    "JointDecision",
+    "pareto_front",
+    "JointScheduler",
+    "ExactJointScheduler",
+    "joint_options",
+]
+
+#: the resources an option loads, in the order of :meth:`JointOption.demand`
+RESOURCES: tuple[str, ...] = ("device", "link", "server")
+
+
+@dataclass(frozen=True)
+class JointOption:
+    """One configuration of one app and its predicted cost per frame.
+
+    Attributes:
+        level: the capacity level.
+        accuracy: predicted accuracy in [0, 1] (the operating point's, less the split's
+            quantisation drop on the frames sent).
+        device_ms: device time per frame at the whole device (exit heads and early exits included).
+        memory_mb: memory resident while it runs.
+        point: the exit operating point's index (``None``: no early exit).
+        split: the split point (``None``: everything on the device).
+        bits: the bitwidth of the sent tensors (``None``: float32).
+        sent: share of frames sent to the server.
+        bytes: bytes sent per frame (``sent`` x one frame's bytes).
+        server_ms: server time per frame (``sent`` x the tail's time).
+    """
+
+    level: int
+    accuracy: float
+    device_ms: float
+    memory_mb: float
+    point: int | None = None
+    split: str | None = None
+    bits: int | None = None
+    sent: float = 0.0
+    bytes: float = 0.0
+    server_ms: float = 0.0
+
+    def __post_init__(self) -> None:
+        for name in ("accuracy", "device_ms", "memory_mb", "sent", "bytes", "server_ms"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+                raise SchedulerError(f"JointOption `{name}` must be a finite number >= 0, got {v!r}")
+        if self.split is None and (self.sent or self.bytes or self.server_ms):
+            raise SchedulerError(f"a local JointOption (split=None) sends nothing, got sent={self.sent}, "
+                                 f"bytes={self.bytes}, server_ms={self.server_ms}. HINT: name its split")
+
+    @property
+    def label(self) -> str:
+        """``L<level>[/p<point>][@<split>:<bits or f32>]``, e.g. ``L4/p2@conv3:4``."""
+        out = f"L{self.level}" + ("" if self.point is None else f"/p{self.point}")
+        return out if self.split is None else out + f"@{self.split}:{self.bits or 'f32'}"
+
+    def demand(self) -> tuple[float, float, float]:
+        """(device ms, bytes, server ms) per frame."""
+        return (self.device_ms, self.bytes, self.server_ms)
+
+
+@dataclass(frozen=True)
+class JointApp:
+    """An app: its options and goals.
+
+    Attributes:
+        name: unique name.
+        options: its configurations (at least one).
+        fps: goal frame rate; ``1000 / fps`` is NestDNN's ``L_max``.
+        min_accuracy: ``A_min`` of the cost; ``None``: the best option's accuracy (every point
+            given up is charged).
+        min_accuracy_floor: hard floor (SPINN): options below it are not run, unless none is
+            above it.
+    """
+
+    name: str
+    options: tuple[JointOption, ...]
+    fps: float = 30.0
+    min_accuracy: float | None = None
+    min_accuracy_floor: float | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "options", tuple(self.options))  # frozen: the scheduler caches its front
+        if not self.options:
+            raise SchedulerError(f"app {self.name!r} has no options. HINT: build them with joint_options(...)")
+        if not all(isinstance(o, JointOption) for o in self.options):
+            raise SchedulerError(f"app {self.name!r}: `options` must hold JointOption objects. HINT: "
+                                 f"joint_options(...) builds them from a bundle's profiles")
+        if isinstance(self.fps, bool) or not isinstance(self.fps, (int, float)) or not self.fps > 0:
+            raise SchedulerError(f"app {self.name!r}: `fps` must be a number > 0, got {self.fps!r}")
+
+    @property
+    def goal_accuracy(self) -> float:
+        return float(self.min_accuracy) if self.min_accuracy is not None else max(o.accuracy for o in self.options)
+
+
+@dataclass(frozen=True)
+class JointResources:
+    """What the apps share.
+
+    Attributes:
+        memory_mb: the memory budget.
+        link_mbps: uplink bandwidth (the network profiler's estimate); 0: no link.
+        server_capacity: server time per second of wall time, in seconds (1.0: one server core's
+            worth for these apps; 0: no server).
+        device_slowdown: the online profiler's factor on every ``device_ms`` (1: as profiled).
+        server_slowdown: the same for ``server_ms``.
+    """
+
+    memory_mb: float
+    link_mbps: float = 0.0
+    server_capacity: float = 0.0
+    device_slowdown: float = 1.0
+    server_slowdown: float = 1.0
+
+    def __post_init__(self) -> None:
+        for name in ("memory_mb", "link_mbps", "server_capacity"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+                raise SchedulerError(f"JointResources `{name}` must be a finite number >= 0, got {v!r}")
+        for name in ("device_slowdown", "server_slowdown"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
+                raise SchedulerError(f"JointResources `{name}` must be a finite number > 0, got {v!r}")
+
+    def capacity(self) -> np.ndarray:
+        """Per second: device ms, link bytes, server ms (inf-safe: 0 means none)."""
+        return np.array([1000.0 / self.device_slowdown, self.link_mbps * 1e6 / 8,
+                         1000.0 * self.server_capacity / self.server_slowdown])
+
+
+@dataclass(frozen=True)
+class JointAllocation:
+    """One app's configuration and its predicted outcome.
+
+    Attributes:
+        app: its name; ``option``: the chosen configuration.
+        cost: ``C_v``; ``slowdown``: ``s_v``; ``fps``: the predicted frame rate ``fps / s_v``.
+    """
+
+    app: str
+    option: JointOption
+    cost: float
+    slowdown: float
+    fps: float
+
+
+@dataclass(frozen=True)
+class JointDecision:
+    """A joint scheduler's answer.
+
+    Attributes:
+        scheduler, objective, alpha: how it was decided; ``value``: the objective's value.
+        allocations: one per app, in the order given.
+        loads: ``rho`` of the device, the link and the server.
+        memory_mb: memory the chosen options use together.
+        relaxed: apps whose accuracy floor no option met (they run their most accurate option).
+        front_sizes: options per app after the floor and the Pareto cut.
+        decision_ms: time the decision took.
+    """
+
+    scheduler: str
+    objective: str
+    alpha: float
+    value: float
+    allocations: tuple[JointAllocation, ...]
+    loads: dict[str, float]
+    memory_mb: float
+    relaxed: tuple[str, ...] = ()
+    front_sizes: tuple[int, ...] = ()
+    decision_ms: float = 0.0
+
+    def allocation(self, app: str) -> JointAllocation:
+        for a in self.allocations:
+            if a.app == app:
+                return a
+        raise SchedulerError(f"no app {app!r} in this decision; apps: {[a.app for a in self.allocations]}")
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        for a, src in zip(d["allocations"], self.allocations):
+            a["option"]["label"] = src.option.label
+        return d
+
+
+def pareto_front(options: Sequence[JointOption], accuracy_eps: float = 0.0, cost_eps: float = 0.0) -> list[int]:
+    """Indices of the options no other option dominates (as accurate or more, and no more costly on
+    device time, bytes, server time and memory, better on one), in the given order; of exact
+    duplicates the first stays.
+
+    With ``accuracy_eps`` / ``cost_eps`` > 0 the front is thinned (epsilon-dominance): from the
+    most accurate down, an option is dropped when a kept one is within ``accuracy_eps`` of its
+    accuracy and within a factor ``1 + cost_eps`` of each of its costs. A real bundle has
+    hundreds of non-dominated split x bitwidth x operating point options that differ by a tenth
+    of a point; the thinned front keeps one per step of that size, so the search stays small.
+
+    >>> a = JointOption(level=0, accuracy=0.8, device_ms=5.0, memory_mb=1.0)
+    >>> b = JointOption(level=1, accuracy=0.9, device_ms=9.0, memory_mb=2.0)
+    >>> c = JointOption(level=1, accuracy=0.7, device_ms=9.0, memory_mb=2.0)  # worse than b everywhere
+    >>> d = JointOption(level=1, accuracy=0.899, device_ms=8.9, memory_mb=2.0)  # a hair cheaper than b
+    >>> pareto_front([a, b, c, d]), pareto_front([a, b, c, d], accuracy_eps=0.002, cost_eps=0.05)
+    ([0, 1, 3], [0, 1])
+    """
+    rows = np.array([[-o.accuracy, o.device_ms, o.bytes, o.server_ms, o.memory_mb] for o in options])
+    keep = []
+    for i in range(len(options)):
+        no_worse = (rows <= rows[i]).all(axis=1)
+        better = (rows < rows[i]).any(axis=1)
+        same = (rows == rows[i]).all(axis=1)
+        if (no_worse & better).any() or same[:i].any():
+            continue
+        keep.append(i)
+    if accuracy_eps <= 0 and cost_eps <= 0:
+        return keep
+    thinned: list[int] = []
+    for i in sorted(keep, key=lambda i: (rows[i, 0], tuple(rows[i, 1:]))):  # most accurate first
+        kept = rows[thinned]
+        if ((kept[:, 0] <= rows[i, 0] + accuracy_eps) & (kept[:, 1:] <= rows[i, 1:] * (1 + cost_eps) + 1e-12).all(axis=1)
+            ).any():
+            continue
+        thinned.append(i)
+    return sorted(thinned)
+
+
+def _rows(options: Sequence[JointOption]) -> np.ndarray:
+    """(accuracy, device ms, bytes, server ms, memory MB) per option."""
+    return np.array([[o.accuracy, o.device_ms, o.bytes, o.server_ms, o.memory_mb] for o in options],
+                    dtype=np.float64).reshape(-1, 5)
+
+
+@dataclass(frozen=True)
+class _Table:
+    front: list[int]
+    rows: np.ndarray  # the front's _rows
+    lowest_accuracy: float  # over all the options
+    best_accuracy: float
+
+    def all_above(self, floor: float) -> bool:
+        return self.lowest_accuracy >= floor
+
+
+#: an app's front and its arrays, by the options tuple's identity: an app's options do not change
+#: between the re-plans of a live engine, only the resources do (an entry holds its tuple, so the id
+#: is not reused while it is cached)
+_TABLES: dict[tuple[int, float, float], tuple[tuple[JointOption, ...], _Table]] = {}
+
+
+def _table(options: tuple[JointOption, ...], accuracy_eps: float, cost_eps: float) -> _Table:
+    key = (id(options), accuracy_eps, cost_eps)
+    hit = _TABLES.get(key)
+    if hit is not None and hit[0] is options:
+        return hit[1]
+    if len(_TABLES) >= 256:
+        _TABLES.clear()
+    front = pareto_front(options, accuracy_eps, cost_eps)
+    accuracy = [o.accuracy for o in options]
+    table = _Table(front, _rows([options[i] for i in front]), min(accuracy), max(accuracy))
+    _TABLES[key] = (options, table)
+    return table
+
+
+class _Problem:
+    """The apps' fronts as arrays, and the objective of any assignment."""
+
+    def __init__(self, apps: Sequence[JointApp], res: JointResources, alpha: float, objective: str,
+                 accuracy_eps: float = 0.0, cost_eps: float = 0.0) -> None:
+        if not apps:
+            raise SchedulerError("`apps` is empty: there is nothing to schedule. HINT: pass at least one JointApp")
+        names = [a.name for a in apps]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise SchedulerError(f"app names must be unique, got duplicates {dupes}")
+        if objective not in OBJECTIVES:
+            raise SchedulerError(f"`objective` must be one of {list(OBJECTIVES)}, got {objective!r}")
+        if not (isinstance(alpha, (int, float)) and 0.0 <= alpha <= 1.0):
+            raise SchedulerError(f"`alpha` must be in [0, 1], got {alpha!r}")
+        self.apps, self.res, self.alpha, self.objective = list(apps), res, float(alpha), objective
+        cap = res.capacity()
+        self.fronts: list[list[JointOption]] = []
+        self.relaxed: list[str] = []
+        tables, goals = [], []
+        for app in apps:
+            table = _table(app.options, accuracy_eps, cost_eps)  # the whole app's front, cached
+            goals.append(table.best_accuracy if app.min_accuracy is None else float(app.min_accuracy))
+            floor = app.min_accuracy_floor
+            if (cap[1] > 0 and cap[2] > 0 and (floor is None or table.all_above(floor))):
+                front, rows = [app.options[i] for i in table.front], table.rows
+            else:  # a missing link or server, or a floor: the front of what is left
+                usable = [o for o in app.options
+                          if (o.bytes == 0 or cap[1] > 0) and (o.server_ms == 0 or cap[2] > 0)]
+                if not usable:
+                    raise SchedulerError(f"app {app.name!r}: every option sends frames, and there is no link or "
+                                         f"server (link_mbps={res.link_mbps}, server_capacity="
+                                         f"{res.server_capacity}). HINT: give it a local option (split=None)")
+                ok = [o for o in usable if floor is None or o.accuracy >= floor]
+                if not ok:  # SPINN: the hard constraint becomes best effort
+                    self.relaxed.append(app.name)
+                    best = max(o.accuracy for o in usable)
+                    ok = [o for o in usable if o.accuracy == best]
+                front = [ok[i] for i in pareto_front(ok, accuracy_eps, cost_eps)]
+                rows = _rows(front)
+            self.fronts.append(front)
+            tables.append(rows)
+        smallest = math.fsum(float(r[:, 4].min()) for r in tables)
+        if smallest > res.memory_mb + MEMORY_TOL:
+            raise SchedulerError(f"`memory_mb`={res.memory_mb} is below the smallest configuration of these apps "
+                                 f"({smallest:.4f} MB). HINT: raise the budget or run fewer apps ({len(apps)} given)")
+        safe = np.where(cap > 0, cap, 1.0)
+        # per app and option: demand per second on each resource as a share of its capacity
+        self.load = [r[:, 1:4] * app.fps / safe for app, r in zip(apps, tables)]
+        self.uses = [np.column_stack([np.ones(len(r), dtype=bool), r[:, 2] > 0, r[:, 3] > 0]) for r in tables]
+        self.deficit = [np.maximum(0.0, goal - r[:, 0]) for goal, r in zip(goals, tables)]
+        self.memory = [r[:, 4] for r in tables]
+        # SPINN's tie-break among equal costs: fewer bytes, then less server time
+        self.tie = [r[:, 2] * 1e-12 + r[:, 3] * 1e-15 for r in tables]
+        # the same, padded to the largest front and stacked (n, M, ...), for evaluating many assignments at once
+        width = max(len(f) for f in self.fronts)
+
+        def stack(arrays: list[np.ndarray], fill: Any) -> np.ndarray:
+            out = np.full((len(arrays), width, *arrays[0].shape[1:]), fill, dtype=arrays[0].dtype)
+            for v, a in enumerate(arrays):
+                out[v, :len(a)] = a
+            return out
+
+        self.s_load, self.s_uses = stack(self.load, 0.0), stack(self.uses, False)
+        self.s_deficit, self.s_memory, self.s_tie = stack(self.deficit, 0.0), stack(self.memory, 0.0), stack(self.tie, 0.0)
+        self.rows_n = np.arange(len(apps))
+
+    def costs(self, choice: Sequence[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(cost per app, slowdown per app, loads) of one assignment."""
+        rho = np.sum([self.load[v][c] for v, c in enumerate(choice)], axis=0)
+        slow = np.array([max(1.0, float(np.max(np.where(self.uses[v][c], rho, 0.0)))) for v, c in enumerate(choice)])
+        cost = np.array([self.deficit[v][c] for v, c in enumerate(choice)]) + self.alpha * (slow - 1.0)
+        return cost, slow, rho
+
+    def value(self, cost: np.ndarray) -> float:
+        return float(math.fsum(cost)) if self.objective == "total" else float(np.max(cost))
+
+    def fits(self, choice: Sequence[int]) -> bool:
+        return math.fsum(self.memory[v][c] for v, c in enumerate(choice)) <= self.res.memory_mb + MEMORY_TOL
+
+    def decision(self, name: str, choice: Sequence[int], start: float) -> JointDecision:
+        cost, slow, rho = self.costs(choice)
+        allocs = tuple(JointAllocation(app.name, self.fronts[v][c], float(cost[v]), float(slow[v]), app.fps / slow[v])
+                       for v, (app, c) in enumerate(zip(self.apps, choice)))
+        return JointDecision(name, self.objective, self.alpha, self.value(cost), allocs,
+                             dict(zip(RESOURCES, (float(r) for r in rho))),
+                             math.fsum(a.option.memory_mb for a in allocs), tuple(self.relaxed),
+                             tuple(len(f) for f in self.fronts), (time.perf_counter() - start) * 1e3)
+
+
+@dataclass
+class JointScheduler:
+    """The live heuristic: coordinate descent over the apps' Pareto fronts from several starts.
+
+    Args:
+        objective: ``"total"`` (MinTotalCost) or ``"max"`` (MinMaxCost).
+        max_sweeps: passes over the apps per start (each pass moves every app to its best option
+            given the others; it stops earlier when a pass changes nothing).
+        pair_candidates: options per app tried in the moves of two apps at once (its best alone).
+        accuracy_eps, cost_eps: the front's thinning (:func:`pareto_front`): options within 0.2
+            points of accuracy and 5% of every cost of a kept one are one step of the search.
+    """
+
+    objective: str = "total"
+    max_sweeps: int = 20
+    pair_candidates: int = 6
+    accuracy_eps: float = 0.002
+    cost_eps: float = 0.05
+    last: JointDecision | None = field(default=None, repr=False)
+
+    @property
+    def name(self) -> str:
+        return f"joint_{self.objective}"
+
+    def schedule(self, apps: Sequence[JointApp], resources: JointResources, *, alpha: float = 0.5) -> JointDecision:
+        """Decide every app's configuration for these resources.
+
+        Raises:
+            SchedulerError: no apps, duplicate names, ``alpha`` or ``objective`` out of range, or a
+                memory budget below the apps' smallest configurations.
+        """
+        start = time.perf_counter()
+        p = _Problem(apps, resources, alpha, self.objective, self.accuracy_eps, self.cost_eps)
+        starts = [[int(np.argmin(l[:, 0] + m * 1e-9)) for l, m in zip(p.load, p.memory)],  # lightest
+                  [int(np.argmax(-d)) for d in p.deficit]]  # most accurate
+        if self.last is not None and [a.app for a in self.last.allocations] == [a.name for a in apps]:
+            prev = [next((i for i, o in enumerate(f) if o == a.option), None)
+                    for f, a in zip(p.fronts, self.last.allocations)]
+            if None not in prev:
+                starts.append(prev)
+        best, best_key = None, None
+        for choice in starts:
+            choice = self._fit(p, list(choice))
+            choice = self._descend(p, choice)
+            key = _key(p, *_evaluate(p, choice, [], np.zeros((1, 0), dtype=np.int64)))[0]
+            if best_key is None or _better(key, best_key):
+                best, best_key = choice, key
+        self.last = p.decision(self.name, best, start)
+        return self.last
+
+    @staticmethod
+    def _fit(p: _Problem, choice: list[int]) -> list[int]:
+        """Within the memory budget: move the app that frees the most memory per accuracy point to its
+        smallest option until it fits (the lightest start always fits: checked in _Problem)."""
+        while not p.fits(choice):
+            v = max(range(len(choice)), key=lambda v: p.memory[v][choice[v]] - p.memory[v].min())
+            choice[v] = int(np.argmin(p.memory[v] + p.deficit[v] * 1e-6))
+        return choice
+
+    def _descend(self, p: _Problem, choice: list[int]) -> list[int]:
+        """Moves that improve the objective until none does: one app at a time over its whole front,
+        then (when that is stuck) two at a time over each one's ``pair_candidates`` best options
+        given the others, which is what trades memory or load between two apps."""
+        n = len(choice)
+        cur = _key(p, *_evaluate(p, choice, [], np.zeros((1, 0), dtype=np.int64)))[0]
+        for _ in range(self.max_sweeps):
+            moved, best_alone = False, []
+            for v in range(n):
+                grid = np.arange(len(p.fronts[v]), dtype=np.int64)[:, None]
+                keys = _key(p, *_evaluate(p, choice, [v], grid))
+                order = _order(keys)
+                if _better(keys[order[0]], cur):
+                    choice[v], cur, moved = int(order[0]), keys[order[0]], True
+                best_alone.append(order[:self.pair_candidates].tolist())
+            if moved:
+                continue
+            for u in range(n):
+                for v in range(u + 1, n):
+                    grid = np.array(list(itertools.product(best_alone[u], best_alone[v])), dtype=np.int64)
+                    keys = _key(p, *_evaluate(p, choice, [u, v], grid))
+                    best = int(_order(keys)[0])
+                    if _better(keys[best], cur):
+                        choice[u], choice[v] = int(grid[best, 0]), int(grid[best, 1])
+                        cur, moved = keys[best], True
+            if not moved:
+                break
+        return choice
+
+
+def _evaluate(p: _Problem, choice: Sequence[int], group: Sequence[int], grid: np.ndarray
+              ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Cost per app (G, n), memory (G,) and tie-break (G,) of ``choice`` with the apps of ``group``
+    set to each row of ``grid`` (G, len(group)) instead."""
+    picks = np.tile(np.asarray(choice, dtype=np.int64), (grid.shape[0], 1))
+    if len(group):
+        picks[:, list(group)] = grid
+    rows = p.rows_n[None, :]
+    rho = p.s_load[rows, picks].sum(axis=1)  # (G, 3)
+    slow = np.maximum(1.0, np.where(p.s_uses[rows, picks], rho[:, None, :], 0.0).max(axis=2))  # (G, n)
+    costs = p.s_deficit[rows, picks] + p.alpha * (slow - 1.0)
+    return costs, p.s_memory[rows, picks].sum(axis=1), p.s_tie[rows, picks].sum(axis=1)
+
+
+def _key(p: _Problem, costs: np.ndarray, memory: np.ndarray, tie: np.ndarray) -> np.ndarray:
+    """Sort keys, one row per assignment: the objective (inf over the memory budget), then the sum of
+    costs (MinMaxCost: lowers the apps below the worst one, which gets single moves off a plateau),
+    then bytes and server time. Rounded so that float noise in a sum is no improvement."""
+    total = costs.sum(axis=1)
+    value = total if p.objective == "total" else costs.max(axis=1)
+    value = np.where(memory <= p.res.memory_mb + MEMORY_TOL, value, np.inf)
+    return np.stack([np.round(value, 12), np.round(total, 12), tie], axis=1)
+
+
+def _order(keys: np.ndarray) -> np.ndarray:
+    """Row indices of ``keys`` from the best."""
+    return np.lexsort((keys[:, 2], keys[:, 1], keys[:, 0]))
+
+
+def _better(a: np.ndarray, b: np.ndarray) -> bool:
+    """Whether key row ``a`` sorts before ``b``."""
+    return tuple(a.tolist()) < tuple(b.tolist())
+
+
+@dataclass
+class ExactJointScheduler:
+    """Every combination of the apps' fronts (small instances): the heuristic's yardstick.
+
+    Args:
+        objective: ``"total"`` or ``"max"``.
+        max_combinations: refuse larger problems (it exists to check the heuristic offline).
+        accuracy_eps, cost_eps: the same thinning as the heuristic's, so that the gap measured is
+            the search's; 0 and 0: the full fronts.
+    """
+
+    objective: str = "total"
+    max_combinations: int = 2_000_000
+    accuracy_eps: float = 0.002
+    cost_eps: float = 0.05
+
+    @property
+    def name(self) -> str:
+        return f"exact_joint_{self.objective}"
+
+    def schedule(self, apps: Sequence[JointApp], resources: JointResources, *, alpha: float = 0.5) -> JointDecision:
+        start = time.perf_counter()
+        p = _Problem(apps, resources, alpha, self.objective, self.accuracy_eps, self.cost_eps)
+        sizes = [len(f) for f in p.fronts]
+        total = math.prod(sizes)
+        if total > self.max_combinations:
+            raise SchedulerError(f"exact joint solver: {total} combinations of fronts {sizes}, more than "
+                                 f"`max_combinations`={self.max_combinations}. HINT: use JointScheduler")
+        n = len(sizes)
+        rest = np.array(list(itertools.product(*[range(s) for s in sizes[1:]])), dtype=np.int64).reshape(-1, n - 1)
+        best_key, best_choice = None, None
+        for first in range(sizes[0]):  # one block per option of the first app: memory stays ~ the rest's product
+            grid = np.concatenate([np.full((len(rest), 1), first, dtype=np.int64), rest], axis=1)
+            keys = _key(p, *_evaluate(p, [0] * n, list(range(n)), grid))
+            i = int(_order(keys)[0])
+            if best_key is None or _better(keys[i], best_key):
+                best_key, best_choice = keys[i], grid[i]
+        return p.decision(self.name, [int(c) for c in best_choice], start)
+
+
+def joint_options(levels: Sequence[Any], *, split_rows: Sequence[dict[str, Any]] = (),
+                  split_level: int | None = None) -> tuple[JointOption, ...]:
+    """An app's options from what its bundle profiles: every level on the device (no early exit),
+    plus every split scheduler row (split x bitwidth x exit operating point, with the device-only
+    rows of each operating point) on ``split_level`` (default the largest).
+
+    Args:
+        levels: the app's :class:`~nestflex.deploy.scheduler.profile.LevelProfile` rows.
+        split_rows: :meth:`~nestflex.deploy.scheduler.split.SplitScheduler.static_rows` of the app's
+            split scheduler.
+        split_level: the level the split rows were profiled on.
+    """
+    if not levels:
+        raise SchedulerError("`levels` is empty. HINT: AppProfile.from_bundle(...).levels")
+    out = [JointOption(level=lv.level, accuracy=float(lv.accuracy), device_ms=float(lv.latency_ms),
+                       memory_mb=float(lv.memory_mb)) for lv in levels]
+    top = levels[-1] if split_level is None else next((lv for lv in levels if lv.level == split_level), None)
+    if split_rows and top is None:
+        raise SchedulerError(f"`split_level`={split_level} is not one of the levels {[lv.level for lv in levels]}")
+    for r in split_rows:
+        if r["accuracy"] is None:
+            continue  # unknown accuracy (a bitwidth the profile did not measure): cannot be weighed
+        out.append(JointOption(level=top.level, accuracy=float(r["accuracy"]), device_ms=float(r["device_ms"]),
+                               memory_mb=float(top.memory_mb), point=r["point"], split=r["split"], bits=r["bits"],
+                               sent=float(r["sent"]) if r["split"] is not None else 0.0,
+                               bytes=float(r["bytes"]) if r["split"] is not None else 0.0,
+                               server_ms=float(r["server_ms"]) if r["split"] is not None else 0.0))
+    return tuple(out)
