@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 
-import pytest
-
 from tests.scripts import TINY, load_script
 
 FLAGS = [*TINY, "--prune-max-steps", "2", "--prune-triplets", "40", "--prune-max-drop", "50",
@@ -44,7 +42,6 @@ def test_the_30_minute_goal_is_judged_on_the_median_and_its_note_gives_the_runs_
     assert bench.goals(rows, all_stages)["recipe_within_30_minutes"]["met"] is False
 
 
-@pytest.mark.slow
 def test_sweep_runs_each_seed_in_its_own_directory_then_noise_reads_one(tmp_path):
     bench = load_script("benchmarks/recipe_seeds.py")
     out, runs = tmp_path / "out", tmp_path / "runs"

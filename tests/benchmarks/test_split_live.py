@@ -5,12 +5,8 @@ from __future__ import annotations
 
 import json
 
-import pytest
-
 from tests.deploy.split_bundle import write_split_bundle
 from tests.scripts import load_script
-
-pytest.importorskip("grpc")
 
 
 def test_split_live_runs_every_system_and_writes_goals(tmp_path):

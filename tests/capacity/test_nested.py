@@ -1,7 +1,5 @@
 """Nested layers: one weight copy, level k = the footprint's architecture, switchable BatchNorm."""
 
-import copy
-
 import pytest
 import torch
 
@@ -111,10 +109,8 @@ def test_set_level_range_and_extract_leaves_the_level(vgg_roadmap):
         nest_from_roadmap(mc.net, path)
 
 
-@pytest.mark.slow
 def test_timm_model_nests(tmp_path):
     """mobilenetv2: depthwise convs and timm's BatchNormAct2d."""
-    timm = pytest.importorskip("timm")  # noqa: F841
     net = create_model("timm:mobilenetv2_100", num_classes=10)
     road = make_roadmap(tmp_path, net, steps=1)
     mc = MultiCapacityModel.from_roadmap(net, tmp_path / "roadmap.json", levels=2).eval()

@@ -20,8 +20,6 @@ from nestflex.deploy.exits import apply_policy
 from tests.deploy.test_int8 import _samples
 from tests.export.bundles import nested_vgg, write_bundle
 
-pytest.importorskip("onnxruntime")
-
 SUBSETS = [(), (0,), (1,), (0, 1)]
 
 

@@ -140,7 +140,7 @@ def test_serve_listens_and_stops_on_sigint_on_the_base_install(bundle):
     import sys
     import textwrap
 
-    pytest.importorskip("grpc")
+    import grpc  # noqa: F401  (`nestflex serve` needs the serve extra, which dev installs: fail if missing)
     code = BLOCKER + textwrap.dedent(f"""
         import json, runpy
         sys.argv = ["nestflex", "serve", {bundle!r}, "--port", "0"]

@@ -3,10 +3,10 @@ profiler's slowdown drives re-planning, and bad input gets a clear error naming 
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -215,12 +215,41 @@ def test_stream_paces_frames_and_keeps_their_order(tiny):
         assert sum(r.answered for r in results) >= 10
 
 
+def _cpu_probe_s(repeats=5):
+    """Median seconds of a fixed pure-Python loop: how much CPU this process gets, measured
+    independently of onnxruntime and of the engine's profiler."""
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        total = 0
+        for i in range(300_000):
+            total += i
+        times.append(time.perf_counter() - start)
+    return sorted(times)[len(times) // 2]
+
+
+def _start_burners(n):
+    """``n`` busy processes, returned once each one runs (it prints a line before it spins)."""
+    burners = [subprocess.Popen([sys.executable, "-c", "print('busy', flush=True)\nwhile True: pass"],
+                                stdout=subprocess.PIPE, text=True) for _ in range(n)]
+    for p in burners:
+        assert p.stdout.readline().strip() == "busy"
+    return burners
+
+
 def test_profiler_slowdown_rises_under_load_and_the_engine_moves_cheaper(wide):
-    """Four CPU-burning processes on a 2-core machine take the cores the worker's two onnxruntime
-    threads ran on: the slowdown factor rises and a drift re-plan picks a cheaper level. (Once on
-    a small level the factor may fall back, since a short frame suffers less from sharing: so the
-    test reads the plans made during the burn, not only the state at its end.)"""
+    """Busy processes take the cores the worker's two onnxruntime threads ran on: the slowdown
+    factor rises and a drift re-plan picks a cheaper level. (Once on a small level the factor may
+    fall back, since a short frame suffers less from sharing: so the test reads the plans made
+    during the burn, not only the state at its end.)
+
+    The burn is sized to the machine (two busy processes per core, so every core the worker can
+    run on is shared at least three ways), and whether it slowed this process is measured apart
+    from the engine (a fixed Python loop timed before and during the burn): where it did not
+    (a machine with cores to spare), the test skips with that figure rather than failing on its
+    own precondition; where it did, the engine's profiler must see it and the engine must act."""
     bundle, _ = wide
+    cores = os.cpu_count() or 1
     with nd.Engine("greedy_total", threads=2, alpha=1.0, min_replan_s=0.05, replan_drift=0.15) as engine:
         engine.add_app("probe", bundle, profile_repeats=5)
         level_ms = _state(engine, "probe")["level_ms"]
@@ -233,19 +262,26 @@ def test_profiler_slowdown_rises_under_load_and_the_engine_moves_cheaper(wide):
         engine.add_app("cam", bundle, fps=fps, profile_repeats=5)
         list(engine.stream("cam", (_x(i) for i in range(40))))
         before = _state(engine, "cam")["level"]
+        probe_quiet = _cpu_probe_s()
         burn_start = time.perf_counter() - engine._t0
-        burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(4)]
+        burners = _start_burners(2 * cores)
         try:
-            time.sleep(0.2)
+            probe_burn = _cpu_probe_s()
             list(engine.stream("cam", (_x(i) for i in range(max(100, int(2 * fps))))))
         finally:
             for p in burners:
                 p.kill()
                 p.wait()
+                p.stdout.close()
         burn = [p for p in engine.plans if p["t"] >= burn_start and p["reason"] == "drift" and "apps" in p]
         assert before == LEVELS - 1, (before, quiet, level_ms)
-        assert burn, "no drift re-plan while the CPU was taken"
-        assert max(p["slowdown"] for p in burn) > 1.3 * quiet, (quiet, [p["slowdown"] for p in burn])
+        cpu_slowdown = probe_burn / probe_quiet
+        if cpu_slowdown < 1.5:
+            pytest.skip(f"{2 * cores} busy processes on {cores} cores slowed a Python loop only "
+                        f"{cpu_slowdown:.2f}x ({probe_quiet * 1e3:.1f} -> {probe_burn * 1e3:.1f} ms): "
+                        f"no load to test the profiler with")
+        assert burn, f"no drift re-plan while the CPU was taken ({cpu_slowdown:.2f}x slower for a Python loop)"
+        assert max(p["slowdown"] for p in burn) > 1.3 * quiet, (quiet, cpu_slowdown, [p["slowdown"] for p in burn])
         assert min(p["apps"]["cam"]["level"] for p in burn) < before, burn
 
 

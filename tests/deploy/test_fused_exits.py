@@ -13,7 +13,6 @@ from nestflex.deploy.backends.base import tuned_dir
 from nestflex.deploy.exits import apply_policy, get_confidence, register_confidence
 from tests.export.bundles import write_bundle
 
-pytest.importorskip("onnxruntime")
 
 
 @pytest.fixture(scope="module")

@@ -23,8 +23,6 @@ from nestflex.cli import main
 from nestflex.export import ExportError
 from tests.export.bundles import nested_vgg, write_bundle
 
-pytest.importorskip("onnxruntime")
-
 
 def _samples(net, n=64, seed=0):
     """Inputs and the labels the float model gives them (so its own accuracy is 1.0)."""
@@ -92,7 +90,14 @@ def test_the_int8_backend_is_registered_and_runs_every_level_close_to_float(bund
         assert rt.backend == "onnxruntime_int8"
         ref, out = nd.CapacityRuntime(bundle, level, plan=None)(x), rt(x)  # float32 onnxruntime, int8
         assert out.shape == ref.shape and not np.array_equal(out, ref)  # quantised: close, not equal
-        assert float(np.abs(out - ref).max()) < 0.25 * float(np.abs(ref).max())
+        # measured (onnxruntime 1.x, MinMax QDQ calibrated on the other 32 samples, 2026-11): the
+        # largest error is 0.38%, 0.55% and 1.3% of the largest logit at levels 0, 1 and 2, and all
+        # 8 predictions agree with float32 at every level. Bounds: 5% (about 4x the worst level),
+        # and at most one of the 8 predictions may change
+        rel = float(np.abs(out - ref).max()) / float(np.abs(ref).max())
+        assert rel < 0.05, f"level {level}: int8 logits {rel:.2%} of the largest logit away from float32"
+        agree = int((out.argmax(1) == ref.argmax(1)).sum())
+        assert agree >= 7, f"level {level}: int8 agrees with float32 on {agree} of 8 predictions"
 
 
 def test_quantised_graphs_are_built_once_and_cached_beside_the_bundle(bundle):
@@ -132,11 +137,20 @@ def test_a_bundle_folder_that_cannot_be_written_caches_in_the_temp_folder(bundle
     assert quantize_level(copy, 1) == path  # and found there again
 
 
+#: measured on the check half (32 samples, 2026-11): int8 accuracy equals the eager one at levels 0
+#: and 1 and is 6.25 points (2 of 32 samples) below it at level 2. A budget of 10 points accepts that
+#: with one more changed sample to spare (3.125 points each), and refuses anything worse
+INT8_BUDGET_POINTS = 10
+
+
 def test_synthesis_judges_int8_by_accuracy_on_the_check_half(bundle):
-    plan = synthesize(bundle, backends=["eager", "onnxruntime_int8"], threads=[1], repeats=2, budget_points=100)
+    plan = synthesize(bundle, backends=["eager", "onnxruntime_int8"], threads=[1], repeats=2,
+                      budget_points=INT8_BUDGET_POINTS)
     rows = [c for c in plan.candidates if c["backend"] == "onnxruntime_int8"]
-    assert len(rows) == bundle.num_levels and plan.budget_points == 100 and plan.check_samples == 32
-    for c in rows:  # a budget of 100 points accepts any accuracy; the figures are recorded
+    assert len(rows) == bundle.num_levels and plan.budget_points == INT8_BUDGET_POINTS and plan.check_samples == 32
+    for c in rows:  # within the measured drop plus the margin: every level's int8 is a candidate
+        drop = c["eager_accuracy"] - c["accuracy"]
+        assert drop <= INT8_BUDGET_POINTS / 100 + 1e-9, f"level {c['level']}: int8 {100 * drop:.2f} points below eager"
         assert c["agrees"] and 0 <= c["accuracy"] <= 1 and 0 <= c["eager_accuracy"] <= 1
     assert rows[-1]["eager_accuracy"] == 1.0  # the labels are the largest level's own predictions
     strict = synthesize(bundle, backends=["eager", "onnxruntime_int8"], threads=[1], repeats=2, budget_points=0)

@@ -18,8 +18,10 @@ from nestflex.deploy.tune import synthesize
 from nestflex.deploy.backends.padding import PaddingError, pad_channels
 from tests.export.bundles import write_bundle
 
-ort = pytest.importorskip("onnxruntime")
-onnx = pytest.importorskip("onnx")
+# onnxruntime is a base dependency and onnx comes with the tune extra (in dev): plain imports, so a
+# broken install fails here instead of turning the module into skips
+import onnx  # noqa: E402
+import onnxruntime as ort  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -412,7 +412,6 @@ def test_any_field_of_any_type_gives_a_bundle_error_or_a_manifest(spec, header):
     assert _sweep(spec, header, sample, lambda p: rng.sample([*BAD_VALUES, "delete"], 2)) >= 200
 
 
-@pytest.mark.slow
 def test_every_field_of_any_type_gives_a_bundle_error_or_a_manifest(spec, header):
     # every field outside the programs with every value; every program/region/tensor entry with three
     # of them, in turn (about 12k reads, ~3 min on 2 cores)

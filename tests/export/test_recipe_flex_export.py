@@ -17,7 +17,6 @@ def _recipe():
     return load_script("recipes/vgg_cifar.py")
 
 
-@pytest.mark.slow
 def test_export_stage_includes_the_flex_plan(tmp_path, capsys):
     out = tmp_path / "run"
     summary = _recipe().main([*TINY, *FLEX, "--out", str(out), "--stages", "baseline,flex,export"])
@@ -25,9 +24,12 @@ def test_export_stage_includes_the_flex_plan(tmp_path, capsys):
     x = summary["export"]
     assert x["flex_exits"] == len(spec["exits"]) and x["exits_backbone"] is None
     assert f"{x['flex_exits']} FlexDNN exit(s)" in capsys.readouterr().out
-    if not spec["exits"]:  # the plan kept no exit: nothing to bundle (possible on near-chance synthetic data)
+    if not spec["exits"]:
+        # the plan kept no exit (possible on near-chance synthetic data): the export's part holds,
+        # but the parity below has nothing to compare, and that must show in the report, not pass
         assert x["flex_exits_backbone"] is None
-        return
+        pytest.skip("the flex plan kept no exit on this run's "
+                    "synthetic data: the bundle's exit parity was not checked")
     # no grow stage: the bundle's one level is the baseline FlexDNN ran on, so only heads are stored
     assert x["flex_exits_backbone"] == "shared" and x["flex_exit_heads_bytes"] > 0
     bundle = nd.load(out / x["bundle"])

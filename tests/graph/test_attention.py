@@ -146,7 +146,7 @@ def test_nested_levels_refuse_pruned_heads():
 
 
 def test_timm_vit_prunes_heads_and_mlp_exactly():
-    timm = pytest.importorskip("timm")
+    import timm  # the train extra (in dev) installs it: missing is a broken install, not a skip
     from tests.graph.test_concat import _masked_output
 
     torch.manual_seed(0)

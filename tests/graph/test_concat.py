@@ -156,7 +156,7 @@ def test_growing_levels_through_a_concatenation_is_refused_with_the_reason():
 
 
 def test_torchvision_densenet_prunes_through_its_concatenations():
-    torchvision = pytest.importorskip("torchvision")
+    import torchvision  # the dev extra installs it: missing is a broken install, not a skip
     torch.manual_seed(0)
     model = torchvision.models.DenseNet(growth_rate=4, block_config=(2, 2), num_init_features=6, bn_size=2,
                                         num_classes=3).eval().double()

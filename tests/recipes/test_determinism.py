@@ -1,6 +1,5 @@
 """Same machine, same seed: the recipe gives a bit-identical run (issue: results that reproduce)."""
 
-import pytest
 import torch
 
 from tests.scripts import TINY, load_script
@@ -17,7 +16,6 @@ def _strip(value):
     return value
 
 
-@pytest.mark.slow
 def test_two_runs_with_the_same_seed_are_bit_identical(tmp_path):
     flags = [*TINY, "--prune-max-steps", "2", "--prune-triplets", "40", "--stages", "baseline,prune"]
     runs = [load_script("recipes/vgg_cifar.py").main([*flags, "--out", str(tmp_path / name)]) for name in "ab"]

@@ -202,7 +202,6 @@ def test_export_stage_without_grow_or_exits_bundles_the_baseline(tmp_path, capsy
     assert x["weights_bytes"] <= 1.1 * x["largest_level_bytes"]
 
 
-@pytest.mark.slow
 def test_export_stage_writes_a_bundle_with_exits_on_the_grown_model(tmp_path, capsys):
     import nestflex.deploy as nd
 

@@ -11,7 +11,6 @@ def _recipe():
     return load_script("recipes/vgg_cifar.py")
 
 
-@pytest.mark.slow
 def test_flex_stage_writes_plan_and_reuses_it(tmp_path, capsys):
     recipe = _recipe()
     out = tmp_path / "run"
@@ -57,7 +56,6 @@ def test_bad_flex_flags_are_explained(tmp_path, capsys):
             "folds), got 3") in capsys.readouterr().err
 
 
-@pytest.mark.slow
 def test_a_small_validation_split_is_shared_between_planning_and_calibration(tmp_path, capsys):
     recipe = _recipe()
     args = [*TINY, *FLEX, "--flex-val-samples", "120", "--out", str(tmp_path / "run"), "--stages", "baseline,flex"]
@@ -71,7 +69,6 @@ def test_a_small_validation_split_is_shared_between_planning_and_calibration(tmp
     assert f["calibration"]["split"] == "validation" and f["calibration"]["samples"] == 100
 
 
-@pytest.mark.slow
 def test_a_plan_that_keeps_no_exit_reports_the_backbone_alone(tmp_path, monkeypatch):
     """When no exit pays for itself the summary still says what the flex stage ships: the backbone."""
     import dataclasses

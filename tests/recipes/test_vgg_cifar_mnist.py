@@ -4,7 +4,6 @@ from nestflex.deploy.runtime.capacity import CapacityRuntime
 from nestflex.deploy.runtime.progressive import ProgressiveRuntime
 import json
 
-import pytest
 import torch
 
 from tests.data.mnist_files import make_fake_mnist
@@ -19,7 +18,7 @@ TINY_MNIST = ["--data", "mnist", "--val-size", "40", "--model", "vgg11", "--widt
               "--flex-train-samples", "64", "--flex-val-samples", "20", "--flex-calibration-samples", "20"]
 
 
-@pytest.mark.slow  # every stage: 118-193 s measured on 2 busy cores (load 5-9)
+# every stage: 118-193 s measured on 2 busy cores (load 5-9)
 def test_recipe_runs_end_to_end_on_mnist(tmp_path):
     from nestflex.deploy import load
 
