@@ -72,7 +72,9 @@ from nestflex.deploy.split.wire import RUN_METHOD, request_metadata
 from nestflex.deploy.bundle.loader import bundle_id
 
 SYSTEMS = ("device_only", "server_only", "neurosurgeon", "spinn8", "spinn8_pipe", "nestflex", "nestflex_pipe")
-BASELINES = ("device_only", "server_only", "neurosurgeon")
+#: every other system measured: ours is judged against the strongest of them (SPINN-style with a fixed
+#: 8-bit transfer, pipelined or not, included: issue 42)
+BASELINES = ("device_only", "server_only", "neurosurgeon", "spinn8", "spinn8_pipe")
 PAPER = {"spinn_vs_neurosurgeon": 2.0, "dyno_vs_neurosurgeon_pipelined": 7.9, "dyno_less_data": 60.0}
 
 
@@ -467,18 +469,24 @@ def goals_of(summary: dict[str, Any]) -> dict[str, Any]:
         base = [(row[s]["fps"], s) for s in BASELINES if s in row and row[s]["accuracy"] >= floor - 0.005]
         ours = max(((row[s]["fps"], s) for s in row if s.startswith("nestflex")), default=(None, None))
         neuro = row.get("neurosurgeon", {}).get("fps")
-        per_bw[bw] = {"ours": ours[1], "ours_fps": ours[0], "best_baseline": max(base)[1] if base else None,
-                      "best_baseline_fps": max(base)[0] if base else None,
+        best = max(base) if base else (None, None)
+        per_bw[bw] = {"ours": ours[1], "ours_fps": ours[0], "best_baseline": best[1], "best_baseline_fps": best[0],
+                      "vs_best_baseline": ours[0] / best[0] if ours[0] and best[0] else None,
                       "vs_neurosurgeon": ours[0] / neuro if ours[0] and neuro else None,
+                      # accuracy on the live stream, beside the floor set on the calibration split
+                      "ours_accuracy": row[ours[1]]["accuracy"] if ours[1] else None,
+                      "best_baseline_accuracy": row[best[1]]["accuracy"] if best[1] else None,
+                      "device_only_accuracy": row.get("device_only", {}).get("accuracy"),
                       "configs": row[ours[1]]["configs"] if ours[1] else None}
     goals["throughput_vs_baselines"] = {
-        "target": ">= the best of device-only, server-only and Neurosurgeon-style (within the accuracy floor) "
-                  "at every fixed bandwidth",
+        "target": ">= the best of device-only, server-only, Neurosurgeon-style and SPINN-style 8-bit (one frame at "
+                  "a time or pipelined), within the accuracy floor, at every fixed bandwidth",
         "measured": per_bw, "met": all(v["ours_fps"] is not None and (v["best_baseline_fps"] is None or
                                                                       v["ours_fps"] >= v["best_baseline_fps"])
                                        for v in per_bw.values()),
         "note": "ours = the faster of nestflex (one frame at a time) and nestflex_pipe (pipelined); medians over "
-                "repeats; a baseline counts when its accuracy is within 0.5 points of the floor"}
+                "repeats; a baseline counts when its accuracy is within 0.5 points of the floor (the floor is "
+                f"{floor:.4f}, set on the calibration split; the accuracies here are the live stream's)"}
     bws = sorted(fixed, key=float)
     mid = bws[(len(bws) - 1) // 2]
     ratio = per_bw[mid]["vs_neurosurgeon"]

@@ -152,7 +152,7 @@ def test_bad_plans_and_unwritable_folders_are_clear_errors(bundle, tmp_path):
                  "--out", str(tmp_path / "missing" / "p.json")]) == 2
     # a "folder" that is a regular file: refused whoever runs the tests (root included)
     (tmp_path / "a_file").write_text("not a folder")
-    with pytest.raises(BackendError, match="cannot write the execution plan"):
+    with pytest.raises(BackendError, match="is a file, not a folder"):
         write_plan(bundle, ExecutionPlan((LevelPlan(),)), tmp_path / "a_file" / "p.json")
     assert (tmp_path / "a_file").read_text() == "not a folder"
 

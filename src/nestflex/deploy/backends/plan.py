@@ -259,6 +259,9 @@ def writable_plan_path(bundle: Any, path: str | os.PathLike | None = None) -> Pa
         BackendError: the folder does not exist or is not writable (the bundle's own files are never touched).
     """
     path = plan_path(bundle) if path is None else Path(path)
+    if path.parent.exists() and not path.parent.is_dir():
+        raise BackendError(f"cannot write the execution plan to {str(path)!r}: {str(path.parent)!r} is a file, not a "
+                           f"folder. HINT: pass --out with a path inside a folder")
     if not path.parent.is_dir():
         raise BackendError(f"cannot write the execution plan to {str(path)!r}: folder {str(path.parent)!r} does not "
                            f"exist. HINT: create it, or pass another --out")
