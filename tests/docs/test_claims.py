@@ -308,6 +308,20 @@ CLAIMS = [
           three_runs("synthesis_round8_track"),
           *(lambda ds, f=f: f(goal_values(ds, "switch_within_a_frame")) for f in (min, max)),
           *(lambda ds, f=f: f(goal_values(ds, "resident_memory", "rss")) for f in (min, max))),
+    # the light runtime's footprint (deploy_footprint), both bundles
+    claim("docs/deploy.md", "| RSS after every level and both exit sets once | {:.1f} MB; {:.1f} MB with `fused=False` "
+          "(MNIST {:.1f}; {:.1f}) | {:.1f} MB (MNIST {:.1f}) |",
+          ("docs/results/deploy_footprint/summary.json", "docs/results/deploy_footprint_mnist/summary.json"),
+          lambda ds: ds[0]["goals"]["rss_after_run"]["measured"]["vgg_default"],
+          lambda ds: ds[0]["goals"]["rss_after_run_unfused"]["measured"]["vgg_default"],
+          lambda ds: ds[1]["goals"]["rss_after_run"]["measured"]["vgg_mnist"],
+          lambda ds: ds[1]["goals"]["rss_after_run_unfused"]["measured"]["vgg_mnist"],
+          lambda ds: ds[0]["goals"]["rss_after_run"]["previous"]["vgg_default"],
+          lambda ds: ds[1]["goals"]["rss_after_run"]["previous"]["vgg_mnist"]),
+    claim("docs/deploy.md", "| import + load, median of 7 processes | {:.2f} s (MNIST {:.2f}) |",
+          ("docs/results/deploy_footprint/summary.json", "docs/results/deploy_footprint_mnist/summary.json"),
+          lambda ds: ds[0]["goals"]["import_load"]["measured"]["vgg_default"],
+          lambda ds: ds[1]["goals"]["import_load"]["measured"]["vgg_mnist"]),
     # the joint scheduler (joint_scheduler)
     claim("docs/scheduler.md", "decision time for 6 apps, from scratch: median **{:.2f} ms**, p95 {:.2f} ms",
           "docs/results/joint_scheduler/summary.json", "decision_ms.median", "decision_ms.p95"),
