@@ -70,15 +70,19 @@ def test_site_packages_split_into_what_nestflex_brings_and_venv_tooling(tmp_path
                      "distutils-precedence.pth": 2}
 
 
-def test_latency_ratios_take_the_median_over_processes():
+def test_latency_ratios_take_the_median_over_back_to_back_pairs():
     def run(*ms):
         return {"1": [{"level": k, "backend": "ort", "ms": v} for k, v in enumerate(ms)]}
 
-    table = bench.ratio_table([run(1.0, 2.2), run(1.2, 2.0), run(9.0, 2.1)], [run(1.0, 2.0), run(1.0, 2.0)])
+    table = bench.ratio_table([run(1.0, 2.2), run(1.2, 2.0), run(9.0, 2.1)],
+                              [run(1.0, 2.0), run(1.0, 2.0), run(1.0, 2.0)])
     (l0, l1) = table["batches"]["1"]
     assert (l0["new_ms"], l0["old_ms"], l0["ratio"]) == (1.2, 1.0, 1.2)  # one preempted process does not count
-    assert (l1["new_ms"], l1["ratio"]) == (2.1, 1.05)
+    assert (l1["new_ms"], l1["ratio"], l1["ratio_per_pair"]) == (2.1, 1.05, [1.1, 1.0, 1.05])
     assert table["worst_ratio"] == 1.2 and l0["new_ms_per_process"] == [1.0, 1.2, 9.0]
+    # a slow minute that hits both processes of a pair cancels out in its ratio, not in the medians
+    slow = bench.ratio_table([run(1.0), run(2.0), run(2.0)], [run(1.0), run(2.0), run(1.0)])["batches"]["1"][0]
+    assert (slow["ratio"], slow["ratio_of_medians"]) == (1.0, 2.0)
 
 
 def test_the_worst_switch_is_the_worst_pairs_median():
