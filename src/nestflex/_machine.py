@@ -24,7 +24,7 @@ def machine(**extra: Any) -> dict[str, Any]:
         **extra: more fields for the record (e.g. ``quantized_engine=...``, a ``note``); they
             override the standard ones of the same name.
 
-    Example:
+    Examples:
         >>> record = machine(note="shared machine")
         >>> record["cpus"] >= 1 and record["note"]
         'shared machine'

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from nestflex.capacity.callback import FreezeAndGrow
 from nestflex.exits.callback import OverthinkingSchedule
-from nestflex.exits.flex_callback import FlexDNNExits
+from nestflex.exits.flexdnn.callback import FlexDNNExits
 from nestflex.export.callback import BundleExporter
 from nestflex.pruning import FilterPruning
 

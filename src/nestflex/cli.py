@@ -10,7 +10,7 @@
 Light on purpose: it imports the deploy runtime only (DESIGN invariant 6), so every verb runs on
 the base install (numpy and onnxruntime; ``serve`` needs the ``serve`` extra's gRPC; ``tune``
 measures the int8 and padded candidates where ``nestflex[tune]`` is installed). The multi-tenant
-simulation of the scheduler is a benchmark, not a runtime verb: ``python benchmarks/multitenant.py``.
+simulation of the scheduler is a benchmark, not a runtime verb: ``python benchmarks/engine/multitenant.py``.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""benchmarks/deploy_footprint.py's pure helpers (the benchmark itself builds a venv and runs two
+"""benchmarks/deploy/deploy_footprint.py's pure helpers (the benchmark itself builds a venv and runs two
 runtimes: it is run by hand, docs/results/deploy_footprint/README.md)."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import pytest
 
 from tests.scripts import load_script
 
-bench = load_script("benchmarks/deploy_footprint.py")
-child = load_script("benchmarks/_footprint_child.py")
+bench = load_script("benchmarks/deploy/deploy_footprint.py")
+child = load_script("benchmarks/deploy/_footprint_child.py")
 
 STATUS = """Name:\tpython3
 Umask:\t0022

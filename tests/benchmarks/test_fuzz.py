@@ -9,7 +9,7 @@ from tests.scripts import load_script
 
 
 def test_fuzz_writes_outcomes_worst_cases_and_goals(tmp_path):
-    bench = load_script("benchmarks/fuzz.py")
+    bench = load_script("benchmarks/deploy/fuzz.py")
     out = tmp_path / "out"
     from nestflex.testing import corruption
 

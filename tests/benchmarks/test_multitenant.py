@@ -1,4 +1,4 @@
-"""The multi-tenant simulation (benchmarks/_simulation.py) and its command line (benchmarks/multitenant.py).
+"""The multi-tenant simulation (benchmarks/engine/_simulation.py) and its command line (benchmarks/engine/multitenant.py).
 
 Both are scripts beside the benchmarks, not package modules: the light runtime holds no paper
 replay, so they are loaded from their files (tests/scripts.py).
@@ -13,14 +13,14 @@ import pytest
 from nestflex.deploy.scheduler import AppProfile, SchedulerError
 from tests.scripts import load_script
 
-simulation = load_script("benchmarks/_simulation.py")
+simulation = load_script("benchmarks/engine/_simulation.py")
 SimulationConfig, SimulationError = simulation.SimulationConfig, simulation.SimulationError
 build_pool, make_trace, simulate = simulation.build_pool, simulation.make_trace, simulation.simulate
 
 
 @pytest.fixture(scope="module")
 def multitenant():
-    return load_script("benchmarks/multitenant.py")
+    return load_script("benchmarks/engine/multitenant.py")
 
 
 def profile_rows(acc, lat, mem, macs):
@@ -119,7 +119,7 @@ def test_budget_too_small_and_no_profiles_raise():
 
 
 def test_the_runtime_holds_no_simulation():
-    # the paper replay left the light runtime: benchmarks/multitenant.py is its command line
+    # the paper replay left the light runtime: benchmarks/engine/multitenant.py is its command line
     assert importlib.util.find_spec("nestflex.deploy.simulation") is None
 
 
@@ -127,7 +127,7 @@ def test_docstring_examples_run():
     # benchmarks/ is outside pytest's --doctest-modules paths, so its examples are run here; on a
     # fresh load: another test may have loaded the script again under the same module name, and
     # doctest skips objects whose module is not the one registered in sys.modules
-    fresh = load_script("benchmarks/_simulation.py")
+    fresh = load_script("benchmarks/engine/_simulation.py")
     result = doctest.testmod(fresh, optionflags=doctest.ELLIPSIS)
     assert result.attempted > 0 and result.failed == 0
 

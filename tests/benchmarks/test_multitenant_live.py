@@ -20,7 +20,7 @@ def test_multitenant_live_writes_systems_goals_and_plots(tmp_path):
                   levels=[{**r, "accuracy": a} for r, a in zip(rows, [0.7, 0.8, 0.85])])
     (run / "summary.json").write_text(json.dumps({"data": {"name": "synthetic", "seed": 0, "train_size": 300,
                                                            "test_size": 100, "synthetic": True}}))
-    bench = load_script("benchmarks/multitenant_live.py")
+    bench = load_script("benchmarks/engine/multitenant_live.py")
     out = tmp_path / "out"
     assert bench.main(["--runs", str(run), "--runs-count", "1", "--seconds", "2", "--pool-size", "3",
                        "--max-apps", "3", "--frames", "50", "--burn-seconds", "2", "--goal-factor", "20", "--out", str(out)]) == 0

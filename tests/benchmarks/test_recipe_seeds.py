@@ -17,7 +17,7 @@ def _row(seed, macs, drop, status="max_steps", stages=None):
 
 
 def test_goal_counts_runs_small_and_accurate_and_needs_five():
-    bench = load_script("benchmarks/recipe_seeds.py")
+    bench = load_script("benchmarks/recipe/recipe_seeds.py")
     rows = [_row(0, 0.32, 0.8), _row(1, 0.30, 1.2), _row(2, 0.40, 0.5), _row(3, 0.35, 1.0), _row(4, 0.33, 0.1)]
     goal = bench.goals(rows, ["baseline", "prune"])["seed_model_small_and_accurate"]
     assert goal["measured"] == "3 of 5 runs (seeds [0, 3, 4])" and goal["met"] is False  # 1.2 points, 40% MACs
@@ -32,7 +32,7 @@ def test_goal_counts_runs_small_and_accurate_and_needs_five():
 
 
 def test_the_30_minute_goal_is_judged_on_the_median_and_its_note_gives_the_runs_over():
-    bench = load_script("benchmarks/recipe_seeds.py")
+    bench = load_script("benchmarks/recipe/recipe_seeds.py")
     all_stages = ["baseline", "prune", "grow", "exits", "flex", "profile", "export"]
     rows = [_row(s, 0.3, 0.5, stages={"baseline": 60.0 * m}) for s, m in enumerate([28.0, 29.0, 29.5, 30.1, 31.0])]
     goal = bench.goals(rows, all_stages)["recipe_within_30_minutes"]
@@ -43,7 +43,7 @@ def test_the_30_minute_goal_is_judged_on_the_median_and_its_note_gives_the_runs_
 
 
 def test_sweep_runs_each_seed_in_its_own_directory_then_noise_reads_one(tmp_path):
-    bench = load_script("benchmarks/recipe_seeds.py")
+    bench = load_script("benchmarks/recipe/recipe_seeds.py")
     out, runs = tmp_path / "out", tmp_path / "runs"
     # two seeds at once, one thread each: each run still lands in its own directory with its own seed
     summary = bench.main(["--seeds", "0,1", "--stages", "baseline,prune", "--runs", str(runs), "--out", str(out),
@@ -64,14 +64,14 @@ def test_sweep_runs_each_seed_in_its_own_directory_then_noise_reads_one(tmp_path
     assert [r["stage_seconds"] for r in again["runs"]] == [r["stage_seconds"] for r in on_disk["runs"]]
 
     # the roadmap table reads the same runs (finished here; a cut-off run would say "running")
-    table = load_script("benchmarks/roadmap_table.py").main(["--sweep", f"default={runs}", "--note", "toy",
+    table = load_script("benchmarks/recipe/roadmap_table.py").main(["--sweep", f"default={runs}", "--note", "toy",
                                                              "--out", str(tmp_path / "table")])
     seed0 = table["sweeps"]["default"]["seed_0"]
     assert seed0["status"] == on_disk["runs"][0]["prune_status"] and len(seed0["kept"]) == on_disk["runs"][0]["prune_steps"]
     assert seed0["seed_macs_fraction"] == on_disk["runs"][0]["seed_macs_fraction"]
     assert json.loads((tmp_path / "table" / "summary.json").read_text())["note"] == "toy"
 
-    noise = load_script("benchmarks/prune_noise.py").main([
+    noise = load_script("benchmarks/pruning/prune_noise.py").main([
         "--run", str(runs / "seed_0"), "--recipe-args", " ".join([*TINY, "--seed", "0"]), "--repeats", "2",
         "--epochs", "1", "--out", str(tmp_path / "noise")])
     val = noise["evaluation"]["val"]

@@ -15,7 +15,7 @@ def test_split_live_runs_every_system_and_writes_goals(tmp_path):
     write_split_bundle(run).rename(run / "bundle.nfx")
     (run / "summary.json").write_text(json.dumps({"data": {"name": "synthetic", "seed": 0, "train_size": 300,
                                                            "test_size": 100, "synthetic": True}}))
-    bench = load_script("benchmarks/split_live.py")
+    bench = load_script("benchmarks/split/split_live.py")
     out = tmp_path / "out"
     assert bench.main(["--run", str(run), "--bandwidths", "5", "50", "--seconds", "1", "--repeats", "1",
                        "--frames", "80", "--bits", "4", "8", "--soak-seconds", "2", "--soak-clients", "4",

@@ -10,7 +10,7 @@ from tests.scripts import load_script
 
 def test_synthesis_writes_a_plan_per_level_and_goals(tmp_path):
     write_bundle(tmp_path)
-    bench = load_script("benchmarks/synthesis.py")
+    bench = load_script("benchmarks/synthesis/synthesis.py")
     out = tmp_path / "out"
     assert bench.main(["--bundles", str(tmp_path / "model.nfx"), "--repeats", "2", "--threads", "1",
                        "--switches", "1", "--batches", "1", "4", "--out", str(out)]) == 0
@@ -47,7 +47,7 @@ def test_synthesis_reports_the_best_float32_and_int8_configurations_with_samples
 
     samples = (torch.randn(16, 3, 32, 32, generator=torch.Generator().manual_seed(0)), torch.randint(0, 10, (16,)))
     write_bundle(tmp_path, samples=samples)
-    bench = load_script("benchmarks/synthesis.py")
+    bench = load_script("benchmarks/synthesis/synthesis.py")
     out = tmp_path / "out"
     assert bench.main(["--bundles", str(tmp_path / "model.nfx"), "--repeats", "2", "--threads", "1",
                        "--switches", "1", "--budget", "100", "--out", str(out)]) == 0
@@ -80,7 +80,7 @@ def test_synthesis_reports_the_best_float32_and_int8_configurations_with_samples
 
 def test_level_profile_splits_each_level_s_time_by_operator(tmp_path):
     write_bundle(tmp_path)
-    bench = load_script("benchmarks/level_profile.py")
+    bench = load_script("benchmarks/synthesis/level_profile.py")
     out = tmp_path / "out"
     assert bench.main(["--bundle", str(tmp_path / "model.nfx"), "--backends", "onnxruntime", "--runs", "5",
                        "--out", str(out)]) == 0
@@ -100,7 +100,7 @@ def test_level_profile_splits_each_level_s_time_by_operator(tmp_path):
 def test_a_frame_s_macs_leave_out_the_heads_of_dropped_exits():
     from types import SimpleNamespace
 
-    bench = load_script("benchmarks/synthesis.py")
+    bench = load_script("benchmarks/synthesis/synthesis.py")
     # backbone 1000 MACs; exits at 20% / 50%; heads of 10 and 30 MACs; spec.macs counts every head up to k
     spec = SimpleNamespace(backbone_macs=1000, positions=[0.2, 0.5], macs=[210, 540, 1040])
     assert bench.frame_macs(spec, (0, 1)) == [210, 540, 1040]

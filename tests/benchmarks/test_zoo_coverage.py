@@ -6,7 +6,7 @@ from tests.scripts import load_script
 
 
 def test_squeezenet_traces_prunes_and_stays_correct_through_its_fire_concatenations(tmp_path):
-    bench = load_script("benchmarks/zoo_coverage.py")
+    bench = load_script("benchmarks/zoo/zoo_coverage.py")
     summary = bench.main(["--zoo", "torchvision", "--models", "squeezenet1_1", "--size", "48", "--out", str(tmp_path)])
     (row,) = summary["rows"]
     assert row["ok"], row
@@ -16,14 +16,14 @@ def test_squeezenet_traces_prunes_and_stays_correct_through_its_fire_concatenati
 
 
 def test_a_model_that_fails_is_one_row_with_its_error(tmp_path):
-    bench = load_script("benchmarks/zoo_coverage.py")
+    bench = load_script("benchmarks/zoo/zoo_coverage.py")
     row = bench.main(["--zoo", "torchvision", "--one", "no_such_model"])
     assert row["ok"] is False and "no_such_model" in row["error"]
 
 
 def test_torch_pruning_column_on_a_grouped_conv_model(tmp_path):
     import torch_pruning  # noqa: F401  (the dev extra installs it: missing is a broken install, not a skip)
-    bench = load_script("benchmarks/zoo_coverage.py")
+    bench = load_script("benchmarks/zoo/zoo_coverage.py")
     summary = bench.main(["--zoo", "torchvision", "--models", "regnet_x_400mf", "--size", "32", "--torch-pruning",
                           "--out", str(tmp_path)])
     (row,) = summary["rows"]
@@ -34,13 +34,13 @@ def test_torch_pruning_column_on_a_grouped_conv_model(tmp_path):
 
 
 def test_a_model_past_its_time_is_a_row_with_its_seconds():
-    bench = load_script("benchmarks/zoo_coverage.py")
+    bench = load_script("benchmarks/zoo/zoo_coverage.py")
     row = bench.run_child("torchvision", "resnet18", 32, 0.3, timeout=0.01)
     assert row["ok"] is False and "timed out" in row["error"] and row["seconds"] == 0.0
 
 
 def test_resume_keeps_the_rows_already_written_and_reports_goals(tmp_path):
-    bench = load_script("benchmarks/zoo_coverage.py")
+    bench = load_script("benchmarks/zoo/zoo_coverage.py")
     done = {"model": "resnet18", "ok": True, "pruned": True, "macs_left": 0.5, "macs_vs_flop_counter": 1.0,
             "step": "done", "seconds": 1.0}
     (tmp_path / "rows.jsonl").write_text(json.dumps(done) + "\n" + '{"model": "cut sho')  # a line a kill cut short
@@ -52,7 +52,7 @@ def test_resume_keeps_the_rows_already_written_and_reports_goals(tmp_path):
 
 
 def test_a_model_with_nothing_pruned_does_not_pass_and_each_tool_counts_what_it_pruned():
-    bench = load_script("benchmarks/zoo_coverage.py")
+    bench = load_script("benchmarks/zoo/zoo_coverage.py")
     rows = [{"model": "a", "ok": True, "pruned": True, "macs_left": 0.5, "tp_ok": True, "tp_macs_left": 0.5},
             {"model": "b", "ok": True, "pruned": False, "macs_left": 1.0, "tp_ok": True, "tp_macs_left": 1.0},
             {"model": "c", "ok": True, "pruned": True, "macs_left": 0.9995, "tp_ok": False, "tp_macs_left": None}]

@@ -415,7 +415,7 @@ def _node(program, op):
      r"capacity program at level 0: node '.*' produces [\d,]+ elements per sample, above"),
     (lambda m: _node(m["exit_sets"][0]["heads"][0]["program"], "flatten")["attrs"].update(start_dim=2),
      r"progressive exit 0 (head fails shape inference|ends in shape)"),
-    # an output node with its argument twice: a tuple, not logits (found by benchmarks/fuzz.py; was an
+    # an output node with its argument twice: a tuple, not logits (found by benchmarks/deploy/fuzz.py; was an
     # AttributeError in the exit policy at the first frame)
     (lambda m: _node(m["exit_sets"][0]["heads"][0]["program"], "output")["args"].append("linear"),
      r"progressive exit 0 ends in 2 outputs, expected one tensor of logits"),

@@ -3,12 +3,14 @@ that imports it, function-level imports included (DESIGN.md, "Dependency directi
 
 from __future__ import annotations
 
-import ast
 from pathlib import Path
 
 import pytest
 
-SRC = Path(__file__).resolve().parents[2] / "src"
+from tests.import_graph import ImportGraph
+
+#: the package's imports, function-level ones included (tests/import_graph.py says how they are read)
+IMPORTS = ImportGraph()
 
 #: bottom to top; a module may import its own layer (without a cycle) and the ones below
 LAYERS: list[tuple[str, ...]] = [
@@ -17,10 +19,13 @@ LAYERS: list[tuple[str, ...]] = [
      "nestflex.deploy.timing", "nestflex.deploy.exits", "nestflex.deploy.codec"),
     ("nestflex.deploy.onnxgraph",),
     ("nestflex.deploy.bundle",),
+    ("nestflex.deploy.operating_points",),  # read from a bundle's exit calibration
     ("nestflex.deploy.scheduler",),
     ("nestflex.deploy.backends",),
     ("nestflex.deploy.runtime",),
     ("nestflex.deploy.profiler",),
+    ("nestflex.deploy._engine_apps",),  # what the engine keeps per app, and measures when it joins
+    ("nestflex.deploy._engine_plan",),  # the engine's decisions, pure functions of its apps
     ("nestflex.deploy.engine", "nestflex.deploy.split"),
     ("nestflex.deploy.tune",),
     ("nestflex.deploy",),  # the package's __init__: the public API, above every part
@@ -30,41 +35,10 @@ LAYERS: list[tuple[str, ...]] = [
 ]
 
 
-def _module_name(path: Path) -> str:
-    parts = list(path.relative_to(SRC).with_suffix("").parts)
-    if parts[-1] == "__init__":
-        parts = parts[:-1]
-    return ".".join(parts)
-
-
 def _modules() -> dict[str, Path]:
-    roots = [SRC / "nestflex" / "deploy", SRC / "nestflex" / "serve", SRC / "nestflex" / "testing"]
-    files = [p for r in roots for p in r.rglob("*.py")] + [SRC / "nestflex" / "cli.py", SRC / "nestflex" / "__main__.py"]
-    return {_module_name(p): p for p in files}
-
-
-def _type_checking(node: ast.AST) -> bool:
-    return isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
-
-
-def _imports(path: Path, known: set[str]) -> set[str]:
-    """Every nestflex module ``path`` imports, at any depth (function bodies too, not ``if TYPE_CHECKING:``)."""
-    tree = ast.parse(path.read_text())
-    found: set[str] = set()
-
-    def visit(node: ast.AST) -> None:
-        if _type_checking(node):
-            return
-        if isinstance(node, ast.Import):
-            found.update(a.name for a in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            for a in node.names:  # `from pkg import submodule` imports the submodule
-                found.add(f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in known else node.module)
-        for child in ast.iter_child_nodes(node):
-            visit(child)
-
-    visit(tree)
-    return {m for m in found if m.startswith("nestflex")}
+    roots = ("nestflex.deploy", "nestflex.serve", "nestflex.testing")
+    return {m: p for m, p in IMPORTS.files.items()
+            if m in ("nestflex.cli", "nestflex.__main__") or any(m == r or m.startswith(r + ".") for r in roots)}
 
 
 def _layer(module: str) -> int:
@@ -78,7 +52,7 @@ def _layer(module: str) -> int:
 
 
 MODULES = _modules()
-GRAPH = {m: _imports(p, set(MODULES)) for m, p in MODULES.items()}
+GRAPH = {m: IMPORTS.targets(m) for m in MODULES}
 
 
 @pytest.mark.parametrize("module", sorted(MODULES))
@@ -92,27 +66,9 @@ def _known_layer(module: str) -> bool:
 
 
 def test_no_import_cycles():
-    """Depth-first search for a cycle among the modules (a package counts as its __init__)."""
-    state: dict[str, int] = {}
-    stack: list[str] = []
-
-    def walk(m: str) -> list[str] | None:
-        state[m] = 1
-        stack.append(m)
-        for t in sorted(GRAPH.get(m, ())):
-            if t not in MODULES:
-                continue
-            if state.get(t) == 1:
-                return stack[stack.index(t):] + [t]
-            if t not in state and (cycle := walk(t)):
-                return cycle
-        state[m] = 2
-        stack.pop()
-        return None
-
-    for m in sorted(MODULES):
-        if m not in state and (cycle := walk(m)):
-            pytest.fail("import cycle: " + " -> ".join(cycle))
+    """No circle through these modules (tests/test_layout.py checks the whole package)."""
+    cycles = [c for c in IMPORTS.cycles() if set(c) & set(MODULES)]
+    assert not cycles, "\n\n".join(IMPORTS.describe(c) for c in cycles)
 
 
 def test_the_layer_table_knows_every_module():

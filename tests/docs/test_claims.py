@@ -87,13 +87,14 @@ def minutes_seconds(path: str) -> tuple[Callable[[Any], int], Callable[[Any], in
 WORDS = ("no", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten")
 STATS = ("median", "min", "max")
 STAGES = ("baseline", "prune", "grow", "exits", "flex", "profile", "export")
-B2, ALL = "docs/results/recipe_seeds_b2/summary.json", "docs/results/recipe_seeds_all/summary.json"
-CIFAR, MNIST = "docs/results/vgg_cifar_default/summary.json", "docs/results/vgg_mnist_default/summary.json"
-ZOO_TV = "docs/results/zoo_coverage_torchvision/summary.json"
-ZOO_TIMM = "docs/results/zoo_coverage_timm/summary.json"
-ZOO_TIMM_PINNED = "docs/results/zoo_coverage_timm_pinned/summary.json"
-LIVE = "docs/results/multitenant_live/summary.json"
-SPLIT = "docs/results/split_live/summary.json"
+B2, ALL = "docs/results/recipe_seeds/b2/summary.json", "docs/results/recipe_seeds/all/summary.json"
+CIFAR, MNIST = "docs/results/vgg_cifar/default/summary.json", "docs/results/vgg_cifar/mnist/summary.json"
+ZOO_TV = "docs/results/zoo_coverage/torchvision/summary.json"
+ZOO_TIMM = "docs/results/zoo_coverage/timm/summary.json"
+ZOO_TIMM_PINNED = "docs/results/zoo_coverage/timm_pinned/summary.json"
+LIVE = "docs/results/multitenant_live/w05/summary.json"
+SPLIT = "docs/results/split_live/mnist_w05/summary.json"
+FOOTPRINT = "docs/results/deploy_footprint/default/summary.json"
 
 
 def _split_per_bandwidth(key: str) -> Callable[[Any], list[float]]:
@@ -110,8 +111,8 @@ def SPLIT_VS_DEVICE(d: dict[str, Any]) -> list[float]:  # noqa: N802 - a figure,
             for bw, v in d["goals"]["throughput_vs_baselines"]["measured"].items()]
 
 
-def three_runs(folder: str) -> tuple[str, ...]:
-    return tuple(f"docs/results/{folder}/{name}.json" for name in ("summary", "summary_r2", "summary_r3"))
+def three_runs(run: str) -> tuple[str, ...]:
+    return tuple(f"docs/results/synthesis/{run}/{name}.json" for name in ("summary", "summary_r2", "summary_r3"))
 
 
 # The README's switch and memory ranges are over every committed synthesis run on the default
@@ -126,7 +127,7 @@ def _measures_memory(path: Path) -> bool:
 
 
 CURRENT_SYNTHESIS = tuple(sorted(p.relative_to(ROOT).as_posix()
-                                 for p in ROOT.glob("docs/results/synthesis*/*.json") if _measures_memory(p)))
+                                 for p in ROOT.glob("docs/results/synthesis/*/*.json") if _measures_memory(p)))
 
 
 def default_bundle(goal: str, key: str | None = None) -> Callable[[list[dict[str, Any]]], list[float]]:
@@ -136,95 +137,95 @@ def default_bundle(goal: str, key: str | None = None) -> Callable[[list[dict[str
 SWITCH, MEMORY = default_bundle("switch_within_a_frame"), default_bundle("resident_memory", "rss")
 
 CLAIMS = [
-    # README, over seeds (recipe_seeds_b2)
-    claim("README.md", "| baseline (VGG-16 x0.25, 6 epochs), test | {:.2f}% [{:.2f}, {:.2f}] |",
+    # README, over seeds (recipe_seeds/b2)
+    claim("docs/results/recipe_seeds/b2/README.md", "| baseline (VGG-16 x0.25, 6 epochs), test | {:.2f}% [{:.2f}, {:.2f}] |",
           B2, *(pct(f"figures.baseline_accuracy.{s}") for s in STATS)),
-    claim("README.md", "| TRR seed model, share of the baseline's MACs | {:.1f}% [{:.1f}, {:.1f}] |",
+    claim("docs/results/recipe_seeds/b2/README.md", "| TRR seed model, share of the baseline's MACs | {:.1f}% [{:.1f}, {:.1f}] |",
           B2, *(pct(f"figures.seed_macs_fraction.{s}") for s in STATS)),
-    claim("README.md", "| seed model, test | {:.2f}% [{:.2f}, {:.2f}] |",
+    claim("docs/results/recipe_seeds/b2/README.md", "| seed model, test | {:.2f}% [{:.2f}, {:.2f}] |",
           B2, *(pct(f"figures.seed_accuracy.{s}") for s in STATS)),
-    claim("README.md", "| seed model's drop from its baseline, test | {:.2f} [{:.2f}, {:.2f}] points |",
+    claim("docs/results/recipe_seeds/b2/README.md", "| seed model's drop from its baseline, test | {:.2f} [{:.2f}, {:.2f}] points |",
           B2, *(f"figures.seed_drop_points.{s}" for s in STATS)),
-    claim("README.md", "5 in every run; the largest {:.2f}% [{:.2f}, {:.2f}]",
+    claim("docs/results/recipe_seeds/b2/README.md", "5 in every run; the largest {:.2f}% [{:.2f}, {:.2f}]",
           B2, *(pct(f"figures.level_accuracy_max.{s}") for s in STATS)),
-    claim("README.md", "| early exits (6 SDN exits, lossless thresholds) | {:.1f}% [{:.1f}, {:.1f}] of the MACs |",
+    claim("docs/results/recipe_seeds/b2/README.md", "| early exits (6 SDN exits, lossless thresholds) | {:.1f}% [{:.1f}, {:.1f}] of the MACs |",
           B2, *(pct(f"figures.exits_macs_fraction.{s}") for s in STATS)),
-    claim("README.md", "| wall time per stage: baseline / prune / grow / exits / flex / profile / export | "
+    claim("docs/results/recipe_seeds/b2/README.md", "| wall time per stage: baseline / prune / grow / exits / flex / profile / export | "
           + " / ".join("{} s [{}, {}]" for _ in STAGES) + " |",
           B2, *(half_up(f"stage_seconds.{st}.{s}") for st in STAGES for s in STATS)),
-    claim("README.md", "| whole recipe | {:.1f} min [{:.1f}, {:.1f}] |",
+    claim("docs/results/recipe_seeds/b2/README.md", "| whole recipe | {:.1f} min [{:.1f}, {:.1f}] |",
           B2, *(lambda d, s=s: d["total_seconds"][s] / 60 for s in STATS)),
     # item 8: the 30-minute goal, judged on the median run
-    claim("README.md", "The 30-minute bound, judged on the median run: median {:.1f} min, {}; {} of {} runs "
+    claim("docs/results/recipe_seeds/b2/README.md", "The 30-minute bound, judged on the median run: median {:.1f} min, {}; {} of {} runs "
           "took longer, the slowest {:.1f} min.",
           B2, "goals.recipe_within_30_minutes.measured.median_minutes",
           lambda d: "met" if d["goals"]["recipe_within_30_minutes"]["met"] else "not met",
           lambda d: sum(recipe_minutes(r) > 30 for r in d["runs"]), lambda d: len(d["runs"]),
           "goals.recipe_within_30_minutes.measured.max_minutes"),
     # item 9: seed 0 without its validation figure, which no committed file holds
-    claim("README.md", "seed 0 reaches {:.1f}% but loses {:.2f} points on test, though each of its {} steps "
+    claim("docs/results/recipe_seeds/b2/README.md", "seed 0 reaches {:.1f}% but loses {:.2f} points on test, though each of its {} steps "
           "held the goal on the validation split",
           B2, lambda d: 100 * seed_run(d, 0)["seed_macs_fraction"], lambda d: seed_run(d, 0)["seed_drop_points"],
           # every step held the goal only if none was rejected
           lambda d: seed_run(d, 0)["prune_steps"] if seed_run(d, 0)["prune_rejected"] == 0 else "(rejected)"),
-    claim("README.md", "seed 0's stages took {:.0f} min longer than in the previous sweep",
+    claim("docs/results/recipe_seeds/b2/README.md", "seed 0's stages took {:.0f} min longer than in the previous sweep",
           (B2, ALL), lambda ds: recipe_minutes(seed_run(ds[0], 0)) - recipe_minutes(seed_run(ds[1], 0))),
-    claim("README.md", "its roadmap ends at step {} ({:.1f}% of the MACs, {:.0f} s of pruning) instead of "
+    claim("docs/results/recipe_seeds/b2/README.md", "its roadmap ends at step {} ({:.1f}% of the MACs, {:.0f} s of pruning) instead of "
           "step {} ({:.1f}%, {:.0f} s)",
           (B2, ALL), *(f for i in (0, 1) for f in (lambda ds, i=i: seed_run(ds[i], 2)["prune_steps"],
                                                    lambda ds, i=i: 100 * seed_run(ds[i], 2)["seed_macs_fraction"],
                                                    lambda ds, i=i: seed_run(ds[i], 2)["stage_seconds"]["prune"]))),
-    # README, one run, every stage (vgg_cifar_default, vgg_mnist_default)
-    claim("README.md", "Wall time {} min {} s (synthetic: " + ", ".join(f"{st} {{:.0f}} s" for st in STAGES) + ")",
+    # README, one run, every stage (vgg_cifar/default, vgg_cifar/mnist)
+    claim("docs/results/vgg_cifar/default/README.md", "Wall time {} min {} s (synthetic: " + ", ".join(f"{st} {{:.0f}} s" for st in STAGES) + ")",
           CIFAR, *minutes_seconds("timing.seconds"), *(f"timing.stages.{st}" for st in STAGES)),
-    claim("README.md", "and {} min {} s (MNIST)", MNIST, *minutes_seconds("timing.seconds")),
-    claim("README.md", "| baseline | VGG-16 x0.25: {:.2%}, {:,} params, {:.1f} M MACs, {} epochs |",
+    claim("docs/results/vgg_cifar/default/README.md", "and {} min {} s (MNIST)", MNIST, *minutes_seconds("timing.seconds")),
+    claim("docs/results/vgg_cifar/default/README.md", "| baseline | VGG-16 x0.25: {:.2%}, {:,} params, {:.1f} M MACs, {} epochs |",
           CIFAR, "baseline.accuracy", "baseline.params", lambda d: d["baseline"]["macs"] / 1e6, "baseline.epochs"),
-    claim("README.md", "VGG-16 x0.25, one input channel: {:.2%}, {:,} params, {:.1f} M MACs, {} epochs |",
+    claim("docs/results/vgg_cifar/default/README.md", "VGG-16 x0.25, one input channel: {:.2%}, {:,} params, {:.1f} M MACs, {} epochs |",
           MNIST, "baseline.accuracy", "baseline.params", lambda d: d["baseline"]["macs"] / 1e6, "baseline.epochs"),
-    claim("README.md", "seed at {:.1%} of the MACs and {:.1%} of the params: {:.2%} (goal: 1 point below the "
+    claim("docs/results/vgg_cifar/default/README.md", "seed at {:.1%} of the MACs and {:.1%} of the params: {:.2%} (goal: 1 point below the "
           "start, on validation; {} steps)",
           CIFAR, "pruning.macs_fraction", "pruning.params_fraction", "pruning.accuracy", "pruning.steps"),
-    claim("README.md", "seed at {:.1%} of the MACs and {:.1%} of the params: {:.2%} ({} steps, goal still held)",
+    claim("docs/results/vgg_cifar/default/README.md", "seed at {:.1%} of the MACs and {:.1%} of the params: {:.2%} ({} steps, goal still held)",
           MNIST, "pruning.macs_fraction", "pruning.params_fraction", "pruning.accuracy", "pruning.steps"),
-    claim("README.md", "5 nested levels: " + " / ".join("{:.2f}" for _ in range(5)) + "% at "
+    claim("docs/results/vgg_cifar/default/README.md", "5 nested levels: " + " / ".join("{:.2f}" for _ in range(5)) + "% at "
           + " / ".join("{:.1f}" for _ in range(5)) + " M MACs; one model of {:.2f} MB, {:.3f}x its largest "
           "level, vs {:.2f} MB for five",
           CIFAR, *(pct(f"levels.{k}.accuracy") for k in range(5)),
           *(lambda d, k=k: d["levels"][k]["macs"] / 1e6 for k in range(5)),
           "memory.multi_capacity_mb", "memory.ratio_to_largest", "memory.independent_mb"),
-    claim("README.md", "lossless thresholds: {:.2%} at {:.0%} of the MACs (the level alone {:.2%})",
+    claim("docs/results/vgg_cifar/default/README.md", "lossless thresholds: {:.2%} at {:.0%} of the MACs (the level alone {:.2%})",
           CIFAR, "exits.lossless.accuracy", "exits.lossless.macs_fraction", "exits.backbone.accuracy"),
     # item 9: the FlexDNN row without the guard's bound, which the committed flex/report.json predates
-    claim("README.md", "FlexDNN plan keeps {} of {} candidate exits: {:.2%} at {:.0%} of the MACs ({:.1f} "
+    claim("docs/results/vgg_cifar/default/README.md", "FlexDNN plan keeps {} of {} candidate exits: {:.2%} at {:.0%} of the MACs ({:.1f} "
           "points; thresholds fitted on {:,} calibration images)",
           CIFAR, lambda d: len(d["flexdnn"]["kept_locations"]), lambda d: len(d["flexdnn"]["candidates"]),
           "flexdnn.accuracy", "flexdnn.mean_macs_fraction",
           lambda d: 100 * (d["flexdnn"]["accuracy"] - d["flexdnn"]["backbone_accuracy"]),
           "flexdnn.calibration.samples"),
-    claim("README.md", "`bundle.nfx`: {:.1f} MB ({:.1f} MB weights stored once, {:.1f} MB ONNX per level",
+    claim("docs/results/vgg_cifar/default/README.md", "`bundle.nfx`: {:.1f} MB ({:.1f} MB weights stored once, {:.1f} MB ONNX per level",
           CIFAR, *(lambda d, k=k: d["export"][k] / 1e6 for k in ("bytes", "weights_bytes", "onnx_bytes"))),
-    claim("README.md", "| {:.1f} MB ({:.1f} MB weights, {:.1f} MB ONNX) |",
+    claim("docs/results/vgg_cifar/default/README.md", "| {:.1f} MB ({:.1f} MB weights, {:.1f} MB ONNX) |",
           MNIST, *(lambda d, k=k: d["export"][k] / 1e6 for k in ("bytes", "weights_bytes", "onnx_bytes"))),
-    claim("README.md", "(`nestflex bench`, batch 1, 2 torch threads, 50 repeats) has {:.2f}-{:.2f} ms per level",
-          "docs/results/vgg_cifar_default/bench.json",
+    claim("docs/results/vgg_cifar/default/README.md", "(`nestflex bench`, batch 1, 2 torch threads, 50 repeats) has {:.2f}-{:.2f} ms per level",
+          "docs/results/vgg_cifar/default/bench.json",
           *(lambda d, f=f: f(lv["latency_ms"] for lv in d["levels"]) for f in (min, max))),
-    claim("README.md", "([bench.json](docs/results/vgg_mnist_default/bench.json)) {:.2f}-{:.2f} ms",
-          "docs/results/vgg_mnist_default/bench.json",
+    claim("docs/results/vgg_cifar/default/README.md", "([bench.json](../mnist/bench.json)) {:.2f}-{:.2f} ms",
+          "docs/results/vgg_cifar/mnist/bench.json",
           *(lambda d, f=f: f(lv["latency_ms"] for lv in d["levels"]) for f in (min, max))),
     # the "Smaller" item: two bundles, each run as three apps; the times under the burn are predicted
-    claim("README.md", "{} apps ({} VGG-16 x0.5 bundles, one trained on **synthetic** data and one on the "
+    claim("docs/results/multitenant_live/w05/README.md", "{} apps ({} VGG-16 x0.5 bundles, one trained on **synthetic** data and one on the "
           "real **MNIST**, each run as {} apps)",
           LIVE, lambda d: WORDS[d["config"]["pool_size"]], lambda d: WORDS[len(d["config"]["runs"])],
           lambda d: WORDS[d["config"]["pool_size"] // len(d["config"]["runs"])]),
-    claim("README.md", "slowdown factor rises from {:.2f} to {:.2f} and it moves the apps to configurations "
+    claim("docs/results/multitenant_live/w05/README.md", "slowdown factor rises from {:.2f} to {:.2f} and it moves the apps to configurations "
           "whose offline profile predicts {:.2f} instead of {:.2f} ms per frame (predicted times, not measured "
           "ones)",
           LIVE, "burn.slowdown_before", "burn.slowdown_during", "burn.predicted_ms_during",
           "burn.predicted_ms_before"),
-    claim("README.md", "the engine answers {:.2f}x the frames per second and gains +{:.1f} points of accuracy",
+    claim("docs/results/multitenant_live/w05/README.md", "the engine answers {:.2f}x the frames per second and gains +{:.1f} points of accuracy",
           LIVE, "goals.vs_status_quo.measured.frame_rate_speedup", "goals.vs_status_quo.measured.accuracy_gain_points"),
-    claim("README.md", "The engine's own cost is {:.1%} of the smallest level's latency per frame",
+    claim("docs/results/multitenant_live/w05/README.md", "The engine's own cost is {:.1%} of the smallest level's latency per frame",
           LIVE, "goals.engine_overhead.measured"),
     claim("docs/engine.md", "| **engine** (greedy_total, re-planned live, exits adapted) | **{:.2%}** ({:.1f}-{:.1f}) "
           "| {:.1%} | **{:.1f}** |",
@@ -237,27 +238,52 @@ CLAIMS = [
                                  - min(d["systems"][s]["accuracy_answered"] for s in ("engine", "status_quo", "frozen"))),
           *(f"systems.{s}.accuracy_answered" for s in ("engine", "status_quo", "frozen"))),
     # item 7: synthesis, every current run on the default bundle
-    claim("README.md", "the plan runs the levels {:.1f}-{:.1f}x faster than the single-thread eager runtime",
-          three_runs("synthesis_padded"),
+    claim("docs/results/synthesis/padded/README.md", "the plan runs the levels {:.1f}-{:.1f}x faster than the single-thread eager runtime",
+          three_runs("padded"),
           *(lambda ds, f=f: f(lv["speedup_vs_eager"] for d in ds for lv in d["results"][0]["levels"])
             for f in (min, max))),
-    claim("README.md", "Over all {} committed runs on that bundle since a switch drops the old level's session "
+    claim("docs/results/synthesis/padded/README.md", "Over all {} committed runs on that bundle since a switch drops the old level's session "
           "first", CURRENT_SYNTHESIS, len),
-    claim("README.md", "the worst level switch took {:.1f}-{:.1f} ms (goal: within a 33 ms frame) and resident "
+    claim("docs/results/synthesis/padded/README.md", "the worst level switch took {:.1f}-{:.1f} ms (goal: within a 33 ms frame) and resident "
           "memory {:.2f}-{:.2f}x the largest level's float32 weights (goal: 1.1x)",
           CURRENT_SYNTHESIS, lambda ds: min(SWITCH(ds)), lambda ds: max(SWITCH(ds)),
           lambda ds: min(MEMORY(ds)), lambda ds: max(MEMORY(ds))),
-    # item 6: the zoos, models pruned and passing every step
-    claim("README.md", "passes on {}/{} torchvision and {}/{} timm models (Torch-Pruning prunes {} and {} into "
-          "models that still run; {} more timm models trace and check but have nothing prunable)",
+    # README's headline table (issue 39): one row per question, each naming its results file
+    claim("README.md", "seed model at {:.1f}% [{:.1f}, {:.1f}] of the baseline's MACs, {:.2f} [{:.2f}, {:.2f}] points "
+          "below it on test; {} nested levels; lossless early exits at {:.1f}% [{:.1f}, {:.1f}] of the MACs; the "
+          "whole recipe in {:.1f} min [{:.1f}, {:.1f}]",
+          B2, *(pct(f"figures.seed_macs_fraction.{s}") for s in STATS),
+          *(f"figures.seed_drop_points.{s}" for s in STATS),
+          lambda d: d["figures"]["levels"]["median"] if d["figures"]["levels"]["min"] == d["figures"]["levels"]["max"]
+          else "(levels differ between seeds)",
+          *(pct(f"figures.exits_macs_fraction.{s}") for s in STATS),
+          *(lambda d, s=s: d["total_seconds"][s] / 60 for s in STATS)),
+    claim("README.md", "| the device engine: {} apps from two x0.5 bundles (**synthetic**, **MNIST**), 2-6 at once, {} runs | "
+          "{:.2f}x the frames per second of each app at its knee level, +{:.1f} points of accuracy on all frames; "
+          "the engine's own cost {:.1%} of a frame",
+          LIVE, "config.pool_size", "config.runs_count",
+          "goals.vs_status_quo.measured.frame_rate_speedup", "goals.vs_status_quo.measured.accuracy_gain_points",
+          "goals.engine_overhead.measured"),
+    claim("README.md", "{:.2f}x a Neurosurgeon-style split at 5 Mbit/s; {:.2f}-{:.2f}x the throughput of SPINN-style "
+          "8-bit transfers ({})",
+          SPLIT, "goals.vs_neurosurgeon_mid_bandwidth.measured", lambda d: min(SPLIT_VS_BEST(d)),
+          lambda d: max(SPLIT_VS_BEST(d)),
+          lambda d: "not better" if not d["goals"]["throughput_vs_baselines"]["met"] else "better or equal"),
+    claim("README.md", "levels {:.1f}-{:.1f}x faster than the single-thread eager runtime",
+          three_runs("padded"),
+          *(lambda ds, f=f: f(lv["speedup_vs_eager"] for d in ds for lv in d["results"][0]["levels"])
+            for f in (min, max))),
+    claim("README.md", "{:.1f} MB installed, {:.1f} MB resident after every level and both exit sets ran ({:.1f} MB "
+          "without the fused exit graphs), import + load {:.2f} s",
+          FOOTPRINT, "goals.installed_size.measured", "goals.rss_after_run.measured.vgg_default",
+          "goals.rss_after_run_unfused.measured.vgg_default", "goals.import_load.measured.vgg_default"),
+    claim("README.md", "every step, pruning included, on {}/{} torchvision and {}/{} timm models",
           (ZOO_TV, ZOO_TIMM), *(f for i in (0, 1) for f in (lambda ds, i=i: ds[i]["goals"]["passed"]["measured"],
-                                                            lambda ds, i=i: ds[i]["models"])),
-          *(lambda ds, i=i: ds[i]["goals"]["above_torch_pruning"]["measured"]["torch_pruning"] for i in (0, 1)),
-          lambda ds: WORDS[sum(r["ok"] and not r["pruned"] for r in ds[1]["rows"])]),
-    claim("docs/architecture.md", "[results/zoo_coverage_torchvision](results/zoo_coverage_torchvision/table.md) "
+                                                            lambda ds, i=i: ds[i]["models"]))),
+    claim("docs/architecture.md", "[results/zoo_coverage/torchvision](results/zoo_coverage/torchvision/table.md) "
           "{}/{} pass every step (Torch-Pruning {}/{}:",
           ZOO_TV, "goals.passed.measured", "models", "goals.above_torch_pruning.measured.torch_pruning", "models"),
-    claim("docs/architecture.md", "[results/zoo_coverage_timm](results/zoo_coverage_timm/table.md) {}/{} "
+    claim("docs/architecture.md", "[results/zoo_coverage/timm](results/zoo_coverage/timm/table.md) {}/{} "
           "(Torch-Pruning {}/{}).",
           ZOO_TIMM, "goals.passed.measured", "models", "goals.above_torch_pruning.measured.torch_pruning",
           "models"),
@@ -291,27 +317,27 @@ CLAIMS = [
     # docs/synthesis.md: worst switch and memory, run by run
     claim("docs/synthesis.md", "| worst level switch / RSS over the largest level's weights | "
           + " | ".join("{:.1f} ms / {:.2f}" for _ in range(3)) + " |",
-          three_runs("synthesis_active"),
+          three_runs("active"),
           *(f for i in range(3) for f in (lambda ds, i=i: SWITCH(ds)[i], lambda ds, i=i: MEMORY(ds)[i]))),
     claim("docs/synthesis.md", "Switches worst {:.1f}-{:.1f} ms and RSS {:.2f}x",
-          three_runs("synthesis_padded"),
+          three_runs("padded"),
           lambda ds: min(SWITCH(ds)), lambda ds: max(SWITCH(ds)), lambda ds: max(MEMORY(ds))),
     claim("docs/synthesis.md", "| worst level switch (goal <= 33 ms) | "
           + " | ".join("{:.1f} ms" for _ in range(4)) + " |",
-          (*three_runs("synthesis_fused"), "docs/results/synthesis_fused/round8_summary.json"),
+          (*three_runs("fused"), "docs/results/synthesis/fused/round8_summary.json"),
           *(lambda ds, i=i: goal_values([ds[i]], "switch_within_a_frame")[0] for i in range(4))),
     claim("docs/synthesis.md", "| worst level's RSS / largest level's weights (goal <= 1.1) | "
           + " | ".join("{:.2f}" for _ in range(4)) + " |",
-          (*three_runs("synthesis_fused"), "docs/results/synthesis_fused/round8_summary.json"),
+          (*three_runs("fused"), "docs/results/synthesis/fused/round8_summary.json"),
           *(lambda ds, i=i: goal_values([ds[i]], "resident_memory", "rss")[0] for i in range(4))),
     claim("docs/synthesis.md", "worst switch {:.1f}-{:.1f} ms; RSS {:.2f}-{:.2f}x",
-          three_runs("synthesis_round8_track"),
+          three_runs("round8_track"),
           *(lambda ds, f=f: f(goal_values(ds, "switch_within_a_frame")) for f in (min, max)),
           *(lambda ds, f=f: f(goal_values(ds, "resident_memory", "rss")) for f in (min, max))),
     # the light runtime's footprint (deploy_footprint), both bundles
     claim("docs/deploy.md", "| RSS after every level and both exit sets once | {:.1f} MB; {:.1f} MB with `fused=False` "
           "(MNIST {:.1f}; {:.1f}) | {:.1f} MB (MNIST {:.1f}) |",
-          ("docs/results/deploy_footprint/summary.json", "docs/results/deploy_footprint_mnist/summary.json"),
+          ("docs/results/deploy_footprint/default/summary.json", "docs/results/deploy_footprint/mnist/summary.json"),
           lambda ds: ds[0]["goals"]["rss_after_run"]["measured"]["vgg_default"],
           lambda ds: ds[0]["goals"]["rss_after_run_unfused"]["measured"]["vgg_default"],
           lambda ds: ds[1]["goals"]["rss_after_run"]["measured"]["vgg_mnist"],
@@ -319,18 +345,18 @@ CLAIMS = [
           lambda ds: ds[0]["goals"]["rss_after_run"]["previous"]["vgg_default"],
           lambda ds: ds[1]["goals"]["rss_after_run"]["previous"]["vgg_mnist"]),
     claim("docs/deploy.md", "| import + load, median of 7 processes | {:.2f} s (MNIST {:.2f}) |",
-          ("docs/results/deploy_footprint/summary.json", "docs/results/deploy_footprint_mnist/summary.json"),
+          ("docs/results/deploy_footprint/default/summary.json", "docs/results/deploy_footprint/mnist/summary.json"),
           lambda ds: ds[0]["goals"]["import_load"]["measured"]["vgg_default"],
           lambda ds: ds[1]["goals"]["import_load"]["measured"]["vgg_mnist"]),
     # the joint scheduler (joint_scheduler)
     claim("docs/scheduler.md", "decision time for 6 apps, from scratch: median **{:.2f} ms**, p95 {:.2f} ms",
-          "docs/results/joint_scheduler/summary.json", "decision_ms.median", "decision_ms.p95"),
+          "docs/results/joint_scheduler/w05/summary.json", "decision_ms.median", "decision_ms.p95"),
     claim("docs/scheduler.md", "optimal in {} of {}, worst {:.0%}",
-          "docs/results/joint_scheduler/summary.json",
+          "docs/results/joint_scheduler/w05/summary.json",
           lambda d: sum(g <= 1e-9 for v in d["gaps"].values() for g in v), lambda d: sum(map(len, d["gaps"].values())),
           lambda d: max(g for v in d["gaps"].values() for g in v)),
     # split inference on the onnxruntime runtime (split_live)
-    claim("README.md", "nestflex answers {:.0f}-{:.0f} frames/s at 1-100 Mbit/s, {:.2f}x a Neurosurgeon-style split "
+    claim("docs/results/split_live/mnist_w05/README.md", "nestflex answers {:.0f}-{:.0f} frames/s at 1-100 Mbit/s, {:.2f}x a Neurosurgeon-style split "
           "at 5 Mbit/s and {:.2f}-{:.2f}x device only, but {:.2f}-{:.2f}x the strongest baseline",
           SPLIT, lambda d: min(SPLIT_OURS(d)), lambda d: max(SPLIT_OURS(d)),
           "goals.vs_neurosurgeon_mid_bandwidth.measured",
@@ -391,14 +417,14 @@ def test_the_page_gives_the_figure_its_results_file_holds(c):
 def test_the_page_names_the_results_folder_of_each_figure(c):
     page = _page(c.page)
     for source in _sources(c):
-        assert Path(source).parent.name in page, f"{c.page} quotes {source} without naming it"
+        run = "/".join(Path(source).parent.parts[-2:])  # <benchmark>/<run>
+        assert run in page, f"{c.page} quotes {source} without naming its run folder {run}"
 
 
 def test_the_synthesis_range_covers_the_runs_it_should():
     # the 13 runs of issue 42's item 7; a new run on the bundle adds itself to CURRENT_SYNTHESIS
-    folders = {Path(p).parent.name for p in CURRENT_SYNTHESIS}
-    assert {"synthesis_memory", "synthesis_fused", "synthesis_padded", "synthesis_active",
-            "synthesis_round8_track"} <= folders and len(CURRENT_SYNTHESIS) >= 13
+    runs = {Path(p).parent.name for p in CURRENT_SYNTHESIS}
+    assert {"memory", "fused", "padded", "active", "round8_track"} <= runs and len(CURRENT_SYNTHESIS) >= 13
 
 
 def test_a_moved_figure_is_reported_with_what_the_page_says():

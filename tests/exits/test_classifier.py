@@ -217,3 +217,25 @@ def test_a_backbone_without_a_shape_needs_input_shape():
                                         r"pass `input_shape=\(C, H, W\)`"):
         MultiExitClassifier(backbone=net, positions=(0.5,))
     assert MultiExitClassifier(backbone=net, positions=(0.5,), input_shape=(1, 12, 12)).input_shape == (1, 12, 12)
+
+
+def test_default_positions_fit_a_small_users_cnn_and_explicit_ones_must_fit(tmp_path):
+    """Issue 39: SPINN's six default positions on a backbone with five places for exits. The
+    default places one exit at each (with a warning naming them), the module trains and its
+    checkpoint rebuilds the same exits; the same six positions passed explicitly are refused."""
+    from nestflex.exits import DEFAULT_POSITIONS
+    from tests.exits.user_cnn import SHAPE, DigitsCNN, loaders, trainer
+
+    train, val = loaders()
+    with pytest.warns(UserWarning, match=r"the backbone has 5 places for exits, fewer than the 6 default positions .*"
+                                         r"placing 5 exits, one at each place .*: body\.2 \(3%\), body\.5 \(43%\), "
+                                         r"body\.9 \(63%\), body\.12 \(90%\), body\.16 \(100%\)\. HINT: pass `positions`"):
+        module = MultiExitClassifier(backbone=DigitsCNN(), input_shape=SHAPE, num_classes=10, max_epochs=1)
+    assert module.exit_names == ["body.2", "body.5", "body.9", "body.12", "body.16", "final"]
+    assert module.hparams.positions is None  # the checkpoint rebuilds the default, not a list that may not fit
+    trainer(tmp_path, [OverthinkingSchedule()], fast_dev_run=True).fit(module, train, val)
+    assert [tuple(z.shape) for z in module(next(iter(val))[0])] == [(32, 10)] * 6
+
+    with pytest.raises(ExitError, match=r"6 exit positions but the backbone has only 5 places for exits \(body\.2, "
+                                        r"body\.5, body\.9, body\.12, body\.16\)\. HINT: pass fewer positions"):
+        MultiExitClassifier(backbone=DigitsCNN(), input_shape=SHAPE, positions=DEFAULT_POSITIONS)

@@ -107,3 +107,23 @@ def test_all_is_every_feature_map_split_point():
 def test_bad_positions_are_explained(positions, match):
     with pytest.raises(ExitError, match=match):
         MultiExitNetwork(create_model("vgg16", width=0.25), positions=positions)
+
+
+def test_default_positions_are_spinns_where_they_fit_and_every_place_where_not():
+    import warnings
+
+    from nestflex.exits.placement import default_positions
+    from tests.exits.user_cnn import SHAPE, DigitsCNN
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # room for six: no warning
+        assert default_positions(trace(create_model("vgg11", width=0.25))) == list(DEFAULT_POSITIONS)
+        net = MultiExitNetwork(create_model("vgg11", width=0.25))
+    assert len(net.exits) == len(DEFAULT_POSITIONS)
+    small = trace(DigitsCNN(), SHAPE)
+    with pytest.warns(UserWarning, match=r"the backbone has 5 places for exits"):
+        assert default_positions(small) == ["body.2", "body.5", "body.9", "body.12", "body.16"]
+    with pytest.warns(UserWarning, match=r"placing 5 exits, one at each place"):
+        assert [p.name for p in resolve_positions(small)] == ["body.2", "body.5", "body.9", "body.12", "body.16"]
+    with pytest.warns(UserWarning, match=r"placing 5 exits"):
+        assert MultiExitNetwork(DigitsCNN(), input_shape=SHAPE).num_exits == 6

@@ -9,8 +9,8 @@ from pathlib import Path
 import torch
 
 from nestflex.capacity import extract_level, nest_from_roadmap
-from nestflex.exits import MultiExitNetwork, build_flex_network
-from nestflex.exits.fine_grained import RankedDropout
+from nestflex.exits import MultiExitNetwork
+from nestflex.exits.flexdnn import RankedDropout, build_flex_network
 from nestflex.exits.placement import resolve_positions
 from nestflex.export import export_bundle
 from nestflex.graph import trace
@@ -61,7 +61,7 @@ def own_backbone_exits(net: torch.nn.Module) -> MultiExitNetwork:
 
 def flex_spec(backbone: torch.nn.Module, positions=(0.3, 0.6), widths=([4], [4, 8]), seed: int = 0,
               stem_pools=(2, 1)) -> dict:
-    """A FlexDNN spec (the shape :func:`nestflex.exits.flexdnn` writes) with random top-k filters:
+    """A FlexDNN spec (the shape :func:`nestflex.exits.flexdnn.flexdnn` writes) with random top-k filters:
     about half of each tapped layer's channels, out of order, as a ranking gives them; the first
     head average-pools its input first (``stem_pool``)."""
     g = torch.Generator().manual_seed(seed)

@@ -1,4 +1,5 @@
 import json
+from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
@@ -155,7 +156,7 @@ def test_provenance_and_switching_reach_the_scheduler(tmp_path):
     from nestflex.deploy.scheduler import AppProfile
     from tests.scripts import load_script
 
-    synthetic_flag = load_script("benchmarks/_simulation.py").synthetic_flag
+    synthetic_flag = load_script("benchmarks/engine/_simulation.py").synthetic_flag
 
     info = {"name": "vgg11", "width": 0.125, "data": "synthetic", "synthetic": True}
     switching = [{"from": 0, "to": 2, "kind": "upgrade", "page_in": 10, "page_out": 2, "nested_ms": 4.25}]
@@ -198,3 +199,77 @@ def test_provenance_must_be_json(tmp_path):
     with pytest.raises(ExportError, match="`model_info` must hold JSON values"):
         write_bundle(tmp_path, onnx=False, model_info={"width": torch.tensor(0.5)})
     assert not (tmp_path / "model.nfx").exists()  # refused before anything was written
+
+
+def test_calibrated_exits_ship_the_policy_their_thresholds_were_fitted_for(tmp_path):
+    """Issue 39: a user's 1x16x16 CNN, exits trained in a Trainer, calibrated, exported with the
+    calibration and nothing else: the bundle carries the lossless thresholds *with* the fallback
+    they are lossless under, and the runtime reproduces the calibrated accuracy. Another policy
+    beside those thresholds is refused; the user's own thresholds may take their own policy."""
+    from nestflex.callbacks import OverthinkingSchedule
+    from nestflex.exits import MultiExitClassifier, calibrate
+    from tests.exits.user_cnn import SHAPE, DigitsCNN, loaders, trainer
+
+    torch.manual_seed(0)
+    train, val = loaders()
+    module = MultiExitClassifier(backbone=DigitsCNN(), input_shape=SHAPE, positions=(0.3, 0.6), max_epochs=3)
+    trainer(tmp_path, [OverthinkingSchedule()], max_epochs=3).fit(module, train, val)
+    net = module.model.eval()
+    report = calibrate(net, val, folds=2)
+    lossless = report["lossless"]
+    assert report["fallback"] == "most_confident" and lossless["fallback"] == "final"
+
+    info = export_bundle(tmp_path / "digits.nfx", net.backbone, exits=net, calibration=report, input_shape=SHAPE,
+                         onnx=False)
+    bundle = nd.load(info["bundle"])
+    assert (bundle.exits["thresholds"], bundle.exits["fallback"], bundle.exits["confidence"]) == (
+        lossless["thresholds"], "final", "max_prob")
+    runtime = nd.ProgressiveRuntime(bundle, plan="eager")
+    right = [(runtime(x).logits.argmax(1) == y) for x, y in val]
+    assert float(torch.cat(right).double().mean()) == pytest.approx(lossless["accuracy"])
+
+    for arg, value, fitted in (("fallback", "most_confident", "final"), ("confidence", "entropy", "max_prob")):
+        with pytest.raises(ExportError, match=rf"`{arg}`='{value}', but the thresholds come from `calibration`, whose "
+                                              rf"lossless thresholds were fitted for {arg}='{fitted}': .* HINT: leave "
+                                              rf"`{arg}` out \(the bundle then ships '{fitted}'\), pass `thresholds=` "
+                                              rf"too to ship a policy of your own, or recalibrate for '{value}'"):
+            export_bundle(tmp_path / "bad.nfx", net.backbone, exits=net, calibration=report, input_shape=SHAPE,
+                          onnx=False, **{arg: value})
+    assert not (tmp_path / "bad.nfx").exists()
+    # the user's own thresholds (read off the sweep, say) take the sweep's policy, or the one passed
+    own = export_bundle(tmp_path / "own.nfx", net.backbone, exits=net, calibration=report, input_shape=SHAPE,
+                        thresholds=[0.9, 0.9], onnx=False)
+    assert nd.load(own["bundle"]).exits["fallback"] == "most_confident"
+    both = export_bundle(tmp_path / "both.nfx", net.backbone, exits=net, calibration=report, input_shape=SHAPE,
+                         thresholds=[0.9, 0.9], fallback="final", confidence="entropy", onnx=False)
+    assert (nd.load(both["bundle"]).exits["fallback"], nd.load(both["bundle"]).exits["confidence"]) == (
+        "final", "entropy")
+
+
+def test_a_piece_torch_onnx_cannot_export_is_written_on_the_device(tmp_path):
+    """An SDN head's adaptive pool from a 7x7 map to 4x4 has no torch.onnx form (the output does
+    not divide the input): the exit set then ships no ONNX file, with a warning, and the device
+    writes its graphs from the bundle's program, answering as the torch network does."""
+    from nestflex.exits import MultiExitNetwork
+    from tests.exits.user_cnn import DigitsCNN
+
+    torch.manual_seed(0)
+    shape = (1, 28, 28)  # the user's CNN at MNIST size: maps of 28, 14 and 7
+    with pytest.warns(UserWarning, match="fewer than the 6 default positions"):
+        net = MultiExitNetwork(DigitsCNN(), input_shape=shape).eval()
+    with pytest.warns(UserWarning, match=r"torch.onnx cannot export the progressive exit set .*the device writes its "
+                                         r"graph from the bundle's program"):
+        info = export_bundle(tmp_path / "m.nfx", net.backbone, exits=net, input_shape=shape)
+    bundle = nd.load(info["bundle"])
+    kinds = [o.kind for o in bundle.spec.onnx]
+    assert kinds == ["level"], kinds  # the level shipped; the exit set's files none
+    assert not list((Path(info["bundle"]) / "onnx").glob("*stage_*")) and not list(
+        (Path(info["bundle"]) / "onnx").glob("*exit_*"))
+    x = torch.randn(5, *shape)
+    with torch.no_grad():
+        expected = net(x)
+    runtime = nd.ProgressiveRuntime(bundle)
+    got = runtime.all_exits(x.numpy())  # every exit's logits, from the written graphs
+    assert len(got) == len(expected) == bundle.spec.exit_set("progressive").names.__len__()
+    for mine, theirs in zip(got, expected):
+        np.testing.assert_allclose(mine, theirs.numpy(), rtol=1e-4, atol=1e-5)

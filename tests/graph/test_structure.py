@@ -5,7 +5,7 @@ import torch
 from torch import nn
 
 from nestflex import GraphError
-from nestflex.graph import permute_channels, prune_channels, select_channels, slice_channels, split_model, trace
+from nestflex.graph import cut_model, permute_channels, prune_channels, select_channels, slice_channels, trace
 from nestflex.models import create_model
 from tests.conftest import settle_batchnorm
 
@@ -136,21 +136,35 @@ def test_flatten_of_spatial_map_maps_channels_to_feature_blocks():
     assert model[4].in_features == 4 * 64
 
 
-def test_resnet_split_lists_the_skip_tensor_and_cuts_exactly():
+def test_resnet_cut_lists_the_skip_tensor_and_cuts_exactly():
     model = settle_batchnorm(create_model("resnet20"))
     graph = trace(model)
-    point = graph.split_point("layer2.1.relu1")
+    point = graph.cut_point("layer2.1.relu1")
     names = [name for name, _ in point.tensors]
     assert names == ["layer2_0_relu2", "layer2_1_relu1"]  # the skip tensor crosses too
     assert point.numel == 2 * 32 * 16 * 16
     x = torch.randn(3, 3, 32, 32)
     with torch.no_grad():
         full = model(x)
-        for p in graph.split_points:
-            head, tail = split_model(graph, p)
+        for p in graph.cut_points:
+            head, tail = cut_model(graph, p)
             assert torch.equal(tail(*head(x)), full), p.name
-    fractions = [p.macs_fraction for p in graph.split_points]
+    fractions = [p.macs_fraction for p in graph.cut_points]
     assert fractions == sorted(fractions) and 0.99 < fractions[-1] < 1.0  # only fc remains
+
+
+def test_the_names_before_issue_39_still_work():
+    """graph/split.py became graph/cut.py, SplitPoint CutPoint, split_model cut_model (issue 39):
+    the old names are the same objects, for code written against them."""
+    import nestflex.graph as g
+    from nestflex.graph.structure import SplitPoint
+
+    assert g.split_model is g.cut_model and g.SplitPoint is g.CutPoint is SplitPoint
+    graph = trace(create_model("vgg11", width=0.125))
+    assert graph.split_points is graph.cut_points
+    assert graph.split_point("features.relu2") is graph.cut_point("features.relu2")
+    with pytest.raises(GraphError, match=r"no split point 'nope'; split points: features\.relu1"):
+        graph.cut_point("nope")
 
 
 def test_vgg_split_points_are_the_relus():
@@ -443,7 +457,7 @@ def test_a_residual_add_that_no_activation_follows_ends_a_block_and_cuts_exactly
     model = _Next().eval()
     graph = trace(model, (3, 8, 8))
     assert [s.name for s in graph.split_points] == ["gelu", "add", "relu"]
-    head, tail = split_model(graph, "add")
+    head, tail = cut_model(graph, "add")
     x = torch.randn(2, 3, 8, 8)
     assert torch.equal(tail(*head(x)), model(x))
 

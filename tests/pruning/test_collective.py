@@ -193,7 +193,7 @@ def test_group_responses_are_the_sum_of_their_nodes_activations():
 def test_the_cost_benchmarks_naive_fit_is_the_same_probe_and_its_estimate_sums_every_step():
     from tests.scripts import load_script
 
-    bench = load_script("benchmarks/collective_cost.py")
+    bench = load_script("benchmarks/exits/collective_cost.py")
     g = torch.Generator().manual_seed(0)
     fx, vx = torch.randn(80, 6, 4, generator=g, dtype=torch.float64), torch.randn(40, 6, 4, generator=g, dtype=torch.float64)
     fy, vy = torch.randint(0, 10, (80,), generator=g), torch.randint(0, 10, (40,), generator=g)

@@ -42,11 +42,14 @@ def test_bad_flex_flags_are_explained(tmp_path, capsys):
     recipe = _recipe()
     with pytest.raises(SystemExit):
         recipe.main(["--flex-exits-per-location", "0", "--out", str(tmp_path)])
-    assert "--flex-epochs, --flex-exits-per-location and --flex-base-width must be >= 1" in capsys.readouterr().err
+    assert "--flex-exits-per-location must be >= 1, got 0" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         recipe.main(["--flex-train-samples", "0", "--out", str(tmp_path)])
-    assert ("--flex-train-samples (leave it out for all training images) and --flex-val-samples must be >= 1, "
-            "got 0 and 2000") in capsys.readouterr().err
+    assert ("--flex-train-samples must be >= 1, got 0. HINT: leave it out for all training images"
+            in capsys.readouterr().err)
+    with pytest.raises(SystemExit):
+        recipe.main(["--flex-val-samples", "0", "--out", str(tmp_path)])
+    assert "--flex-val-samples must be >= 1, got 0" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         recipe.main(["--flex-rate-tolerance", "1.5", "--out", str(tmp_path)])
     assert "--flex-rate-tolerance is a share of samples in [0, 1), got 1.5" in capsys.readouterr().err
@@ -74,7 +77,7 @@ def test_a_plan_that_keeps_no_exit_reports_the_backbone_alone(tmp_path, monkeypa
     import dataclasses
     import importlib
 
-    flex_module = importlib.import_module("nestflex.exits.flexdnn")  # the package's `flexdnn` is the function
+    flex_module = importlib.import_module("nestflex.exits.flexdnn.pipeline")  # where flexdnn() calls it
 
     real = flex_module.insertion_plan
     monkeypatch.setattr(flex_module, "insertion_plan",

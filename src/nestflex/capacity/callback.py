@@ -38,7 +38,15 @@ __all__ = ["FreezeAndGrow", "level_of_epoch"]
 
 
 def level_of_epoch(epoch: int, epochs_per_level: int) -> int:
-    """The level trained during ``epoch`` (0-based): level 1 first, level 0 is the seed."""
+    """The level trained during ``epoch`` (0-based): level 1 first, level 0 is the seed.
+
+    Args:
+        epoch: the training epoch, counted from 0.
+        epochs_per_level: training epochs spent on each grown level (``>= 1``).
+
+    Returns:
+        The level index, ``1 + epoch // epochs_per_level``.
+    """
     return 1 + epoch // epochs_per_level
 
 

@@ -35,7 +35,15 @@ def _mask(shape: torch.Size, region, device) -> torch.Tensor:
 
 
 def trainable_masks(model: nn.Module, level: int) -> dict[str, torch.Tensor]:
-    """Per parameter name, ``True`` where level ``level`` may train (used by it, by no smaller level)."""
+    """Per parameter name, ``True`` where level ``level`` may train (used by it, by no smaller level).
+
+    Args:
+        model: a nested (multi-capacity) model.
+        level: the level being trained (``0 <= level < num_levels``; level 0 is the seed).
+
+    Returns:
+        A boolean mask of each parameter's shape, keyed by parameter name.
+    """
     regions = level_regions(model)
     masks = {}
     for name, p in model.named_parameters():

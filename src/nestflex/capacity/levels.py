@@ -45,10 +45,18 @@ def choose_levels(roadmap: Roadmap, levels: int) -> list[int]:
     ``seed + i * (vanilla - seed) / (levels - 1)`` among those that still leave room for the
     levels after it, so the choice is always ``levels`` distinct footprints in MACs order.
 
+    Args:
+        roadmap: the pruning roadmap whose footprints are chosen from.
+        levels: number of descendants K, seed and vanilla model included (``2 <= levels <=``
+            the roadmap's number of footprints).
+
+    Returns:
+        The roadmap steps of the chosen footprints, seed (fewest MACs) first, vanilla last.
+
     Raises:
         CapacityError: ``levels`` < 2, or more levels than the roadmap has footprints.
 
-    Example:
+    Examples:
         >>> from nestflex.pruning.roadmap import Footprint
         >>> fps = [Footprint(s, 0.9, 10, m, {}, {}) for s, m in enumerate([100, 80, 60, 50, 40, 20])]
         >>> choose_levels(Roadmap("M", "l1", 0.9, 0.9, {}, fps), 3)

@@ -26,6 +26,16 @@ def read_state(path: str | Path, model: nn.Module) -> dict[str, torch.Tensor]:
 
     A checkpoint of a LightningModule names the network ``model.<...>``; the prefix that makes
     the checkpoint's names cover ``model``'s is stripped. Only tensors are read.
+
+    Args:
+        path: the checkpoint file (a Lightning ``.ckpt`` or a plain ``state_dict`` file).
+        model: the module whose parameter and buffer names the result uses.
+
+    Returns:
+        The checkpoint's tensors, keyed by ``model``'s state names.
+
+    Raises:
+        CapacityError: the file does not exist, or does not hold ``model``'s weights.
     """
     path = Path(path)
     if not path.exists():
@@ -40,9 +50,16 @@ def read_state(path: str | Path, model: nn.Module) -> dict[str, torch.Tensor]:
 def check_roadmap(model: nn.Module, roadmap: Roadmap, input_shape: Sequence[int] | None = None) -> None:
     """Raise unless ``model`` is the unpruned architecture the roadmap was made for.
 
-    ``model``: the LightningModule the roadmap was made on, or its network
-    (:func:`~nestflex.pruning.roadmap_network`). ``input_shape``: traced at it; default the
-    roadmap's, else the model's own (:func:`nestflex.graph.input_shape_of`).
+    Args:
+        model: the LightningModule the roadmap was made on, or its network
+            (:func:`~nestflex.pruning.roadmap_network`).
+        roadmap: the pruning roadmap to check against.
+        input_shape: per-sample input shape the model is traced at; default the roadmap's,
+            else the model's own (:func:`nestflex.graph.input_shape_of`).
+
+    Raises:
+        CapacityError: the model lacks a group the roadmap prunes, or a group's width differs
+            from the roadmap's unpruned model (another model or width, or already pruned).
     """
     try:
         net = roadmap_network(model, roadmap)
@@ -101,10 +118,30 @@ def nest_from_roadmap(
 ) -> LevelPlan:
     """Nest ``model`` (unpruned, in place) with levels from ``roadmap``'s footprints.
 
-    ``model`` is the pruned LightningModule's unpruned twin or its plain network (the network
-    inside is nested: :func:`~nestflex.pruning.roadmap_network`). Returns the
-    :class:`LevelPlan`. The roadmap's footprint checkpoints are read relative to the roadmap
-    file's directory.
+    The roadmap's footprint checkpoints are read relative to the roadmap file's directory.
+
+    Args:
+        model: the pruned LightningModule's unpruned twin or its plain network (the network
+            inside is nested: :func:`~nestflex.pruning.roadmap_network`).
+        roadmap: path of the pruning run's ``roadmap.json``; a loaded :class:`Roadmap` is
+            rejected, since its checkpoints could not be found.
+        levels: number of levels K, seed and vanilla model included, chosen evenly spaced in
+            MACs (:func:`~nestflex.capacity.choose_levels`); ignored when ``steps`` is given.
+        steps: the roadmap steps of the levels, seed first, ending with 0 (overrides
+            ``levels``).
+        init: where grown filters start: ``"footprint"`` (their values in the level's
+            footprint checkpoint), ``"vanilla"`` (the unpruned model's) or ``"random"`` (the
+            module's own initialisation).
+        input_shape: per-sample input shape for tracing; default the roadmap's, else the
+            model's own.
+
+    Returns:
+        The :class:`LevelPlan` of the nested model.
+
+    Raises:
+        CapacityError: ``model`` is already nested, ``roadmap`` is not a path, it does not
+            match ``model`` (:func:`check_roadmap`), ``init`` is unknown, or the levels cannot
+            be chosen.
     """
     if is_nested(model):
         raise CapacityError(f"{type(model).__name__} is already nested")

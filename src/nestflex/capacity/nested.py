@@ -100,6 +100,10 @@ class NestedNorm(nn.Module, _Nested):
 
     Level ``k``'s affine parameters and running statistics are its own, so training a larger
     level never touches what a smaller level computes with.
+
+    Args:
+        norms: one BatchNorm per level, smallest level first; ``norms[k]`` has level ``k``'s
+            width (its number of features).
     """
 
     def __init__(self, norms: Sequence[nn.Module]) -> None:
@@ -154,11 +158,24 @@ def nest_(
     tensor entry used by level ``k`` but by no smaller level takes its value from
     ``sources[k]``. Level 0 is active afterwards.
 
+    Args:
+        model: the unpruned network to nest (modified in place).
+        plan: the nested channel order and per-level widths
+            (:func:`~nestflex.capacity.levels.plan_levels`).
+        sources: where each level's weights come from, one :class:`Source` per level,
+            level 0 first.
+        input_shape: per-sample input shape for tracing ``model``; default: the model's own
+            (:func:`nestflex.graph.input_shape_of`).
+
+    Returns:
+        ``model`` itself, now nested, at level 0.
+
     Raises:
-        CapacityError: the model does not match the plan (missing group, other width), a layer
+        CapacityError: ``model`` is already nested, ``sources`` does not have one entry per
+            level, the model does not match the plan (missing group, other width), a layer
             type nested layers do not support, or a source tensor of the wrong shape.
 
-    Example:
+    Examples:
         >>> from nestflex.models import create_model
         >>> from nestflex.capacity.levels import LevelPlan
         >>> net = create_model("vgg11", width=0.125)
@@ -326,16 +343,32 @@ def nested_modules(model: nn.Module) -> Iterator[tuple[str, nn.Module]]:
 
 
 def is_nested(model: nn.Module) -> bool:
+    """Whether ``model`` has any nested layer (is a multi-capacity model).
+
+    Args:
+        model: the network to check.
+    """
     return any(True for _ in nested_modules(model))
 
 
 def num_levels(model: nn.Module) -> int:
-    """Number of levels of a nested model (0 if it is not nested)."""
+    """Number of levels of a nested model (0 if it is not nested).
+
+    Args:
+        model: the network to inspect.
+    """
     return max((len(m.nest_out) for _, m in nested_modules(model)), default=0)
 
 
 def get_level(model: nn.Module) -> int:
-    """The active level."""
+    """The active level of a nested model.
+
+    Args:
+        model: a nested (multi-capacity) model.
+
+    Raises:
+        CapacityError: ``model`` is not nested.
+    """
     for _, m in nested_modules(model):
         return m.level
     raise CapacityError(f"{type(model).__name__} is not a multi-capacity model. HINT: build it with nest_()")
@@ -343,6 +376,13 @@ def get_level(model: nn.Module) -> int:
 
 def set_level(model: nn.Module, level: int) -> nn.Module:
     """Make every nested layer compute at ``level`` (cheap: sets an int per layer).
+
+    Args:
+        model: a nested (multi-capacity) model.
+        level: the level to activate, ``0`` (the seed) to ``num_levels(model) - 1``.
+
+    Returns:
+        ``model`` itself.
 
     Raises:
         CapacityError: ``level`` outside ``[0, num_levels)``, or a model that is not nested.
@@ -361,6 +401,13 @@ def level_regions(model: nn.Module) -> dict[str, list[Region]]:
     """For every parameter, the slice each level computes with (``None``: unused at that level).
 
     Parameters outside nested layers are used whole by every level.
+
+    Args:
+        model: a nested (multi-capacity) model.
+
+    Returns:
+        Per parameter name, one region per level: a tuple of slices into the parameter, or
+        ``None`` where that level does not use it.
     """
     K = num_levels(model)
     out: dict[str, list[Region]] = {}
@@ -377,6 +424,13 @@ def extract_level(model: nn.Module, level: int) -> nn.Module:
 
     Its outputs equal the multi-capacity model's at ``level``; trace it for MACs and params, or
     export it. The multi-capacity model is left as it was.
+
+    Args:
+        model: a nested (multi-capacity) model.
+        level: the level to extract, ``0`` to ``num_levels(model) - 1``.
+
+    Raises:
+        CapacityError: ``model`` is not nested, or ``level`` is out of range.
     """
     current = get_level(model)
     set_level(model, level)

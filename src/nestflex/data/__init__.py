@@ -31,7 +31,7 @@ reader imports scipy, the image folder's Pillow, when they read files). The Data
 Lightning, so they are loaded on first access, and ``import nestflex.data`` (or
 ``nestflex.data.synthetic``) works where Lightning is not installed.
 
-Example:
+Examples:
     >>> from nestflex.data import SyntheticShapes, resolve_data
     >>> len(SyntheticShapes("test", size=10))
     10

@@ -5,7 +5,7 @@ float (0..1), so a ``Dataset`` can apply it per sample and a training loop per b
 same code. Randomness comes from an optional :class:`torch.Generator`; without one, torch's global
 generator is used, which DataLoader workers and ``seed_everything`` already seed.
 
-Example:
+Examples:
     >>> import torch
     >>> from nestflex.data import CIFAR10_MEAN, CIFAR10_STD, train_transform
     >>> t = train_transform(CIFAR10_MEAN, CIFAR10_STD, generator=torch.Generator().manual_seed(0))
@@ -47,14 +47,25 @@ def _as_batch(x: torch.Tensor) -> tuple[torch.Tensor, bool]:
 
 
 def to_float(x: torch.Tensor) -> torch.Tensor:
-    """uint8 0..255 -> float32 0..1; float input is returned as float32 unchanged."""
+    """uint8 0..255 -> float32 0..1; float input is returned as float32 unchanged.
+
+    Args:
+        x: image or batch of any shape, uint8 (0..255) or float (0..1).
+    """
     return x.float().div(255) if x.dtype == torch.uint8 else x.float()
 
 
 def pad(x: torch.Tensor, border: int) -> torch.Tensor:
     """Zero border of ``border`` pixels on every side (MNIST: 28x28 -> 32x32 with ``border=2``).
 
-    Example:
+    Args:
+        x: image ``(C, H, W)`` or batch ``(B, C, H, W)``, any dtype.
+        border: pixels of zeros added on each side (``>= 0``; 0 returns ``x`` unchanged).
+
+    Raises:
+        DataError: ``border`` is not an integer ``>= 0``, or ``x`` is not 3-D or 4-D.
+
+    Examples:
         >>> pad(torch.ones(1, 28, 28, dtype=torch.uint8), 2).shape
         torch.Size([1, 32, 32])
     """
@@ -101,7 +112,17 @@ def random_crop_flip(
 
 
 class RandomCropFlip:
-    """Callable form of :func:`random_crop_flip`."""
+    """Callable form of :func:`random_crop_flip`.
+
+    Args:
+        padding: zero padding in pixels on each side (an integer ``>= 0``; the standard CIFAR
+            recipe uses 4).
+        flip: whether to flip each image left-right with probability 1/2.
+        generator: source of randomness; ``None`` uses torch's global generator.
+
+    Raises:
+        DataError: ``padding`` is not an integer ``>= 0``.
+    """
 
     def __init__(self, padding: int = 4, flip: bool = True, generator: torch.Generator | None = None) -> None:
         if isinstance(padding, bool) or not isinstance(padding, int) or padding < 0:
@@ -118,7 +139,14 @@ class RandomCropFlip:
 
 
 class Pad:
-    """Callable form of :func:`pad`."""
+    """Callable form of :func:`pad`.
+
+    Args:
+        border: pixels of zeros added on each side (an integer ``>= 0``).
+
+    Raises:
+        DataError: ``border`` is not an integer ``>= 0``.
+    """
 
     def __init__(self, border: int) -> None:
         if isinstance(border, bool) or not isinstance(border, int) or border < 0:
@@ -160,7 +188,11 @@ class Normalize:
 
 
 class Compose:
-    """Apply transforms in order."""
+    """Apply transforms in order.
+
+    Args:
+        *transforms: callables from tensor to tensor, applied first to last.
+    """
 
     def __init__(self, *transforms: Transform) -> None:
         self.transforms = transforms
@@ -187,6 +219,17 @@ def train_transform(
     The defaults are the standard CIFAR recipe (pad-4 crop + horizontal flip). MNIST passes
     ``border=2`` (28x28 -> 32x32 first, as :func:`eval_transform`), ``padding=2`` and
     ``flip=False``: a mirrored digit is another glyph, not the same class.
+
+    Args:
+        mean: per-channel mean in [0, 1] units.
+        std: per-channel standard deviation in [0, 1] units, all > 0.
+        padding: zero padding in pixels on each side for the random crop.
+        generator: source of randomness; ``None`` uses torch's global generator.
+        flip: whether to flip each image left-right with probability 1/2.
+        border: zero border in pixels added on each side before cropping (0: none).
+
+    Returns:
+        The composed transform (border, crop and flip, normalisation).
     """
     # Crop/flip on uint8 before the float conversion: 4x less memory traffic, same result.
     steps: list[Transform] = [Pad(border)] if border else []
@@ -194,7 +237,13 @@ def train_transform(
 
 
 def eval_transform(mean: Sequence[float], std: Sequence[float], border: int = 0) -> Transform:
-    """Evaluation transform: the zero ``border`` (if any), then normalisation."""
+    """Evaluation transform: the zero ``border`` (if any), then normalisation.
+
+    Args:
+        mean: per-channel mean in [0, 1] units.
+        std: per-channel standard deviation in [0, 1] units, all > 0.
+        border: zero border in pixels added on each side (0: none).
+    """
     if border:
         return Compose(Pad(border), Normalize(mean, std))
     return Normalize(mean, std)
@@ -204,6 +253,16 @@ def compute_mean_std(images: torch.Tensor, chunk: int = 4096) -> tuple[tuple[flo
     """Per-channel mean and std of uint8 ``(N, C, H, W)`` images, in [0, 1] units.
 
     Accumulates in float64 over chunks, so 50,000 images need no float copy of the whole set.
+
+    Args:
+        images: uint8 images ``(N, C, H, W)``, ``N >= 1``.
+        chunk: images converted to float at a time (bounds the memory used).
+
+    Returns:
+        ``(mean, std)``, one value per channel each, rounded to 4 decimals.
+
+    Raises:
+        DataError: ``images`` is not a non-empty 4-D tensor.
     """
     if images.dim() != 4 or images.shape[0] == 0:
         raise DataError(f"`images` must be a non-empty (N, C, H, W) tensor, got shape {tuple(images.shape)}")

@@ -16,7 +16,7 @@ Downloading happens only when asked (``download=True``): the archive is fetched 
 file, its md5 checked, extracted with tarfile's ``"data"`` filter into a staging directory and
 renamed into place, so an interrupted download never leaves a half-written dataset behind.
 
-Example:
+Examples:
     >>> from nestflex.data.cifar import cifar10_available
     >>> cifar10_available("/nonexistent")
     False
@@ -251,7 +251,10 @@ def find_cifar10_dir(data_dir: str | os.PathLike[str]) -> Path | None:
 def cifar10_available(data_dir: str | os.PathLike[str]) -> bool:
     """Whether CIFAR-10 batch files are present in ``data_dir`` (or its ``cifar-10-batches-py``).
 
-    Example:
+    Args:
+        data_dir: the directory to look in (need not exist).
+
+    Examples:
         >>> cifar10_available("/nonexistent")
         False
     """
@@ -398,7 +401,7 @@ class CIFAR10(ImageTensorDataset):
     Raises:
         DataError: see :func:`load_cifar10` and :func:`download_cifar10`.
 
-    Example:
+    Examples:
         >>> ds = CIFAR10("./data", split="test")  # doctest: +SKIP
         >>> ds.images.shape  # doctest: +SKIP
         torch.Size([10000, 3, 32, 32])

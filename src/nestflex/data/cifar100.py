@@ -10,7 +10,7 @@ and the same checks, with ``label_type`` choosing the labels: ``"fine"`` or ``"c
 
 Nothing is downloaded: extract the archive into ``data_dir`` yourself.
 
-Example:
+Examples:
     >>> from nestflex.data.cifar100 import cifar100_available
     >>> cifar100_available("/nonexistent")
     False
@@ -96,7 +96,13 @@ def _check_label_type(label_type: str) -> None:
 def cifar100_classes(label_type: str = "fine") -> tuple[str, ...]:
     """The standard class names of ``label_type`` (``"fine"``: 100, ``"coarse"``: 20).
 
-    Example:
+    Args:
+        label_type: ``"fine"`` (the 100 classes) or ``"coarse"`` (the 20 superclasses).
+
+    Raises:
+        DataError: ``label_type`` is neither.
+
+    Examples:
         >>> len(cifar100_classes("coarse")), cifar100_classes()[:2]
         (20, ('apple', 'aquarium_fish'))
     """
@@ -122,7 +128,10 @@ def find_cifar100_dir(data_dir: str | os.PathLike[str]) -> Path | None:
 def cifar100_available(data_dir: str | os.PathLike[str]) -> bool:
     """Whether CIFAR-100's files are in ``data_dir`` (or its ``cifar-100-python/``).
 
-    Example:
+    Args:
+        data_dir: the directory to look in (need not exist).
+
+    Examples:
         >>> cifar100_available("/nonexistent")
         False
     """
@@ -187,7 +196,7 @@ class CIFAR100(ImageTensorDataset):
     Raises:
         DataError: see :func:`load_cifar100`.
 
-    Example:
+    Examples:
         >>> ds = CIFAR100("./data", split="test", label_type="coarse")  # doctest: +SKIP
         >>> len(ds), len(ds.classes)  # doctest: +SKIP
         (10000, 20)

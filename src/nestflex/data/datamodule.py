@@ -9,7 +9,7 @@ allow it), every split gets per-channel normalisation with the dataset's :attr:`
 :meth:`setup`: models are built and traced from it (MNIST and Fashion-MNIST: ``(1, 32, 32)``,
 their 28x28 images padded by 2 pixels; an image folder: its images' channels and size).
 
-Example:
+Examples:
     >>> from nestflex.data import SyntheticDataModule
     >>> dm = SyntheticDataModule(batch_size=16, train_size=200, test_size=50, val_size=40)
     >>> dm.setup()
@@ -93,7 +93,7 @@ class EpochShuffleSampler(RandomSampler):
     would restart from its seed instead. Under DDP Lightning swaps it for a seeded
     ``DistributedSampler``, which is resumable the same way.
 
-    Example:
+    Examples:
         >>> s = EpochShuffleSampler(range(5), seed=0)
         >>> s.set_epoch(1); a = list(s); s.set_epoch(1); a == list(s)
         True
@@ -135,17 +135,26 @@ class ImageDataModule(pl.LightningDataModule):
         pin_memory: passed to the DataLoaders (useful with a GPU).
 
     Attributes:
-        name, synthetic, num_classes, classes, mean, std: describe the dataset (available before
-            :meth:`setup`); ``mean``/``std`` have one value per channel.
+        name: the dataset's short name (``"cifar10"``, ``"mnist"``, ...).
+        synthetic: whether the data is generated rather than read from files.
+        num_classes: number of classes.
+        classes: class names, index = label.
+        mean: per-channel mean in [0, 1] units, used by the normalisation.
+        std: per-channel standard deviation in [0, 1] units, used by the normalisation.
         input_shape: per-sample ``(C, H, W)`` of what the loaders yield, after the transforms
             (available before :meth:`setup`, checked against the data in it).
         input_scale: factor from the stored 8-bit pixels to the [0, 1] range ``mean``/``std``
             apply to: ``1/255`` for every dataset here (a bundle records it, so a caller knows to
             compute ``(raw / 255 - mean) / std``).
-        border, crop_padding, flip: the transforms: a zero border added to every image of every
-            split, the zero padding of the training crop, and whether training images are flipped.
-        train_dataset, val_dataset, test_dataset: after :meth:`setup`.
-        train_indices, val_indices: indices into the full training split, after :meth:`setup`.
+        border: zero border in pixels added to every image of every split.
+        crop_padding: zero padding in pixels of the training crop.
+        flip: whether training images are flipped left-right.
+        train_dataset: the training subset (augmented), after :meth:`setup`.
+        val_dataset: the validation hold-out (not augmented), after :meth:`setup`.
+        test_dataset: the test split (not augmented), after :meth:`setup`.
+        train_indices: indices of the training subset into the full training split, after
+            :meth:`setup`.
+        val_indices: indices of the hold-out into the full training split, after :meth:`setup`.
     """
 
     name: str = ""
@@ -305,14 +314,20 @@ class CIFAR10DataModule(_DirDataModule):
 
     Args:
         data_dir: directory holding ``cifar-10-batches-py/`` (or the batch files themselves).
+        batch_size: samples per batch, for every split.
+        num_workers: DataLoader worker processes (0 loads in the main process).
+        max_train_samples: if set, train on a seeded subset of this many samples of what is left
+            after the validation hold-out (all of it when fewer remain).
+        val_size: validation hold-out taken from the training split: a count (int >= 1) or a
+            fraction (float in (0, 1)).
         download: fetch CIFAR-10 into ``data_dir`` in :meth:`prepare_data` if it is missing.
-        **kwargs: see :class:`ImageDataModule` (batch_size, num_workers, max_train_samples,
-            val_size, seed, pin_memory).
+        seed: seed of the hold-out, the subset and the training shuffle order.
+        pin_memory: passed to the DataLoaders (useful with a GPU).
 
     Raises:
         DataError: bad arguments here; missing or corrupt files in :meth:`setup`.
 
-    Example:
+    Examples:
         >>> dm = CIFAR10DataModule("./data", batch_size=128)  # doctest: +SKIP
         >>> dm.setup(); len(dm.train_dataset), len(dm.val_dataset)  # doctest: +SKIP
         (45000, 5000)
@@ -357,14 +372,20 @@ class CIFAR100DataModule(_DirDataModule):
 
     Args:
         data_dir: directory holding ``cifar-100-python/`` (or its files); nothing is downloaded.
+        batch_size: samples per batch, for every split.
+        num_workers: DataLoader worker processes (0 loads in the main process).
+        max_train_samples: if set, train on a seeded subset of this many samples of what is left
+            after the validation hold-out (all of it when fewer remain).
+        val_size: validation hold-out taken from the training split: a count (int >= 1) or a
+            fraction (float in (0, 1)).
+        seed: seed of the hold-out, the subset and the training shuffle order.
+        pin_memory: passed to the DataLoaders (useful with a GPU).
         label_type: ``"fine"`` (100 classes) or ``"coarse"`` (20 superclasses).
-        **kwargs: see :class:`ImageDataModule` (batch_size, num_workers, max_train_samples,
-            val_size, seed, pin_memory).
 
     Raises:
         DataError: bad arguments here; missing or corrupt files in :meth:`setup`.
 
-    Example:
+    Examples:
         >>> dm = CIFAR100DataModule("./data", label_type="coarse")
         >>> dm.num_classes, dm.input_shape, dm.classes[0]
         (20, (3, 32, 32), 'aquatic_mammals')
@@ -420,7 +441,7 @@ class MNISTDataModule(_DirDataModule):
     Raises:
         DataError: bad arguments here; missing or corrupt files in :meth:`setup`.
 
-    Example:
+    Examples:
         >>> dm = MNISTDataModule("../shared/data/mnist")  # doctest: +SKIP
         >>> dm.setup(); len(dm.train_dataset), len(dm.val_dataset), dm.input_shape  # doctest: +SKIP
         (55000, 5000, (1, 32, 32))
@@ -458,7 +479,7 @@ class FashionMNISTDataModule(_DirDataModule):
     Raises:
         DataError: bad arguments here; missing or corrupt files in :meth:`setup`.
 
-    Example:
+    Examples:
         >>> dm = FashionMNISTDataModule("./data/fashion")
         >>> dm.input_shape, dm.num_classes, dm.classes[0]
         ((1, 32, 32), 10, 'T-shirt/top')
@@ -496,7 +517,7 @@ class SVHNDataModule(_DirDataModule):
     Raises:
         DataError: bad arguments here; missing or invalid files in :meth:`setup`.
 
-    Example:
+    Examples:
         >>> dm = SVHNDataModule("./data/svhn")
         >>> dm.input_shape, dm.num_classes, dm.flip
         ((3, 32, 32), 10, False)
@@ -531,24 +552,32 @@ class ImageFolderDataModule(_DirDataModule):
 
     Args:
         data_dir: the image folder.
+        batch_size: samples per batch, for every split.
+        num_workers: DataLoader worker processes (0 loads in the main process).
+        max_train_samples: if set, train on a seeded subset of this many samples of what is left
+            after the validation hold-out (all of it when fewer remain).
         val_size: hold-out of the training split, a count or a fraction; 10% by default, since a
             folder of your own may hold far fewer than 5,000 images.
+        seed: seed of the hold-out, the subset and the training shuffle order.
+        pin_memory: passed to the DataLoaders (useful with a GPU).
         channels: 1 (greyscale), 3 (RGB) or ``None`` (from the first image).
         image_size: ``(H, W)`` (or an int for a square) to resize every image to, or ``None``.
-        test_fraction, split_seed: the seeded test split of a folder without ``train/``/``test/``
-            (its own seed, so changing ``seed`` keeps the test split).
-        mean, std: per-channel normalisation, or ``None`` (computed, see above).
+        test_fraction: fraction of the images held out as the test split, for a folder without
+            ``train/``/``test/`` (ignored otherwise).
+        split_seed: seed of that test split (its own seed, so changing ``seed`` keeps the test
+            split).
+        mean: per-channel normalisation mean in [0, 1] units, or ``None`` (computed, see above;
+            give ``std`` too).
+        std: per-channel standard deviation in [0, 1] units, all > 0, or ``None`` (computed).
         flip: flip training images left-right (turn it off for text, digits, or anything whose
             mirror image is another class).
         crop_padding: zero padding of the training crop (random shifts of up to this many pixels).
-        **kwargs: see :class:`ImageDataModule` (batch_size, num_workers, max_train_samples, seed,
-            pin_memory).
 
     Raises:
         DataError: bad arguments here; a missing or malformed folder or image when the folder is
             first looked at (``input_shape``, ``classes``, :meth:`setup`).
 
-    Example:
+    Examples:
         >>> dm = ImageFolderDataModule("photos", image_size=(64, 48), flip=False)  # doctest: +SKIP
         >>> dm.input_shape, dm.classes  # doctest: +SKIP
         ((3, 64, 48), ('cats', 'dogs'))
@@ -658,12 +687,20 @@ class SyntheticDataModule(ImageDataModule):
     """The synthetic shapes dataset (:mod:`nestflex.data.synthetic`), rendered in :meth:`setup`.
 
     Args:
-        batch_size, num_workers, max_train_samples, val_size, seed, pin_memory: see
-            :class:`ImageDataModule`; ``seed`` also seeds the dataset itself.
-        train_size: samples rendered for the training split (the hold-out comes out of them).
-        test_size: samples rendered for the test split.
+        batch_size: samples per batch, for every split.
+        num_workers: DataLoader worker processes (0 loads in the main process).
+        max_train_samples: if set, train on a seeded subset of this many samples of what is left
+            after the validation hold-out (all of it when fewer remain).
+        train_size: samples rendered for the training split (the hold-out comes out of them;
+            ``>= 2``).
+        test_size: samples rendered for the test split (``>= 1``).
+        val_size: validation hold-out taken from the training split: a count (int >= 1) or a
+            fraction (float in (0, 1)).
+        seed: seed of the hold-out, the subset and the training shuffle order; also seeds the
+            rendering of the dataset itself.
+        pin_memory: passed to the DataLoaders (useful with a GPU).
 
-    Example:
+    Examples:
         >>> dm = SyntheticDataModule(train_size=300, test_size=100, val_size=50)
         >>> dm.setup(); dm.test_dataset.difficulty.shape
         torch.Size([100])

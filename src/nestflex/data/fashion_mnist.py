@@ -12,7 +12,7 @@ The files are looked for in ``data_dir``, ``data_dir/raw`` and ``data_dir/Fashio
 torchvision layout). Because the names are MNIST's, the folder is what says which dataset it is:
 keep the two in different folders.
 
-Example:
+Examples:
     >>> from nestflex.data.fashion_mnist import fashion_mnist_available
     >>> fashion_mnist_available("/nonexistent")
     False
@@ -78,7 +78,10 @@ def find_fashion_mnist_dir(data_dir: str | os.PathLike[str]) -> Path | None:
 def fashion_mnist_available(data_dir: str | os.PathLike[str]) -> bool:
     """Whether the four Fashion-MNIST files are in ``data_dir`` (or its ``raw/`` or ``FashionMNIST/raw/``).
 
-    Example:
+    Args:
+        data_dir: the directory to look in (need not exist).
+
+    Examples:
         >>> fashion_mnist_available("/nonexistent")
         False
     """
@@ -124,7 +127,7 @@ class FashionMNIST(_IdxImages):
     Raises:
         DataError: see :func:`load_fashion_mnist`.
 
-    Example:
+    Examples:
         >>> ds = FashionMNIST("./data/fashion", split="test")  # doctest: +SKIP
         >>> ds.images.shape, ds.classes[9]  # doctest: +SKIP
         (torch.Size([10000, 1, 28, 28]), 'Ankle boot')

@@ -27,7 +27,7 @@ naming the folder or file and the fix.
 Pillow comes with torchvision (nestflex's ``train`` extra) and is imported when images are read,
 so ``import nestflex.data`` does not need it.
 
-Example:
+Examples:
     >>> import tempfile, pathlib
     >>> from PIL import Image
     >>> root = pathlib.Path(tempfile.mkdtemp())
@@ -130,9 +130,12 @@ class ImageFolderIndex:
         split_folders: ``True`` when ``root/train`` and ``root/test`` are the splits, ``False``
             for one folder split by ``split_seed``.
         classes: class names, index = label.
-        train, test: ``(path, label)`` pairs in sorted path order.
+        train: the training split's ``(path, label)`` pairs in sorted path order.
+        test: the test split's ``(path, label)`` pairs in sorted path order.
         first: the image that decides ``channels=None`` and, without ``image_size``, the size.
-        test_fraction, split_seed: the seeded split's settings (``None`` with split folders).
+        test_fraction: the seeded split's share of each class held out for test (``None`` with
+            split folders).
+        split_seed: the seeded split's seed (``None`` with split folders).
     """
 
     root: Path
@@ -219,7 +222,7 @@ def index_image_folder(
             ``test/``; no class folder; a class folder without images; a ``test/`` class that
             ``train/`` lacks; a seeded split that leaves the test split empty.
 
-    Example:
+    Examples:
         >>> index_image_folder("/nonexistent")  # doctest: +ELLIPSIS
         Traceback (most recent call last):
         ...
@@ -384,8 +387,9 @@ def load_image_folder(
         channels: 1, 3 or ``None`` (from the first image: ``L`` -> 1, ``RGB``/``RGBA``/``P`` -> 3).
         image_size: ``(H, W)`` (or an int for a square) to resize every image to; ``None``
             requires every image to have the first one's size.
-        test_fraction, split_seed: the seeded split when there are no ``train/``/``test/``
-            subfolders (see :func:`index_image_folder`).
+        test_fraction: share of each class held out as ``test`` when there are no
+            ``train/``/``test/`` subfolders (see :func:`index_image_folder`).
+        split_seed: seed of that split.
 
     Returns:
         ``(images, targets, classes, files)``: uint8 ``(N, C, H, W)``, int64 ``(N,)``, class
@@ -424,7 +428,9 @@ class ImageFolder(ImageTensorDataset):
         image_size: ``(H, W)`` to resize to, or ``None`` (all images must share one size).
         transform: callable applied to each uint8 ``(C, H, W)`` image; ``None`` returns float32
             in [0, 1].
-        test_fraction, split_seed: the seeded split of a folder without ``train/``/``test/``.
+        test_fraction: share of each class held out as ``test`` in a folder without
+            ``train/``/``test/``.
+        split_seed: seed of that split.
 
     Attributes:
         files: the file of each sample, in order.
@@ -433,7 +439,7 @@ class ImageFolder(ImageTensorDataset):
     Raises:
         DataError: see :func:`load_image_folder`.
 
-    Example:
+    Examples:
         >>> ds = ImageFolder("photos", "train", channels=3, image_size=(64, 48))  # doctest: +SKIP
         >>> ds.images.shape[1:]  # doctest: +SKIP
         torch.Size([3, 64, 48])

@@ -20,7 +20,7 @@ own folders, class names and messages.
 Images keep their native 1x28x28 here; :class:`~nestflex.data.MNISTDataModule` pads them to
 1x32x32 in its transforms (docs/data.md says why).
 
-Example:
+Examples:
     >>> from nestflex.data.mnist import mnist_available
     >>> mnist_available("/nonexistent")
     False
@@ -120,7 +120,7 @@ def read_idx(path: str | os.PathLike[str], ndim: int | None = None, *, what: str
             unsigned byte (0x08) or whose dimension count differs from ``ndim``; a body shorter
             or longer than the dimensions announce. The message names the file and the value.
 
-    Example:
+    Examples:
         >>> import tempfile, pathlib
         >>> p = pathlib.Path(tempfile.mkdtemp()) / "x-idx1-ubyte"
         >>> _ = p.write_bytes(bytes([0, 0, 8, 1, 0, 0, 0, 3, 7, 8, 9]))
@@ -279,7 +279,10 @@ def find_mnist_dir(data_dir: str | os.PathLike[str]) -> Path | None:
 def mnist_available(data_dir: str | os.PathLike[str]) -> bool:
     """Whether the four MNIST files are in ``data_dir`` (or its ``raw/`` or ``MNIST/raw/``).
 
-    Example:
+    Args:
+        data_dir: the directory to look in (need not exist).
+
+    Examples:
         >>> mnist_available("/nonexistent")
         False
     """
@@ -346,7 +349,7 @@ class MNIST(_IdxImages):
     Raises:
         DataError: see :func:`load_mnist`.
 
-    Example:
+    Examples:
         >>> ds = MNIST("../shared/data/mnist", split="test")  # doctest: +SKIP
         >>> ds.images.shape  # doctest: +SKIP
         torch.Size([10000, 1, 28, 28])

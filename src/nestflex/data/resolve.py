@@ -11,7 +11,7 @@ each used only when asked for and never downloaded: ``"cifar100"`` (the python p
 (the ``*_32x32.mat`` files) and ``"imagefolder"`` (``data_dir/<class>/<image>``, any channel
 count and size).
 
-Example:
+Examples:
     >>> from nestflex.data import resolve_data
     >>> dm, message = resolve_data("auto", "/nonexistent", train_size=200, test_size=50, val_size=20)
     >>> dm.synthetic

@@ -15,7 +15,7 @@ read: loadmat builds arrays only.
 
 The files are looked for in ``data_dir``, ``data_dir/svhn`` and ``data_dir/SVHN``.
 
-Example:
+Examples:
     >>> from nestflex.data.svhn import svhn_available
     >>> svhn_available("/nonexistent")
     False
@@ -87,7 +87,10 @@ def find_svhn_dir(data_dir: str | os.PathLike[str]) -> Path | None:
 def svhn_available(data_dir: str | os.PathLike[str]) -> bool:
     """Whether SVHN's train and test files are in ``data_dir`` (or its ``svhn/`` or ``SVHN/``).
 
-    Example:
+    Args:
+        data_dir: the directory to look in (need not exist).
+
+    Examples:
         >>> svhn_available("/nonexistent")
         False
     """
@@ -202,7 +205,7 @@ class SVHN(ImageTensorDataset):
     Raises:
         DataError: see :func:`load_svhn`.
 
-    Example:
+    Examples:
         >>> ds = SVHN("./data/svhn", split="test")  # doctest: +SKIP
         >>> ds.images.shape  # doctest: +SKIP
         torch.Size([26032, 3, 32, 32])

@@ -24,7 +24,7 @@ grids. Each chunk has its own :class:`torch.Generator`, seeded from ``(seed, spl
 and every chunk is always rendered whole, so sample ``i`` does not depend on how many samples are
 asked for (a smaller set is a prefix of a bigger one) and the train and test splits differ.
 
-Example:
+Examples:
     >>> from nestflex.data.synthetic import SYNTHETIC_CLASSES, SyntheticShapes, make_synthetic
     >>> images, targets, difficulty = make_synthetic(8, seed=0, split="test")
     >>> images.shape, images.dtype
@@ -389,7 +389,7 @@ def make_synthetic(
     Raises:
         DataError: ``n`` negative or not an int, ``seed`` not an int, unknown ``split``.
 
-    Example:
+    Examples:
         >>> images, targets, difficulty = make_synthetic(4, seed=1, split="test")
         >>> images.shape, targets.tolist() == make_synthetic(10, 1, "test")[1][:4].tolist()
         (torch.Size([4, 3, 32, 32]), True)
@@ -430,13 +430,13 @@ class SyntheticShapes(ImageTensorDataset):
         images: uint8 ``(N, 3, 32, 32)``.
         targets: int64 ``(N,)``.
         difficulty: float32 ``(N,)`` in [0, 1]; quintiles of it make the accuracy-vs-difficulty
-            analysis in ``benchmarks/synthetic_difficulty.py``.
+            analysis in ``benchmarks/recipe/synthetic_difficulty.py``.
         classes: class names, index = label.
 
     Raises:
         DataError: bad ``split``, ``size`` or ``seed``.
 
-    Example:
+    Examples:
         >>> ds = SyntheticShapes("test", size=20, seed=3)
         >>> len(ds), ds.difficulty.shape, ds.classes[:3]
         (20, torch.Size([20]), ('disk', 'ring', 'square'))

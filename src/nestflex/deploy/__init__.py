@@ -104,7 +104,7 @@ __all__ = [
     "OnlineProfiler",
     "ProfilerError",
     # NestDNN's resource-aware scheduler (nestflex.deploy.scheduler); its multi-tenant
-    # simulation is a benchmark, not runtime: benchmarks/multitenant.py
+    # simulation is a benchmark, not runtime: benchmarks/engine/multitenant.py
     "SchedulerError",
     "AppProfile",
     "Decision",

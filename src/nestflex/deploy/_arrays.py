@@ -9,7 +9,7 @@ needs a gradient or lives on another device is detached and copied to the CPU fi
 bfloat16 one, which numpy cannot hold, widened to float32), and what comes back goes to the device
 of the tensor that came in.
 
-Example:
+Examples:
     >>> import numpy as np
     >>> x, back = as_numpy([1.0, 2.0])
     >>> type(back(x * 2)).__name__

@@ -40,7 +40,7 @@ class Registry(Generic[T]):
         unknown: format of the unknown-name message (fields: see :data:`UNKNOWN`).
         taken: format of the name-taken message (fields: see :data:`TAKEN`).
 
-    Example:
+    Examples:
         >>> colours = Registry("colour", ValueError, register_hint="register it first")
         >>> red = colours.register("red", lambda: (255, 0, 0))
         >>> @colours.register("green")

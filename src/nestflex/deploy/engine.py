@@ -40,6 +40,10 @@ Frames are numpy float32 arrays (a torch tensor is accepted too, and its answer'
 back as a tensor); the runtimes run on onnxruntime unless a plan says otherwise, so the engine
 needs no torch.
 
+Beside this module: :mod:`nestflex.deploy.operating_points` reads an exit set's operating points
+from the bundle; :mod:`._engine_apps` holds what the engine keeps per app and measures when it
+joins; :mod:`._engine_plan` holds the engine's decisions as pure functions of its apps.
+
 Example::
 
     import numpy as np, nestflex.deploy as nd
@@ -57,47 +61,30 @@ import threading
 import time
 from collections import deque
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterable, Iterator
 
 import numpy as np
 
 from nestflex.deploy._arrays import as_numpy, is_torch
+from nestflex.deploy._engine_apps import MB, App, Frame, Measured, app_stats, measure_app, row_latency
+from nestflex.deploy._engine_plan import app_profiles, budget_message, choose_point, enforce_memory
 from nestflex.deploy._memory import rss_bytes
 from nestflex.deploy.backends.plan import ExecutionPlan
 from nestflex.deploy.bundle.loader import Bundle, load
+from nestflex.deploy.operating_points import ExitPoint, operating_points
 from nestflex.deploy.profiler import OnlineProfiler
 from nestflex.deploy.runtime.capacity import CapacityRuntime, resolve_plan
 from nestflex.deploy.runtime.progressive import ProgressiveRuntime
-from nestflex.deploy.scheduler import AppProfile, Decision, Scheduler, SchedulerError, get_scheduler
-from nestflex.deploy.timing import median_ms
+from nestflex.deploy.scheduler import Decision, Scheduler, SchedulerError, get_scheduler
 from nestflex.errors import NestflexError
 
 __all__ = ["EngineError", "ExitPoint", "FrameResult", "Engine", "operating_points"]
 
-_MB = 1e6
-
 
 class EngineError(NestflexError, ValueError):
     """An engine call names an unknown app, gives a bad frame or goal, or a budget no app fits."""
-
-
-@dataclass(frozen=True)
-class ExitPoint:
-    """One threshold setting of an exit set, from the bundle's calibration.
-
-    Attributes:
-        thresholds: one per early exit.
-        accuracy: accuracy at these thresholds on the calibration split.
-        exit_rate: share of frames leaving at each exit (final last); empty when not calibrated.
-        mean_macs_fraction: mean MACs as a fraction of the backbone's (``None`` if unknown).
-    """
-
-    thresholds: tuple[float, ...]
-    accuracy: float | None
-    exit_rate: tuple[float, ...] = ()
-    mean_macs_fraction: float | None = None
 
 
 @dataclass(slots=True)
@@ -137,161 +124,6 @@ class FrameResult:
     @property
     def answered(self) -> bool:
         return not self.dropped
-
-
-@dataclass
-class _Frame:
-    x: np.ndarray  # (1, *shape) float32
-    back: Callable[[Any], Any]  # numpy -> the caller's array type
-    tag: Any
-    seq: int
-    arrival: float
-    future: Future
-
-
-@dataclass
-class _App:
-    """Everything the engine keeps per app; touched only by the worker thread after registration."""
-
-    name: str
-    bundle: Bundle
-    fps: float
-    min_accuracy: float | None
-    priority: float
-    exit_key: str | None
-    shape: list[int] = field(default_factory=list)
-    plan: Any = None  # the ExecutionPlan both runtimes run (the engine's threads applied)
-    runtime: Any = None  # CapacityRuntime
-    progressive: Any = None  # ProgressiveRuntime, held while the app runs its largest level with its exit set
-    level_ms: list[float] = field(default_factory=list)
-    level_mem: list[int] = field(default_factory=list)  # bytes the capacity runtime holds at each level
-    exit_ms: list[float] = field(default_factory=list)
-    exits_bytes: int = 0  # bytes the exit set's runtime holds (its own sessions), measured
-    points: list[ExitPoint] = field(default_factory=list)
-    lossless: int | None = None
-    accuracy_ref: float | None = None
-    level: int = 0
-    point: int | None = None
-    share: float = 1.0
-    queue: deque = field(default_factory=deque)
-    finish: float = 0.0
-    seq: int = 0
-    joined: float = 0.0
-    counts: dict[str, int] = field(default_factory=lambda: {
-        "submitted": 0, "answered": 0, "dropped": 0, "failed": 0, "switches": 0, "page_in_bytes": 0,
-        "page_out_bytes": 0})
-    latencies: deque = field(default_factory=lambda: deque(maxlen=2048))
-
-    @property
-    def period_ms(self) -> float:
-        return 1000.0 / self.fps
-
-    @property
-    def top(self) -> int:
-        return self.bundle.num_levels - 1
-
-    def level_bytes(self, level: int) -> int:
-        """What the app holds at ``level``: the capacity runtime there and, at the largest level of
-        an app with an exit set, the exit set's runtime (both measured)."""
-        exits = self.exits_bytes if level == self.top and self.exit_key is not None else 0
-        return self.level_mem[level] + exits
-
-    @property
-    def resident_bytes(self) -> int:
-        return self.runtime.resident_bytes + (self.progressive.own_bytes if self.progressive is not None else 0)
-
-    def level_accuracy(self, level: int) -> float:
-        acc = self.bundle.levels[level].get("accuracy")
-        return float(acc) if acc is not None else float("nan")
-
-    def point_ms(self, i: int) -> float:
-        p = self.points[i]
-        if len(p.exit_rate) == len(self.exit_ms):
-            return float(sum(r * ms for r, ms in zip(p.exit_rate, self.exit_ms)))
-        return self.exit_ms[-1]  # not calibrated: assume every frame runs to the end
-
-    def point_accuracy(self, i: int) -> float:
-        """Expected accuracy at operating point ``i``: the largest level's accuracy moved by the point's
-        calibrated gain or loss against the exit set's own final exit (same split, so the difference
-        is meaningful even where the two accuracies were measured on different data)."""
-        p, base = self.points[i], self.level_accuracy(self.top)
-        if p.accuracy is None or self.accuracy_ref is None:
-            return base
-        return min(1.0, max(0.0, base + p.accuracy - self.accuracy_ref))
-
-    def config_accuracy(self) -> float:
-        return self.point_accuracy(self.point) if self.point is not None else self.level_accuracy(self.level)
-
-
-# ------------------------------------------------------------------------------------------------
-# the bundle's operating points
-
-
-def _pareto(points: list[ExitPoint]) -> list[ExitPoint]:
-    """Points no other point beats on both mean MACs and accuracy, cheapest first."""
-    key = [(p.mean_macs_fraction if p.mean_macs_fraction is not None else 1.0, -(p.accuracy or 0.0)) for p in points]
-    order = sorted(range(len(points)), key=lambda i: key[i])
-    out, best = [], -1.0
-    for i in order:
-        acc = points[i].accuracy if points[i].accuracy is not None else 0.0
-        if acc > best:
-            out.append(points[i])
-            best = acc
-    return out
-
-
-def _point(row: Mapping[str, Any], early: int) -> ExitPoint | None:
-    thr = row.get("thresholds", row.get("threshold"))
-    if isinstance(thr, (int, float)) and not isinstance(thr, bool):
-        thr = [float(thr)] * early
-    if not isinstance(thr, list) or len(thr) != early:
-        return None
-    rate = row.get("exit_rate")
-    rate = tuple(float(r) for r in rate) if isinstance(rate, list) and len(rate) == early + 1 else ()
-    acc = row.get("accuracy")
-    frac = row.get("mean_macs_fraction", row.get("macs_fraction"))
-    return ExitPoint(tuple(float(t) for t in thr), float(acc) if acc is not None else None, rate,
-                          float(frac) if frac is not None else None)
-
-
-def operating_points(bundle: Bundle, exit_key: str) -> tuple[list[ExitPoint], int, float | None]:
-    """The operating points of one exit set, cheapest first, with the index of the shipped
-    (lossless) thresholds among them and the set's final-exit accuracy on the calibration split.
-
-    SPINN/SDN exits (``exits``) read the threshold sweep of ``profiles/exit_calibration.json`` and
-    the lossless thresholds; FlexDNN exits (``flex_exits``) read ``operating_points``. Without a
-    calibration the only point is the shipped thresholds (accuracy unknown).
-    """
-    ex = bundle.exit_sets[exit_key]
-    early = len(ex["names"]) - 1
-    rows: list[Mapping[str, Any]] = list(ex.get("operating_points") or [])
-    ref = None
-    cal = ex.get("calibration") or {}
-    if exit_key == "exits" and cal.get("file") and cal["file"] in bundle.manifest.get("files", {}):
-        import json
-
-        report = json.loads(bundle.file(cal["file"]).read_text(encoding="utf-8"))
-        rows += [r for r in report.get("sweep", []) if isinstance(r, Mapping)]
-        ref = report.get("final_accuracy")
-    lossless_row = dict(cal.get("lossless") or {}) if exit_key == "exits" else dict(cal)
-    lossless_row["thresholds"] = list(ex["thresholds"])
-    if ref is None:
-        ref = cal.get("final_accuracy")
-    shipped = _point(lossless_row, early)
-    points = [p for p in (_point(r, early) for r in rows) if p is not None]
-    points = _pareto(points + ([shipped] if shipped is not None else []))
-    if shipped is not None and shipped not in points:  # dominated on calibration, but it is the default
-        points.append(shipped)
-        points.sort(key=lambda p: p.mean_macs_fraction if p.mean_macs_fraction is not None else 1.0)
-    lossless = points.index(shipped) if shipped is not None else len(points) - 1
-    if ref is None:
-        accs = [p.accuracy for p in points if p.accuracy is not None]
-        ref = max(accs) if accs else None
-    return points, lossless, (float(ref) if ref is not None else None)
-
-
-# ------------------------------------------------------------------------------------------------
-# the engine
 
 
 class Engine:
@@ -356,9 +188,10 @@ class Engine:
         self.profiler = profiler if profiler is not None else OnlineProfiler()
         self.decision: Decision | None = None
         self.plans: deque[dict[str, Any]] = deque(maxlen=256)
-        self._apps: dict[str, _App] = {}
-        # device profiles of the bundles seen, so an app that comes back is not timed again
-        self._profiles_seen: dict[tuple[str, str | None, bool], tuple[list[float], list[float], list[int], int]] = {}
+        self._apps: dict[str, App] = {}
+        # what each bundle measured on this device (bundle path, exit set, timed), so an app that
+        # comes back is not timed again
+        self._measured: dict[tuple[str, str | None, bool], Measured] = {}
         self._controls: deque[tuple[Callable[[], Any], Future]] = deque()
         self._cond = threading.Condition()
         self._closed = False
@@ -419,10 +252,10 @@ class Engine:
             raise EngineError(f"app {name!r}: bundle {str(b.path)!r} has no accuracy for levels {missing}, so no "
                               f"scheduler can trade accuracy for time. HINT: export it with "
                               f"levels=profile_levels(model, test_loader) (the recipe's export stage does)")
-        if not profile and any(_row_latency(r) is None for r in b.levels):
+        if not profile and any(row_latency(r) is None for r in b.levels):
             raise EngineError(f"app {name!r}: bundle {str(b.path)!r} has no batch-1 latency per level. "
                               f"HINT: pass profile=True to time the levels on this device")
-        app = _App(name, b, float(fps), min_accuracy, float(priority), _choose_exit_set(name, b, exit_set),
+        app = App(name, b, float(fps), min_accuracy, float(priority), _choose_exit_set(name, b, exit_set),
                    [int(v) for v in b.input_spec["shape"]])
         return self._control(lambda: self._join(app, profile, profile_repeats))
 
@@ -448,9 +281,9 @@ class Engine:
         self._check_budget(mem, new_cpu)
 
         def apply() -> Decision | None:
-            smallest = sum(a.level_bytes(0) for a in self._apps.values()) / _MB
+            smallest = sum(a.level_bytes(0) for a in self._apps.values()) / MB
             if mem is not None and self._apps and smallest > mem:
-                raise EngineError(self._budget_message(mem, list(self._apps.values())))
+                raise EngineError(budget_message(mem, list(self._apps.values())))
             self.memory_mb, self.cpu = mem, float(new_cpu)
             return self._plan("budget")
 
@@ -481,7 +314,7 @@ class Engine:
                 raise EngineError("the engine is closed. HINT: create a new Engine")
             if name not in self._apps:
                 raise EngineError(f"app {name!r} left the engine")
-            frame_rec = _Frame(x, back, tag, app.seq, time.perf_counter(), fut)
+            frame_rec = Frame(x, back, tag, app.seq, time.perf_counter(), fut)
             app.seq += 1
             app.counts["submitted"] += 1
             app.queue.append(frame_rec)
@@ -581,7 +414,7 @@ class Engine:
         if not isinstance(cpu, (int, float)) or isinstance(cpu, bool) or not 0 < cpu <= 1:
             raise EngineError(f"`cpu` must be in (0, 1] (the share of the device the apps may use), got {cpu!r}")
 
-    def _app(self, name: str) -> _App:
+    def _app(self, name: str) -> App:
         app = self._apps.get(name)
         if app is None:
             raise EngineError(f"no app {name!r} in the engine; apps: {sorted(self._apps)}. "
@@ -589,7 +422,7 @@ class Engine:
         return app
 
     @staticmethod
-    def _check_frame(app: _App, frame: Any) -> tuple[np.ndarray, Callable[[Any], Any]]:
+    def _check_frame(app: App, frame: Any) -> tuple[np.ndarray, Callable[[Any], Any]]:
         """The frame as a ``(1, *shape)`` float32 numpy batch (a CPU tensor's own memory), and the
         function that gives an answer back in the frame's array type."""
         shape = app.shape
@@ -606,11 +439,6 @@ class Engine:
             return x, back
         raise EngineError(f"app {app.name!r}: a frame must have shape {tuple(shape)} or {(1, *shape)}, got "
                           f"{tuple(x.shape)}. HINT: submit one frame at a time")
-
-    def _budget_message(self, memory_mb: float, apps: Sequence[_App]) -> str:
-        rows = ", ".join(f"{a.name} {a.level_bytes(0) / _MB:.3f} MB" for a in apps)
-        return (f"`memory_mb`={memory_mb} is below what every app needs at its smallest level together "
-                f"({sum(a.level_bytes(0) for a in apps) / _MB:.3f} MB: {rows}). HINT: raise the budget or remove an app")
 
     # ------------------------------------------------------------------ worker side
     def _control(self, fn: Callable[[], Any]) -> Any:
@@ -652,13 +480,13 @@ class Engine:
                 fut.set_exception(EngineError("the engine closed before this call ran"))
             self._controls.clear()
 
-    def _drop(self, app: _App, frame: _Frame, reason: str) -> None:
+    def _drop(self, app: App, frame: Frame, reason: str) -> None:
         app.counts["dropped"] += 1
         latency = 1e3 * (time.perf_counter() - frame.arrival)
         frame.future.set_result(FrameResult(app.name, frame.seq, frame.tag, None, None, None, None, latency, 0.0,
                                             True, reason))
 
-    def _pick(self) -> tuple[_App, _Frame] | None:
+    def _pick(self) -> tuple[App, Frame] | None:
         """Start-time fair queueing over the backlogged apps; stale and superseded frames dropped.
         Called with the lock held."""
         now = time.perf_counter()
@@ -680,7 +508,7 @@ class Engine:
         self._vclock = best_tag
         return best, best.queue.popleft()
 
-    def _serve(self, app: _App, frame: _Frame) -> None:
+    def _serve(self, app: App, frame: Frame) -> None:
         level, point = app.level, app.point
         start = time.perf_counter()
         try:
@@ -717,7 +545,7 @@ class Engine:
                 self.plans.append({"t": round(self._last_plan - self._t0, 4), "reason": "drift", "error": str(e)})
 
     # ------------------------------------------------------------------ joining, leaving, planning
-    def _join(self, app: _App, profile: bool, repeats: int) -> dict[str, Any]:
+    def _join(self, app: App, profile: bool, repeats: int) -> dict[str, Any]:
         if app.name in self._apps:
             raise EngineError(f"app {app.name!r} is already registered. HINT: remove_app({app.name!r}) first, or "
                               f"choose another name")
@@ -732,10 +560,14 @@ class Engine:
             raise EngineError(f"app {app.name!r}: its bundle cannot run: {e}") from e
         others = sum(a.resident_bytes for a in self._apps.values())
         app.level_mem = [app.runtime.resident_bytes]  # level 0, as it runs now (the profile measures the rest)
-        if self.memory_mb is not None and (others + app.level_mem[0]) / _MB > self.memory_mb:
-            raise EngineError(f"app {app.name!r} does not fit: " + self._budget_message(
+        if self.memory_mb is not None and (others + app.level_mem[0]) / MB > self.memory_mb:
+            raise EngineError(f"app {app.name!r} does not fit: " + budget_message(
                 self.memory_mb, [*self._apps.values(), app]))
-        self._profile(app, profile, repeats, others)
+        key = (str(Path(app.bundle.path).resolve()), app.exit_key, profile)
+        total = math.inf if self.memory_mb is None else self.memory_mb * MB
+        kept = measure_app(app, profile, repeats, total - others, total, self._measured.get(key))
+        if kept is not None:
+            self._measured[key] = kept
         app.joined = time.perf_counter()
         with self._cond:
             self._apps[app.name] = app
@@ -746,78 +578,6 @@ class Engine:
                 del self._apps[app.name]
             raise
         return self._stats()["apps"][app.name]
-
-    def _profile(self, app: _App, measure: bool, repeats: int, others: int) -> None:
-        """What every level holds in memory and its batch-1 latency, and what the exit set holds and
-        the latency of stopping at each exit, on this device now.
-
-        Memory is measured, not computed from the weights: the runtime is switched to the level and
-        its resident bytes read (an onnxruntime session holds its graph, a few kB more than the
-        level's weights; the process's real resident set is reported beside it in :meth:`stats`); an exit set's runtime holds its own sessions, backbone included
-        (:attr:`ProgressiveRuntime.own_bytes`), so it is made only while the app runs its largest
-        level and counted there. What is measured is made for real, so only what fits beside the
-        other apps now is: a level whose weights would not is never switched to (its memory is its
-        weight bytes times the largest overhead measured, its time scaled from the largest timed
-        level by MACs, a lower bound on this CPU corrected by the profiler's slowdown factor once
-        the level runs), and an exit set that would not is left out (levels only). A bundle
-        profiled before (same path and exit set) reuses its profile, nothing is made: an app that
-        comes back starts at once, with its exits if they fit the budget alone."""
-        rows, rt, top = app.bundle.levels, app.runtime, app.top
-        total = math.inf if self.memory_mb is None else self.memory_mb * _MB
-        budget = total - others
-        key = (str(Path(app.bundle.path).resolve()), app.exit_key, measure)
-        seen = self._profiles_seen.get(key)
-        if seen is not None:
-            (app.level_ms, app.exit_ms, app.level_mem), app.exits_bytes = (list(v) for v in seen[:3]), seen[3]
-            if app.exit_key is not None and app.level_mem[top] + app.exits_bytes > total:
-                app.exit_key, app.points, app.exit_ms = None, [], []  # its exits never fit the budget
-            return
-        x = np.random.default_rng(0).standard_normal((1, *app.bundle.input_spec["shape"]), dtype=np.float32)
-        app.level_ms, mem = [], []
-        macs = [float(r.get("macs") or 0) for r in rows]
-        for k in range(app.bundle.num_levels):
-            fits = rt.level_bytes(k) <= budget
-            if fits:  # its weights fit: switch to it, run a frame, and read what it holds
-                rt.set_level(k)
-                mem.append(rt.resident_bytes)
-            else:
-                mem.append(None)
-            if not measure:
-                app.level_ms.append(float(_row_latency(rows[k])))
-            elif fits:
-                app.level_ms.append(median_ms(lambda: rt(x), repeats))
-            else:
-                j = len(app.level_ms) - 1  # level 0 always fits: _join refuses an app whose level 0 does not
-                scale = macs[k] / macs[j] if macs[j] > 0 and macs[k] > 0 else 1.0
-                app.level_ms.append(app.level_ms[j] * scale)
-        overhead = max(m / max(rt.level_bytes(k), 1) for k, m in enumerate(mem) if m is not None)
-        app.level_mem = [m if m is not None else math.ceil(rt.level_bytes(k) * overhead) for k, m in enumerate(mem)]
-        if app.exit_key is not None and rt.level_bytes(top) <= budget:
-            prog = ProgressiveRuntime(app.bundle, rt, exit_set=app.exit_key, plan=app.plan)
-            # a frame as the engine serves them, through every exit, opens all that serving holds
-            # (sessions open on first use)
-            prog(x, thresholds=[1.0] * (prog.num_exits - 1))
-            app.exits_bytes = prog.own_bytes
-            if app.level_mem[top] + app.exits_bytes <= budget:
-                early = prog.num_exits - 1
-                for k in range(early + 1):
-                    # confidence > 0: every frame leaves at exit k, or at the first exit after it the
-                    # plan keeps (a frame that would leave at an exit the plan dropped, by the exit
-                    # rates calibrated with every exit, is counted at the next kept one)
-                    thr = [1.0] * k + [0.0] * (early - k)
-                    if measure:
-                        app.exit_ms.append(median_ms(lambda t=thr: prog(x, thresholds=t), repeats))
-                    else:
-                        ex = app.bundle.exit_sets[app.exit_key]
-                        frac = [m / ex["backbone_macs"] for m in ex["macs"]] if ex.get("macs") else [1.0] * (early + 1)
-                        app.exit_ms.append(app.level_ms[top] * frac[k])
-            del prog  # made again when the app runs its largest level
-        rt.set_level(0)
-        app.level = 0
-        if app.exit_key is not None and not app.exit_ms:
-            app.exit_key, app.points = None, []  # the exits do not fit beside the others now: levels only
-            return  # not kept: next time there may be room to measure them
-        self._profiles_seen[key] = (list(app.level_ms), list(app.exit_ms), list(app.level_mem), app.exits_bytes)
 
     def _app_plan(self, bundle: Bundle) -> ExecutionPlan:
         """The plan an app's runtimes run: the bundle's tuned plan (else the default), at the
@@ -837,19 +597,6 @@ class Engine:
         else:
             self.decision = None
 
-    def _profiles(self, apps: Sequence[_App], scale: float) -> list[AppProfile]:
-        out = []
-        for a in apps:
-            rows = []
-            for k, r in enumerate(a.bundle.levels):
-                ms = a.level_ms[k]
-                if k == a.top and a.exit_key is not None:
-                    ms = a.point_ms(a.lossless)  # the largest level runs with its exits
-                rows.append({"level": k, "accuracy": a.level_accuracy(k), "latency_ms": max(ms * scale, 1e-6),
-                             "memory_mb": a.level_bytes(k) / _MB, "macs": int(r.get("macs") or 0)})
-            out.append(AppProfile.from_levels(a.name, rows, min_accuracy=a.min_accuracy, max_latency_ms=a.period_ms))
-        return out
-
     def _plan(self, reason: str) -> Decision | None:
         apps = list(self._apps.values())
         if not apps:
@@ -858,7 +605,7 @@ class Engine:
         t0 = time.perf_counter()
         slow = self.profiler.slowdown()
         scale = slow / self.cpu
-        profiles = self._profiles(apps, scale)
+        profiles = app_profiles(apps, scale)
         memory = self.memory_mb if self.memory_mb is not None else sum(p.levels[-1].memory_mb for p in profiles) + 1
         try:
             decision = self.scheduler.schedule(profiles, memory_mb=memory, alpha=self.alpha, unit=self.unit)
@@ -866,7 +613,8 @@ class Engine:
             raise EngineError(f"the scheduler refused the apps {[a.name for a in apps]}: {e}") from e
         levels = {a.app: a.level for a in decision.allocations}
         shares = {a.app: a.share for a in decision.allocations}
-        self._enforce_memory(apps, levels)
+        if not enforce_memory(apps, levels, self.memory_mb):  # unreachable: add_app and set_budget check level 0
+            raise EngineError(budget_message(self.memory_mb, apps))
         t1 = time.perf_counter()
         # downgrades first, so resident bytes never exceed the budget between two switches
         order = sorted(apps, key=lambda a: a.level_bytes(levels[a.name]) - a.resident_bytes)
@@ -882,7 +630,7 @@ class Engine:
                 a.counts["page_out_bytes"] += report.page_out_bytes
             if a.level == a.top and a.exit_key is not None and a.progressive is None:
                 a.progressive = ProgressiveRuntime(a.bundle, a.runtime, exit_set=a.exit_key, plan=a.plan)
-            a.point = self._choose_point(a, scale) if a.progressive is not None else None
+            a.point = choose_point(a, scale, self.adapt_exits) if a.progressive is not None else None
         t2 = time.perf_counter()
         self.decision, self._plan_slowdown, self._last_plan = decision, slow, t2
         self.plans.append({"t": round(t2 - self._t0, 4), "reason": reason, "slowdown": round(slow, 4),
@@ -891,52 +639,9 @@ class Engine:
                                   for a in apps}})
         return decision
 
-    def _enforce_memory(self, apps: Sequence[_App], levels: dict[str, int]) -> None:
-        """Demote the lowest-priority, then largest, app one level at a time until the plan fits the
-        budget (schedulers such as the status quo do not plan memory). Every app fits at level 0:
-        :meth:`add_app` and :meth:`set_budget` refuse a budget below that."""
-        if self.memory_mb is None:
-            return
-        budget = self.memory_mb * _MB
-        while sum(a.level_bytes(levels[a.name]) for a in apps) > budget:
-            movable = [a for a in apps if levels[a.name] > 0]
-            if not movable:  # unreachable while add_app and set_budget check level 0
-                raise EngineError(self._budget_message(self.memory_mb, apps))
-            a = min(movable, key=lambda a: (a.priority, -a.level_bytes(levels[a.name]), a.name))
-            levels[a.name] -= 1
-
-    def _choose_point(self, app: _App, scale: float) -> int:
-        """FlexDNN's runtime adaptation: the most accurate operating point whose predicted time fits
-        the app's compute per frame; the cheapest when none fits."""
-        if not self.adapt_exits:
-            return app.lossless
-        budget = app.share * app.period_ms
-        fits = [i for i in range(len(app.points)) if app.point_ms(i) * scale <= budget]
-        if not fits:
-            return min(range(len(app.points)), key=app.point_ms)
-        return max(fits, key=lambda i: (app.point_accuracy(i), -app.point_ms(i)))
-
     def _stats(self) -> dict[str, Any]:
         now = time.perf_counter()
-        apps = {}
-        for a in self._apps.values():
-            lat = sorted(a.latencies)
-            elapsed = max(now - a.joined, 1e-9)
-            apps[a.name] = {
-                "level": a.level, "exit_set": a.exit_key, "point": a.point,
-                "thresholds": list(a.points[a.point].thresholds) if a.point is not None else None,
-                "share": round(a.share, 4), "fps_goal": a.fps,
-                "expected_accuracy": round(a.config_accuracy(), 4),
-                # the configuration's time on this device's profile (before the slowdown factor)
-                "predicted_ms": round(a.point_ms(a.point) if a.point is not None else a.level_ms[a.level], 4),
-                **a.counts, "fps": round(a.counts["answered"] / elapsed, 3),
-                "p50_ms": round(_percentile(lat, 50), 4) if lat else None,
-                "p95_ms": round(_percentile(lat, 95), 4) if lat else None,
-                "resident_bytes": a.resident_bytes,
-                # what the scheduler plans with: bytes held at each level, the exit set's included
-                "level_bytes": [a.level_bytes(k) for k in range(a.bundle.num_levels)],
-                "level_ms": [round(v, 4) for v in a.level_ms], "exit_ms": [round(v, 4) for v in a.exit_ms],
-            }
+        apps = {a.name: app_stats(a, now) for a in self._apps.values()}
         rss = rss_bytes()
         return {"scheduler": self.scheduler.name, "memory_mb": self.memory_mb, "cpu": self.cpu,
                 "resident_bytes": sum(a.resident_bytes for a in self._apps.values()),
@@ -951,19 +656,6 @@ class Engine:
     def __repr__(self) -> str:
         return (f"Engine(scheduler={self.scheduler.name!r}, apps={sorted(self._apps)}, memory_mb={self.memory_mb}, "
                 f"cpu={self.cpu})")
-
-
-def _percentile(sorted_values: Sequence[float], q: float) -> float:
-    """Nearest-rank percentile of already sorted values."""
-    k = max(0, min(len(sorted_values) - 1, math.ceil(q / 100 * len(sorted_values)) - 1))
-    return float(sorted_values[k])
-
-
-def _row_latency(row: Mapping[str, Any]) -> float | None:
-    lat = row.get("latency_ms")
-    if isinstance(lat, Mapping):
-        lat = lat.get("1")
-    return float(lat) if isinstance(lat, (int, float)) and lat > 0 else None
 
 
 def _choose_exit_set(name: str, bundle: Bundle, exit_set: str | None) -> str | None:

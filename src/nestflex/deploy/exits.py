@@ -27,7 +27,7 @@ the correctly rounded) value, where numpy's own float32 ``exp`` depends on the C
 The values agree with ``torch.softmax`` / ``torch.log_softmax`` in float32 to a few ulp (torch
 rounds its ``exp`` and sums in another order).
 
-Example:
+Examples:
     >>> import numpy as np
     >>> logits = np.array([[[4.0, 0.0], [0.1, 0.0]],    # exit 0: sample 0 confident
     ...                    [[0.0, 0.2], [0.0, 3.0]]])   # exit 1 (final)
@@ -106,10 +106,14 @@ def list_confidences() -> list[str]:
 def get_confidence(name: str | ConfidenceFn) -> ConfidenceFn:
     """A confidence measure by name (or a callable, returned as is).
 
+    Args:
+        name: a registered name (:func:`list_confidences`), or a callable from logits
+            ``(N, C)`` to confidences ``(N,)`` in [0, 1].
+
     Raises:
         ExitError: unknown name; the message lists the registered ones.
 
-    Example:
+    Examples:
         >>> import numpy as np
         >>> get_confidence("max_prob")(np.array([[0.0, 0.0]])).tolist()
         [0.5]
@@ -130,7 +134,7 @@ def _log32(a: np.ndarray) -> np.ndarray:
 def max_prob(logits: Array) -> Array:
     """Top-1 softmax probability (SPINN's confidence), float32, in the type of ``logits``.
 
-    Example:
+    Examples:
         >>> import numpy as np
         >>> max_prob(np.array([[0.0, 0.0], [2.0, 0.0]])).tolist()
         [0.5, 0.8807970285415649]
@@ -152,7 +156,7 @@ def entropy_confidence(logits: Array) -> Array:
     Raises:
         ExitError: fewer than 2 classes.
 
-    Example:
+    Examples:
         >>> import numpy as np
         >>> entropy_confidence(np.array([[0.0, 0.0, 0.0], [100.0, 0.0, 0.0]])).tolist()
         [0.0, 1.0]
@@ -177,12 +181,19 @@ _ON_NUMPY = (max_prob, entropy_confidence)
 def check_thresholds(thresholds: float | Sequence[float], num_early: int) -> list[float]:
     """One threshold per early exit, validated: a number in [0, 1] or a sequence of ``num_early``.
 
-    A numpy array or torch tensor counts as a sequence (a 0-d one as a single number).
+    Args:
+        thresholds: one confidence threshold in [0, 1] for every early exit, or a sequence of
+            ``num_early`` of them (a numpy array or torch tensor counts as a sequence, a 0-d one
+            as a single number).
+        num_early: the number of early exits (the final exit has no threshold).
+
+    Returns:
+        ``num_early`` floats.
 
     Raises:
         ExitError: a threshold outside [0, 1] (or not a number), or the wrong count.
 
-    Example:
+    Examples:
         >>> check_thresholds(0.5, 2)
         [0.5, 0.5]
     """
@@ -255,7 +266,7 @@ def decide(
     Raises:
         ExitError: a bad threshold or fallback.
 
-    Example:
+    Examples:
         >>> import numpy as np
         >>> conf = np.array([[0.95, 0.5, 0.6], [0.7, 0.8, 0.4]], dtype=np.float32)
         >>> [a.tolist() for a in decide(conf, 0.9)]
@@ -295,7 +306,7 @@ def apply_policy(
     Raises:
         ExitError: unknown confidence, a bad threshold or fallback.
 
-    Example:
+    Examples:
         >>> import numpy as np
         >>> out = apply_policy([np.array([[3.0, 0.0]]), np.array([[0.0, 1.0]])], thresholds=0.9)
         >>> out.exit_index.tolist(), out.logits.tolist()
@@ -345,7 +356,7 @@ def early_exit(
     Raises:
         ExitError: ``stages`` and ``heads`` differ in length, a bad threshold or fallback.
 
-    Example:
+    Examples:
         >>> import numpy as np
         >>> stages = [lambda a: a * 2, lambda a: a + 1]
         >>> heads = [lambda s: s[0], lambda s: s[0]]

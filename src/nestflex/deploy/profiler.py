@@ -16,7 +16,7 @@ a sustained change moves the median within ``window / 2`` frames.
 :meth:`OnlineProfiler.stats` is the live view (plain dict), :meth:`OnlineProfiler.write_json`
 writes it, and ``log=`` appends one CSV row per frame for offline analysis.
 
-Example:
+Examples:
     >>> p = OnlineProfiler(window=8)
     >>> for _ in range(8):
     ...     p.record("cam", level=2, exit=None, compute_ms=3.0, predicted_ms=2.0)

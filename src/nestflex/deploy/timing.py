@@ -11,7 +11,7 @@ machine does not move. Two refinements, both opt-in:
 * :func:`alternating_samples`: several variants run in turn within every repeat, so a change in
   machine load hits all of them alike and their ratios stay fair.
 
-Example:
+Examples:
     >>> ms = median_ms(lambda: sum(range(1000)), repeats=5)
     >>> 0 < ms < 1000
     True

@@ -44,7 +44,7 @@ def reference_backend() -> str:
     interpreter of the bundle's op program) where torch is installed, else ``"onnxruntime_program"``
     (onnxruntime on the graphs written from the program; numpy and onnxruntime only).
 
-    Example:
+    Examples:
         >>> reference_backend() in ("eager", "onnxruntime_program")
         True
     """

@@ -1,20 +1,28 @@
-"""Progressive multi-exit networks (SPINN / Shallow-Deep Networks) and their calibration.
+"""Early exits: progressive multi-exit networks (SPINN / Shallow-Deep Networks), their loss and
+calibration; FlexDNN's fine-grained exits in :mod:`nestflex.exits.flexdnn`.
 
-* :class:`MultiExitNetwork`: exits on any traceable backbone, at fractions of its MACs or at named
-  split points (:mod:`~nestflex.exits.placement`), with heads from a registry
-  (:mod:`~nestflex.exits.heads`: ``sdn``, ``msdnet``, yours);
-* the overthinking-aware loss (:mod:`~nestflex.exits.loss`) and :class:`OverthinkingSchedule`,
-  the callback that sets its weights from the step;
-* :class:`MultiExitClassifier`: the LightningModule, ``joint`` or ``exits_only``;
+The progressive exits, one module each:
+
+* :class:`MultiExitNetwork` (:mod:`~nestflex.exits.model`): exits on any traceable backbone, at
+  fractions of its MACs or at named split points (:mod:`~nestflex.exits.placement`), with heads
+  from a registry (:mod:`~nestflex.exits.heads`: ``sdn``, ``msdnet``, yours);
+* the overthinking-aware loss (:mod:`~nestflex.exits.loss`) and :class:`OverthinkingSchedule`
+  (:mod:`~nestflex.exits.callback`), the callback that sets its weights from the step;
+* :class:`MultiExitClassifier` (:mod:`~nestflex.exits.classifier`): the LightningModule,
+  ``joint`` or ``exits_only``;
 * confidence measures and the exit policy, re-exported from :mod:`nestflex.deploy.exits` (one
   implementation for training and runtime);
-* calibration on a validation split (:mod:`~nestflex.exits.calibration`), and per-exit
-  thresholds for every accuracy level (:mod:`~nestflex.exits.front`).
+* calibration on a validation split (:mod:`~nestflex.exits.calibration`), per-exit thresholds
+  for every accuracy level (:mod:`~nestflex.exits.front`) and the recipes' tables and plots
+  (:mod:`~nestflex.exits.report`).
+
+FlexDNN (:mod:`nestflex.exits.flexdnn`) builds on them; its public names are exported here too.
 
 Everything except :class:`MultiExitClassifier`, :class:`OverthinkingSchedule` and
-:class:`FlexDNNExits` needs torch alone; those three import Lightning and are loaded on first access.
+:class:`FlexDNNExits` needs torch alone; those three import Lightning and are loaded on first
+access, so ``import nestflex.exits`` costs torch, not Lightning.
 
-Example:
+Examples:
     >>> import torch
     >>> from nestflex.models import create_model
     >>> net = MultiExitNetwork(create_model("vgg11", width=0.25)).eval()
@@ -28,6 +36,7 @@ Example:
 from __future__ import annotations
 
 import importlib
+import sys
 from typing import Any
 
 from nestflex.deploy.exits import (
@@ -50,37 +59,48 @@ from nestflex.exits.calibration import (
     exit_profile,
     lossless_thresholds,
 )
+from nestflex.exits.flexdnn import (
+    CompactHead,
+    FilterSubsetExit,
+    FlexDNNConfig,
+    FlexDNNResult,
+    InsertionPlan,
+    RankedDropout,
+    build_flex_network,
+    evaluate_flex,
+    exit_filter_counts,
+    fine_grained_exit,
+    flexdnn,
+    insertion_plan,
+    load_flex_network,
+    operating_points,
+    subset_cost,
+)
+from nestflex.exits.flexdnn import fine_grained as _fine_grained
+from nestflex.exits.flexdnn import plan as _plan
+from nestflex.exits.flexdnn import search as _search
 from nestflex.exits.front import threshold_front
 from nestflex.exits.heads import create_head, get_head, list_heads, register_head
 from nestflex.exits.loss import WEIGHTINGS, loss_weights, multi_exit_loss, tau_schedule
 from nestflex.exits.model import MultiExitNetwork
 from nestflex.exits.placement import DEFAULT_POSITIONS, resolve_positions
-from nestflex.exits.fine_grained import (
-    CompactHead,
-    FilterSubsetExit,
-    RankedDropout,
-    exit_filter_counts,
-    fine_grained_exit,
-)
-from nestflex.exits.plan import InsertionPlan, insertion_plan, subset_cost
-from nestflex.exits.flexdnn import (
-    FlexDNNConfig,
-    FlexDNNResult,
-    build_flex_network,
-    evaluate_flex,
-    flexdnn,
-    operating_points,
-)
 
+# FlexDNN's modules lived here before nestflex.exits.flexdnn (issue 39): their old paths
+# (`from nestflex.exits.search import ...`, `nestflex.exits.search.Candidate`) name the same modules.
+_MOVED = {"fine_grained": _fine_grained, "plan": _plan, "search": _search}
+for _old, _module in _MOVED.items():
+    sys.modules.setdefault(f"{__name__}.{_old}", _module)
+
+#: names whose modules import Lightning, loaded on first access
 _LAZY = {
     "MultiExitClassifier": "nestflex.exits.classifier",
     "MODES": "nestflex.exits.classifier",
     "OverthinkingSchedule": "nestflex.exits.callback",
-    "FlexDNNExits": "nestflex.exits.flex_callback",
+    "FlexDNNExits": "nestflex.exits.flexdnn.callback",
 }
 
 __all__ = [
-    "ExitError",
+    # the network, where its exits go, their heads
     "MultiExitNetwork",
     "DEFAULT_POSITIONS",
     "resolve_positions",
@@ -88,10 +108,13 @@ __all__ = [
     "list_heads",
     "get_head",
     "create_head",
+    # training: the loss and its weights
     "tau_schedule",
     "loss_weights",
     "multi_exit_loss",
     "WEIGHTINGS",
+    # the exit policy (nestflex.deploy.exits)
+    "ExitError",
     "register_confidence",
     "list_confidences",
     "get_confidence",
@@ -101,12 +124,15 @@ __all__ = [
     "early_exit",
     "ExitResult",
     "FALLBACKS",
+    # calibration and thresholds
     "DEFAULT_THRESHOLDS",
     "collect_logits",
     "evaluate_thresholds",
     "lossless_thresholds",
     "exit_profile",
     "calibrate",
+    "threshold_front",
+    # FlexDNN (nestflex.exits.flexdnn)
     "FilterSubsetExit",
     "RankedDropout",
     "CompactHead",
@@ -120,18 +146,21 @@ __all__ = [
     "flexdnn",
     "evaluate_flex",
     "build_flex_network",
+    "load_flex_network",
     "operating_points",
-    "threshold_front",
+    # Lightning (lazy): MultiExitClassifier, MODES, OverthinkingSchedule, FlexDNNExits
     *_LAZY,
 ]
 
 
 def __getattr__(name: str) -> Any:
+    if name in _MOVED:
+        return _MOVED[name]
     module = _LAZY.get(name)
     if module is None:
-        raise AttributeError(f"module 'nestflex.exits' has no attribute {name!r}")
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
+    globals()[name] = value  # later lookups are plain module attributes
     return value
 
 

@@ -22,7 +22,7 @@ them with the same policy the runtime runs (:func:`nestflex.deploy.exits.decide`
 
 :func:`calibrate` does all of it and returns a JSON-ready dict (schema: docs/exits.md).
 
-Example:
+Examples:
     >>> import torch
     >>> g = torch.Generator().manual_seed(0)
     >>> labels = torch.randint(0, 10, (200,), generator=g)
@@ -156,9 +156,22 @@ def evaluate_thresholds(
 ) -> dict[str, Any]:
     """Accuracy, mean MACs and per-exit rates of the exit policy at the given thresholds.
 
+    Args:
+        logits: ``(K, N, C)`` logits of every exit, final last (:func:`collect_logits`).
+        labels: ``(N,)`` class indices.
+        thresholds: one per early exit, or one for all.
+        exit_macs: MACs per sample of stopping at each exit (``MultiExitNetwork.exit_macs``).
+        backbone_macs: MACs per sample of the backbone alone (the reference for fractions).
+        confidence: a registered confidence measure or a function of the logits.
+        fallback: ``most_confident`` or ``final``: who answers a sample that passes no threshold.
+
     Returns:
         ``{"accuracy", "mean_macs", "mean_macs_fraction", "exit_rate": [K], "exit_accuracy": [K]}``;
         ``exit_accuracy[k]`` is ``None`` when no sample stopped at exit ``k``.
+
+    Raises:
+        ExitError: shapes that do not match, a threshold outside [0, 1], an unknown confidence or
+            fallback.
     """
     _check_inputs(logits, labels, exit_macs)
     conf = _confidences(logits, confidence)
@@ -228,7 +241,7 @@ def loss_bound(harm: int, rescued: int, n: int, confidence: float = 0.95) -> flo
     product holds with ``confidence``. With no discordant sample it is the rule of three: the
     fewer the samples, the less a "lossless" calibration says.
 
-    Example:
+    Examples:
         >>> round(loss_bound(0, 0, 180), 4), round(loss_bound(0, 0, 400), 4)  # 180 clean samples: up to 2%
         (0.0203, 0.0092)
         >>> round(loss_bound(771, 780, 5000), 4)  # exits that disagree both ways often: the net is uncertain
@@ -247,7 +260,7 @@ def samples_needed(harm_rate: float = 0.0, rescue_rate: float = 0.0, tolerance: 
     """Fewest samples whose :func:`loss_bound` stays within ``tolerance`` at these rates of harm
     and rescue; ``None`` when no number does (the policy loses ``tolerance`` or more outright).
 
-    Example:
+    Examples:
         >>> samples_needed(), samples_needed(tolerance=0.02)  # exits that never disagree with the final one
         (368, 183)
     """
@@ -290,6 +303,18 @@ def lossless_thresholds(
     reverse (``rescued``), and bounds the accuracy lost on new data (:func:`loss_bound`, 95%); when
     the bound exceeds ``tolerance`` (default one point) a ``UserWarning`` says how many samples the
     claim would need at the same rates (:func:`samples_needed`).
+
+    Args:
+        logits: ``(K, N, C)`` logits of every exit, final last (:func:`collect_logits`).
+        labels: ``(N,)`` class indices.
+        exit_macs: MACs per sample of stopping at each exit (``MultiExitNetwork.exit_macs``).
+        backbone_macs: MACs per sample of the backbone alone.
+        confidence: a registered confidence measure or a function of the logits.
+        folds: cross-validation folds (at least 2, at most the number of samples).
+        seed: seed of the fold assignment.
+        grid: the threshold values tried at every exit.
+        tolerance: the accuracy loss on new data (95% bound) above which a warning says the
+            claim needs more samples.
 
     Returns:
         ``{"thresholds", "fallback", "folds", "seed", "grid_size", "cv": [per fold],
@@ -375,15 +400,25 @@ def exit_profile(
     """Per-exit accuracy, the threshold sweep and the overthinking rate (no fitting).
 
     Args:
-        logits, labels: from :func:`collect_logits`.
+        logits: ``(K, N, C)`` logits of every exit, final last (:func:`collect_logits`).
+        labels: ``(N,)`` class indices.
         exit_macs: MACs per sample of stopping at each exit (``MultiExitNetwork.exit_macs``).
         backbone_macs: MACs per sample of the backbone alone (the reference for fractions).
-        exit_names, positions: names and tap MACs fractions of the early exits, for the report.
+        exit_names: names of the exits, final last, for the report (default ``exit0``, ...).
+        positions: tap MACs fractions of the early exits, for the report.
         thresholds: the sweep; each value is used at every early exit.
-        confidence, fallback: the policy (:mod:`nestflex.deploy.exits`).
+        confidence: the policy's confidence measure (:mod:`nestflex.deploy.exits`).
+        fallback: the policy's fallback for the sweep (``most_confident`` or ``final``).
         at_thresholds: also evaluate these per-exit thresholds (e.g. lossless ones fitted on the
             validation split, applied to the test split); reported under ``"at_thresholds"``.
         at_fallback: the fallback for ``at_thresholds`` (``final``, as lossless thresholds assume).
+
+    Returns:
+        ``{"schema_version", "samples", "num_classes", "confidence", "fallback", "backbone_macs",
+        "exits": [per exit: index, name, position, macs, macs_fraction, accuracy],
+        "final_accuracy", "oracle_accuracy", "overthinking_rate", "sweep": [per threshold:
+        :func:`evaluate_thresholds`' keys and ``threshold``]}``, plus ``"at_thresholds"`` when
+        they are given.
 
     Raises:
         ExitError: shapes that do not match, a threshold outside [0, 1], unknown confidence.
@@ -459,7 +494,10 @@ def calibrate(
             ``positions`` label the report).
         batches: validation batches ``(images, labels, ...)``; never the test split.
         thresholds: the sweep (one value at every early exit).
-        confidence, fallback: the policy of the sweep.
+        confidence: the confidence measure of the sweep and of the lossless thresholds.
+        fallback: the fallback of the sweep; the lossless thresholds always use ``final``
+            (the report's ``lossless.fallback``), the only policy under which "no loss against the
+            final exit" is reachable.
         folds: cross-validation folds for the lossless thresholds (always ``fallback="final"``).
         max_samples: use at most this many samples.
         seed: seed of the fold assignment.
@@ -467,7 +505,11 @@ def calibrate(
     Returns:
         :func:`exit_profile`'s report plus ``"lossless"`` (:func:`lossless_thresholds`).
 
-    Example:
+    Raises:
+        ExitError: ``model`` is not a multi-exit network, or the checks of :func:`exit_profile`
+            and :func:`lossless_thresholds` fail.
+
+    Examples:
         >>> from nestflex.exits import MultiExitNetwork
         >>> from nestflex.models import create_model
         >>> net = MultiExitNetwork(create_model("resnet20", width=0.25), positions=(0.3, 0.6))

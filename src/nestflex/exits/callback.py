@@ -36,7 +36,7 @@ class OverthinkingSchedule(Callback):
     Raises:
         ExitError: an argument out of range (message names it, with the valid choices).
 
-    Example:
+    Examples:
         >>> from nestflex.exits import MultiExitClassifier
         >>> module = MultiExitClassifier("resnet20", width=0.25, positions=(0.3, 0.6))
         >>> trainer = pl.Trainer(fast_dev_run=True, callbacks=[OverthinkingSchedule()], logger=False,

@@ -25,7 +25,7 @@ from torchmetrics.classification import MulticlassAccuracy
 from nestflex.deploy.exits import ExitError
 from nestflex.exits.loss import multi_exit_loss
 from nestflex.exits.model import MultiExitNetwork
-from nestflex.exits.placement import DEFAULT_POSITIONS, Position
+from nestflex.exits.placement import Position
 from nestflex.graph import DEFAULT_INPUT_SHAPE, check_input_shape, input_shape_of
 from nestflex.models import create_model
 from nestflex.training import ImageClassifier
@@ -45,12 +45,19 @@ class MultiExitClassifier(pl.LightningModule):
             it asks for ``backbone=`` instead of rebuilding a wrong network.
         num_classes: classifier outputs.
         width: channel multiplier of the backbone.
-        positions: exit positions (MACs fractions in (0, 1) and/or split point names).
+        positions: exit positions (MACs fractions in (0, 1) and/or split point names). ``None``
+            (default): SPINN's six, or, on a backbone with fewer places for exits, one at each,
+            with a warning (:func:`~nestflex.exits.placement.default_positions`); positions
+            given explicitly must fit (an ``ExitError`` says where exits can go).
         head: exit head name (:func:`~nestflex.exits.heads.list_heads`); register custom heads by
             name so checkpoints can rebuild them.
         head_kwargs: extra head arguments.
         mode: ``joint`` or ``exits_only``.
-        lr, momentum, weight_decay, max_epochs: as :class:`~nestflex.training.ImageClassifier`.
+        lr: peak learning rate (linear warm-up over the first epoch, then cosine to 0), as
+            :class:`~nestflex.training.ImageClassifier`'s.
+        momentum: SGD momentum.
+        weight_decay: L2 penalty on weights (not on BatchNorm or biases).
+        max_epochs: length of the cosine schedule; match ``Trainer(max_epochs=...)``.
         backbone: start from this module (e.g. a trained baseline) instead of a fresh
             ``model_name``; it is used as is, not copied. Not saved in hyperparameters: loading a
             checkpoint rebuilds ``model_name`` (or takes ``backbone=`` again) and then loads the
@@ -66,10 +73,16 @@ class MultiExitClassifier(pl.LightningModule):
             (resolved) in the hyperparameters, so a checkpoint rebuilds the same input. Batches of
             another shape raise.
 
+    Raises:
+        ExitError: an unknown ``mode`` or head type, an argument out of range, positions that do
+            not fit the backbone, a backbone of your own without an ``input_shape``, or
+            ``num_classes`` other than the backbone's logits.
+        GraphError: the backbone cannot be traced, or its input does not match ``input_shape``.
+
     Logged: ``train_loss``, ``train_loss_<exit>`` (unweighted, per exit), ``val_loss``,
     ``val_acc`` (final exit), ``val_acc_<exit>`` per early exit, and the same for test.
 
-    Example:
+    Examples:
         >>> module = MultiExitClassifier("resnet20", width=0.25, positions=(0.3, 0.6), mode="exits_only")
         >>> [tuple(z.shape) for z in module(torch.randn(2, 3, 32, 32))]
         [(2, 10), (2, 10), (2, 10)]
@@ -82,7 +95,7 @@ class MultiExitClassifier(pl.LightningModule):
         model_name: str | None = None,
         num_classes: int = 10,
         width: float = 1.0,
-        positions: Sequence[Position] = DEFAULT_POSITIONS,
+        positions: Sequence[Position] | None = None,
         head: str = "sdn",
         head_kwargs: Mapping[str, Any] | None = None,
         mode: str = "joint",

@@ -20,7 +20,7 @@ validation fell by up to about a point on test (docs/flexdnn.md). Measure them o
 (:func:`~nestflex.exits.calibration.evaluate_thresholds`) before trusting them; this is why
 FlexDNN's shipped operating points stay the shared-threshold sweep.
 
-Example:
+Examples:
     >>> import torch
     >>> conf = torch.tensor([[0.95, 0.9, 0.3, 0.2], [1.0, 1.0, 1.0, 1.0]])
     >>> correct = torch.tensor([[1, 1, 0, 1], [1, 1, 1, 1]], dtype=torch.bool)

@@ -18,7 +18,7 @@ Built in:
 Register your own with :func:`register_head`, or pass a factory callable wherever a head name is
 accepted.
 
-Example:
+Examples:
     >>> import torch
     >>> head = create_head("sdn", (16, 32, 32), num_classes=10)
     >>> head(torch.randn(2, 16, 32, 32)).shape
@@ -50,22 +50,48 @@ def register_head(name: str, *, overwrite: bool = False) -> Callable[[HeadFactor
         name: registry key.
         overwrite: replace an existing entry instead of raising.
 
+    Returns:
+        the decorator; it registers the factory and returns it unchanged.
+
     Raises:
         ExitError: ``name`` is already registered (and ``overwrite`` is false) or empty.
+
+    Examples:
+        >>> from torch import nn
+        >>> @register_head("linear_probe", overwrite=True)
+        ... def linear_probe(in_shape, num_classes):
+        ...     return nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(in_shape[0], num_classes))
+        >>> "linear_probe" in list_heads()
+        True
     """
     return _HEADS.register(name, overwrite=overwrite)
 
 
 def list_heads() -> list[str]:
-    """Names accepted by :func:`get_head`, sorted."""
+    """Names accepted by :func:`get_head`, sorted.
+
+    Returns:
+        the registered head names (``msdnet``, ``sdn`` and yours).
+    """
     return _HEADS.names()
 
 
 def get_head(name: Union[str, HeadFactory]) -> HeadFactory:
     """A head factory by name (a callable is returned as is).
 
+    Args:
+        name: a registered head name (:func:`list_heads`) or a factory
+            ``(in_shape, num_classes, **kwargs) -> nn.Module``.
+
+    Returns:
+        the factory.
+
     Raises:
         ExitError: unknown name; the message lists the registered heads and a close match.
+
+    Examples:
+        >>> get_head("sdn").__name__
+        'sdn'
     """
     return _HEADS.get(name)
 
@@ -75,8 +101,22 @@ def create_head(
 ) -> nn.Module:
     """Build a head for a feature map of per-sample shape ``in_shape`` (``(C, H, W)``).
 
+    Args:
+        name: a registered head name or a factory (see :func:`get_head`).
+        in_shape: per-sample shape ``(C, H, W)`` of the feature map the head reads.
+        num_classes: logits it returns.
+        **kwargs: the factory's own arguments (``pool_size`` of ``sdn``, ``channels`` of ``msdnet``).
+
+    Returns:
+        the head, an ``nn.Module`` ``(N, C, H, W) -> (N, num_classes)``.
+
     Raises:
         ExitError: unknown head, or ``in_shape`` is not a ``(C, H, W)`` feature map.
+
+    Examples:
+        >>> import torch
+        >>> create_head("sdn", (16, 8, 8), 10)(torch.randn(2, 16, 8, 8)).shape
+        torch.Size([2, 10])
     """
     factory = get_head(name)
     if len(in_shape) != 3:

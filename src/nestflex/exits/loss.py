@@ -11,7 +11,7 @@ The schedule is a pure function of the optimizer step (SDN raises the weights pe
 step ramp is the same line sampled finer), so a resumed run recomputes it from
 ``trainer.global_step`` and needs no saved state.
 
-Example:
+Examples:
     >>> tau_schedule(step=50, total_steps=100, positions=[0.15, 0.5])
     [0.08, 0.255, 1.0]
 """
@@ -43,8 +43,15 @@ def tau_schedule(step: int, total_steps: int, positions: Sequence[float], start:
         positions: ``C_i``, the relative position in (0, 1] of each early exit.
         start: the weight every early exit starts from.
 
+    Returns:
+        one weight per early exit, then 1.0 for the final exit.
+
     Raises:
         ExitError: negative ``step``, ``total_steps`` < 1, ``start`` or a position outside (0, 1].
+
+    Examples:
+        >>> tau_schedule(50, 100, [0.2, 0.6])
+        [0.105, 0.305, 1.0]
     """
     if isinstance(step, bool) or not isinstance(step, int) or step < 0:
         raise ExitError(f"`step` must be an int >= 0, got {step!r}")
@@ -64,8 +71,22 @@ def loss_weights(
 ) -> list[float]:
     """Per-exit loss weights of a named weighting (see :data:`WEIGHTINGS`) at ``step``.
 
+    Args:
+        weighting: ``overthinking`` (SDN's :func:`tau_schedule`) or ``equal`` (all 1).
+        step: optimizer steps done (``trainer.global_step``).
+        total_steps: steps of the whole run.
+        positions: ``C_i``, the relative position in (0, 1] of each early exit.
+        start: the weight every early exit starts from (``overthinking``).
+
+    Returns:
+        one weight per exit, final last.
+
     Raises:
-        ExitError: unknown ``weighting``.
+        ExitError: unknown ``weighting``, or arguments :func:`tau_schedule` refuses.
+
+    Examples:
+        >>> loss_weights("equal", 0, 10, [0.3, 0.6])
+        [1.0, 1.0, 1.0]
     """
     if weighting == "overthinking":
         return tau_schedule(step, total_steps, positions, start)
@@ -79,11 +100,22 @@ def multi_exit_loss(
 ) -> tuple[torch.Tensor, list[torch.Tensor]]:
     """``sum_i weights[i] * cross_entropy(logits[i], target)``.
 
+    Args:
+        logits: each exit's ``(N, C)`` logits, final last (``MultiExitNetwork(x)``).
+        target: ``(N,)`` class indices.
+        weights: one loss weight per exit (:func:`loss_weights`).
+
     Returns:
         ``(total, per_exit)``: the weighted sum and each exit's unweighted loss (detached).
 
     Raises:
         ExitError: ``weights`` and ``logits`` differ in length.
+
+    Examples:
+        >>> logits = [torch.zeros(4, 10), torch.zeros(4, 10)]
+        >>> total, per_exit = multi_exit_loss(logits, torch.zeros(4, dtype=torch.long), [0.5, 1.0])
+        >>> round(float(total), 4), [round(float(v), 4) for v in per_exit]
+        (3.4539, [2.3026, 2.3026])
     """
     if len(weights) != len(logits):
         raise ExitError(f"`weights` needs one value per exit ({len(logits)}), got {len(weights)}")

@@ -28,7 +28,7 @@ from torch import fx, nn
 from nestflex.deploy.exits import ConfidenceFn, ExitError, ExitResult, early_exit
 from nestflex.exits._stages import build_stages
 from nestflex.exits.heads import HeadFactory, create_head, get_head
-from nestflex.exits.placement import DEFAULT_POSITIONS, Position, _tap_shape, resolve_positions
+from nestflex.exits.placement import Position, _tap_shape, resolve_positions
 from nestflex.graph import SplitPoint, input_shape_of, trace
 
 __all__ = ["MultiExitNetwork"]
@@ -42,8 +42,10 @@ class MultiExitNetwork(nn.Module):
             :func:`nestflex.graph.trace` can trace (nestflex VGG/ResNet, timm CNNs, ...). It is
             registered as the ``backbone`` submodule, not copied.
         positions: exit positions, in execution order: fractions in (0, 1) of the backbone's MACs
-            (default: SPINN's 0.15, 0.30, ..., 0.90) and/or split point names
-            (``trace(backbone).split_points``).
+            and/or split point names (``trace(backbone).split_points``). ``None`` (default):
+            SPINN's 0.15, 0.30, ..., 0.90, or, on a backbone with fewer places for exits, one at
+            each, with a warning (:func:`~nestflex.exits.placement.default_positions`); positions
+            given explicitly must fit.
         head: a head name from :func:`~nestflex.exits.heads.list_heads` or a factory
             ``(in_shape, num_classes, **kw) -> nn.Module``.
         head_kwargs: extra arguments for the head factory.
@@ -66,7 +68,7 @@ class MultiExitNetwork(nn.Module):
         ExitError: bad positions, unknown head, or a backbone whose output is not ``(N, C)``.
         GraphError: the backbone cannot be traced.
 
-    Example:
+    Examples:
         >>> from nestflex.models import create_model
         >>> net = MultiExitNetwork(create_model("resnet20", width=0.25), positions=(0.25, 0.5, 0.75))
         >>> [tuple(z.shape) for z in net(torch.randn(2, 3, 32, 32))]
@@ -78,7 +80,7 @@ class MultiExitNetwork(nn.Module):
     def __init__(
         self,
         backbone: nn.Module,
-        positions: Sequence[Position] = DEFAULT_POSITIONS,
+        positions: Sequence[Position] | None = None,
         head: str | HeadFactory = "sdn",
         head_kwargs: Mapping[str, Any] | None = None,
         input_shape: Sequence[int] | None = None,

@@ -6,9 +6,11 @@ including it / all MACs) is closest to ``f``; a name picks that split point. Spl
 after every conv (or residual add) followed by a ReLU, so the chosen point is at most one layer
 away from the requested fraction. Where two fractions would share a split point (backbones with
 few activations), the closest assignment of distinct split points is used (see
-:func:`resolve_positions`).
+:func:`resolve_positions`). The default positions (``positions=None``) are SPINN's six where the
+backbone has room for them, else one exit at every place it has, with a warning
+(:func:`default_positions`).
 
-Example:
+Examples:
     >>> from nestflex.graph import trace
     >>> from nestflex.models import create_model
     >>> points = resolve_positions(trace(create_model("vgg16")), (0.15, 0.3, "features.relu10"))
@@ -18,12 +20,14 @@ Example:
 
 from __future__ import annotations
 
+import warnings
 from typing import Sequence, Union
 
 from nestflex.deploy.exits import ExitError
 from nestflex.graph import SplitPoint, StructureGraph
 
-__all__ = ["ALL", "DEFAULT_POSITIONS", "Position", "check_positions", "parse_positions", "resolve_positions"]
+__all__ = ["ALL", "DEFAULT_POSITIONS", "Position", "check_positions", "default_positions", "parse_positions",
+           "resolve_positions"]
 
 #: SPINN: six exits at 15%, 30%, ..., 90% of the backbone's MACs.
 DEFAULT_POSITIONS: tuple[float, ...] = (0.15, 0.30, 0.45, 0.60, 0.75, 0.90)
@@ -73,7 +77,7 @@ def check_positions(positions: Sequence[Position]) -> list[Position]:
 def parse_positions(text: str) -> list[Position]:
     """Positions from a comma list (a command-line flag): numbers become fractions, the rest names.
 
-    Example:
+    Examples:
         >>> parse_positions("0.15, 0.3,features.relu10")
         [0.15, 0.3, 'features.relu10']
     """
@@ -86,7 +90,54 @@ def parse_positions(text: str) -> list[Position]:
     return check_positions(out)
 
 
-def resolve_positions(graph: StructureGraph, positions: Sequence[Position]) -> list[SplitPoint]:
+def _places(graph: StructureGraph) -> list[SplitPoint]:
+    """The split points an exit can attach to: those whose activation is a ``(C, H, W)`` map."""
+    candidates = [p for p in graph.split_points if _tap_shape(p) is not None and len(_tap_shape(p)) == 3]
+    if not candidates:
+        raise ExitError(
+            f"the backbone has no split point with a (C, H, W) feature map to attach exits to "
+            f"(split points: {[p.name for p in graph.split_points]}). HINT: exits attach at ReLU outputs"
+        )
+    return candidates
+
+
+def default_positions(graph: StructureGraph) -> list[Position]:
+    """The default exit positions for a backbone: SPINN's six where they fit, else as many as fit.
+
+    A backbone with fewer places for exits than :data:`DEFAULT_POSITIONS` (a small CNN of five
+    conv layers has five) gets an exit at each place it has (as many as fit: ``n`` exits spread
+    evenly in its MACs land on its ``n`` places), and a ``UserWarning`` that says so; positions
+    passed explicitly never shrink like this (:func:`resolve_positions` refuses too many).
+
+    Args:
+        graph: the backbone's structure graph (:func:`nestflex.graph.trace`).
+
+    Returns:
+        :data:`DEFAULT_POSITIONS` (MACs fractions), or the names of all the backbone's places
+        for exits, in execution order.
+
+    Raises:
+        ExitError: a backbone with no place for an exit at all.
+
+    Examples:
+        >>> from nestflex.graph import trace
+        >>> from nestflex.models import create_model
+        >>> default_positions(trace(create_model("vgg11", width=0.25)))
+        [0.15, 0.3, 0.45, 0.6, 0.75, 0.9]
+    """
+    places = _places(graph)
+    if len(places) >= len(DEFAULT_POSITIONS):
+        return list(DEFAULT_POSITIONS)
+    where = ", ".join(f"{p.name} ({p.macs_fraction:.0%})" for p in places)
+    warnings.warn(
+        f"the backbone has {len(places)} places for exits, fewer than the {len(DEFAULT_POSITIONS)} default positions "
+        f"(SPINN's {list(DEFAULT_POSITIONS)} of the MACs): placing {len(places)} exits, one at each place (at its "
+        f"share of the MACs): {where}. HINT: pass `positions` (MACs fractions or split point names) to choose them",
+        UserWarning, stacklevel=2)
+    return [p.name for p in places]
+
+
+def resolve_positions(graph: StructureGraph, positions: Sequence[Position] | None = None) -> list[SplitPoint]:
     """The split point of every exit position, in execution order.
 
     Fractions go to the nearest split point. When two fractions would share one (a backbone with
@@ -97,7 +148,8 @@ def resolve_positions(graph: StructureGraph, positions: Sequence[Position]) -> l
     Args:
         graph: the backbone's structure graph (:func:`nestflex.graph.trace`).
         positions: MACs fractions in (0, 1) and/or split point names (module or fx node names),
-            in increasing order; or ``[ALL]``, every split point with a feature map.
+            in increasing order; or ``[ALL]``, every split point with a feature map; ``None``:
+            :func:`default_positions` (SPINN's six, or as many as the backbone has places for).
 
     Returns:
         one :class:`SplitPoint` per position.
@@ -106,14 +158,17 @@ def resolve_positions(graph: StructureGraph, positions: Sequence[Position]) -> l
         ExitError: invalid positions (see :func:`check_positions`), an unknown name, a split
             point whose activation is not a ``(C, H, W)`` feature map, positions out of execution
             order, or more positions than the backbone has places for.
+
+    Examples:
+        >>> from nestflex.graph import trace
+        >>> from nestflex.models import create_model
+        >>> [p.name for p in resolve_positions(trace(create_model("resnet20")), [0.5, "layer3.2.relu2"])]
+        ['layer2.1.relu1', 'layer3.2.relu2']
     """
+    if positions is None:
+        positions = default_positions(graph)
     checked = check_positions(positions)
-    candidates = [p for p in graph.split_points if _tap_shape(p) is not None and len(_tap_shape(p)) == 3]
-    if not candidates:
-        raise ExitError(
-            f"the backbone has no split point with a (C, H, W) feature map to attach exits to "
-            f"(split points: {[p.name for p in graph.split_points]}). HINT: exits attach at ReLU outputs"
-        )
+    candidates = _places(graph)
     if checked == [ALL] and not any(ALL in (p.name, p.node) for p in graph.split_points):
         return candidates
     fixed: dict[int, int] = {}  # position index -> candidate index, for names

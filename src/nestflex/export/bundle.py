@@ -137,8 +137,8 @@ def export_bundle(
     input_scale: float | None = None,
     classes: Sequence[str] | None = None,
     thresholds: float | Sequence[float] | None = None,
-    confidence: str = "max_prob",
-    fallback: str = "most_confident",
+    confidence: str | None = None,
+    fallback: str | None = None,
     calibration: Mapping[str, Any] | None = None,
     split_profile: Mapping[str, Any] | None = None,
     precision_profile: Mapping[str, Any] | None = None,
@@ -166,18 +166,30 @@ def export_bundle(
             is checked as the runtime will read it (:class:`~nestflex.deploy.bundle.capacity_records.LevelRow`:
             accuracy a fraction in [0, 1] or ``None``, finite numbers).
         input_shape: per-sample input shape.
-        mean, std: per-channel normalisation the caller must apply (recorded, not applied).
+        mean: per-channel mean the caller subtracts (recorded, not applied); with ``std``.
+        std: per-channel standard deviation the caller divides by (recorded, not applied).
         input_scale: factor from the raw input to the range ``mean``/``std`` apply to (``1/255`` for
             8-bit images, as nestflex's DataModules read them); ``None`` when the data's own
             transforms define it. Recorded in ``input.scale`` and described in ``input.note``.
         classes: class names.
         thresholds: one per early exit (default: the lossless thresholds of ``calibration``, else 1.0).
-        confidence, fallback: the exit policy (:mod:`nestflex.deploy.exits`).
+        confidence: the confidence measure of the exit policy (:mod:`nestflex.deploy.exits`);
+            default: the one ``calibration`` measured, else ``max_prob``.
+        fallback: where a sample that passes no threshold is answered (``most_confident`` or
+            ``final``). Default: the policy the shipped thresholds were fitted for: with the
+            thresholds of ``calibration``, its lossless fallback (``final`` for
+            :func:`~nestflex.exits.calibrate`'s); with your own ``thresholds``, ``calibration``'s
+            sweep fallback (``most_confident`` by default); without a calibration,
+            ``most_confident``.
         calibration: the exits calibration (:func:`~nestflex.exits.calibrate` output), shipped in
-            ``profiles/exit_calibration.json``.
-        split_profile, precision_profile: the profiling stage's JSON, shipped in ``profiles/``.
-        flex_exits: FlexDNN's planned network (:func:`~nestflex.exits.flexdnn` or
-            :func:`~nestflex.exits.build_flex_network`), a ``MultiExitNetwork`` of
+            ``profiles/exit_calibration.json``. Its lossless thresholds are lossless only under
+            their own policy: a ``confidence`` or ``fallback`` that differs from it is refused
+            unless ``thresholds`` are given too.
+        split_profile: the split quantisation profile (the profiling stage's JSON), shipped in
+            ``profiles/`` and read into the split points' records.
+        precision_profile: the per-layer precision profile (JSON), shipped in ``profiles/``.
+        flex_exits: FlexDNN's planned network (:func:`~nestflex.exits.flexdnn.flexdnn`,
+            :func:`~nestflex.exits.flexdnn.load_flex_network`), a ``MultiExitNetwork`` of
             ``FilterSubsetExit`` heads: written as the exit set of kind ``flexdnn``, in the same
             layout as the ``progressive`` one (shared or own backbone, decided the same way).
         flex_spec: its spec (``FlexDNNResult.spec``, ``flex/spec.json``); required with
@@ -208,10 +220,12 @@ def export_bundle(
         in the FlexDNN set, 0 without one) and ``files``.
 
     Raises:
-        ExportError: bad arguments (also a level row, profile or plan the bundle schema refuses), an
-            existing bundle with ``overwrite=False``, or a layer the bundle program cannot express.
+        ExportError: bad arguments (also a level row, profile or plan the bundle schema refuses), a
+            ``confidence`` or ``fallback`` other than the one ``calibration``'s thresholds were
+            fitted for (without ``thresholds``), an existing bundle with ``overwrite=False``, or a
+            layer the bundle program cannot express.
 
-    Example:
+    Examples:
         >>> from nestflex.models import create_model
         >>> import tempfile, nestflex.deploy
         >>> d = tempfile.mkdtemp()
@@ -233,10 +247,15 @@ def export_bundle(
                                     or not 0 < input_scale < float("inf")):
         raise ExportError(f"`input_scale` must be a finite number > 0 or None, got {input_scale!r}. HINT: 1/255 for "
                           f"8-bit images scaled to [0, 1] before mean/std")
-    if confidence not in list_confidences():
+    if confidence is not None and confidence not in list_confidences():
         raise ExportError(f"`confidence` must be a registered name ({', '.join(list_confidences())}), got {confidence!r}")
-    if fallback not in FALLBACKS:
+    if fallback is not None and fallback not in FALLBACKS:
         raise ExportError(f"`fallback` must be one of {', '.join(FALLBACKS)}, got {fallback!r}")
+    thresholds, confidence, fallback = _exit_policy(thresholds, confidence, fallback, calibration)
+    if confidence not in list_confidences():  # taken from `calibration`: a measure passed as a function
+        raise ExportError(f"`calibration` was measured with the confidence {confidence!r}, which is not a registered "
+                          f"measure, so the runtime could not compute it. HINT: register it with "
+                          f"nestflex.exits.register_confidence(name) and calibrate with its name")
 
     for arg, net in (("exits", exits), ("flex_exits", flex_exits)):
         if net is not None and is_nested(getattr(net, "backbone", net)):
@@ -261,6 +280,61 @@ def export_bundle(
     finally:
         for m, was in zip(nets, was_training):
             m.train(was)
+
+
+def _exit_policy(
+    thresholds: float | Sequence[float] | None,
+    confidence: str | None,
+    fallback: str | None,
+    calibration: Mapping[str, Any] | None,
+) -> tuple[float | Sequence[float], str, str]:
+    """The exit policy a bundle ships: thresholds with the confidence and fallback they hold under.
+
+    Lossless thresholds (:func:`~nestflex.exits.calibrate`'s ``lossless``) lose no accuracy
+    against the final exit only under the policy they were fitted with: a bundle that paired
+    them with another fallback would be silently lossy. So without ``thresholds``, the
+    calibration's policy is taken, and another one given explicitly is refused.
+
+    Args:
+        thresholds: one per early exit, or one for all; ``None``: ``calibration``'s lossless
+            thresholds (1.0, no early exit, without a calibration).
+        confidence: the confidence measure; ``None``: ``calibration``'s, else ``max_prob``.
+        fallback: ``most_confident`` or ``final``; ``None``: the one the thresholds were fitted
+            for (``calibration``'s lossless fallback, or its sweep's for thresholds of your own),
+            else ``most_confident``.
+        calibration: :func:`~nestflex.exits.calibrate`'s report, or ``None``.
+
+    Returns:
+        ``(thresholds, confidence, fallback)``.
+
+    Raises:
+        ExportError: ``confidence`` or ``fallback`` given, without ``thresholds``, and different
+            from the policy of ``calibration``'s lossless thresholds.
+
+    Examples:
+        >>> report = {"confidence": "max_prob", "fallback": "most_confident",
+        ...           "lossless": {"thresholds": [0.9, 0.8], "fallback": "final"}}
+        >>> _exit_policy(None, None, None, report)
+        ([0.9, 0.8], 'max_prob', 'final')
+        >>> _exit_policy([0.5, 0.5], None, None, report)
+        ([0.5, 0.5], 'max_prob', 'most_confident')
+    """
+    cal = dict(calibration or {})
+    lossless = dict(cal.get("lossless") or {})
+    measured = cal.get("confidence")
+    if thresholds is not None or "thresholds" not in lossless:  # thresholds of the user's own (or none at all)
+        return (1.0 if thresholds is None else thresholds, confidence or measured or "max_prob",
+                fallback or cal.get("fallback") or "most_confident")
+    fitted = {"confidence": measured, "fallback": lossless.get("fallback")}
+    for arg, given in (("confidence", confidence), ("fallback", fallback)):
+        if given is not None and fitted[arg] is not None and given != fitted[arg]:
+            raise ExportError(
+                f"`{arg}`={given!r}, but the thresholds come from `calibration`, whose lossless thresholds were "
+                f"fitted for {arg}={fitted[arg]!r}: with {given!r} the bundle would lose accuracy against the final "
+                f"exit without saying so. HINT: leave `{arg}` out (the bundle then ships {fitted[arg]!r}), pass "
+                f"`thresholds=` too to ship a policy of your own, or recalibrate for {given!r}")
+    return (lossless["thresholds"], confidence or measured or "max_prob",
+            fallback or fitted["fallback"] or "most_confident")
 
 
 def _samples(samples: Any, input_shape: tuple[int, ...], num_classes: int | None):
@@ -376,8 +450,6 @@ def _write(target: Path, model, exits, levels, input_shape, mean, std, classes, 
     exit_sets: list[ExitSet] = []
     heads_bytes = flex_heads_bytes = 0
     if exits is not None:
-        if thresholds is None:
-            thresholds = (calibration or {}).get("lossless", {}).get("thresholds", 1.0)
         entry, head_tensors = _exit_set("exits", exits, largest, K, thresholds, confidence, fallback,
                                         calibration=None if calibration is None else _calibration_summary(calibration))
         heads_bytes = _state_bytes({k: v for k, v in head_tensors.items() if k.startswith("exits.")})
@@ -632,35 +704,64 @@ def _calibration_summary(calibration: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _write_onnx(root: Path, model, largest, exit_sets, K, input_shape, nested) -> list[dict[str, Any]]:
+    """torch.onnx graphs of every level and exit set, as the manifest's ``onnx`` entries.
+
+    A level or exit set that torch.onnx cannot export (an operator it has no ONNX form for, such as
+    an adaptive pool whose output size does not divide its input: SDN heads on a 7x7 map) ships no
+    file, with a warning: the device writes that graph from the bundle's op program instead
+    (``nestflex.deploy.backends.graphs``), which covers those operators. An exit set ships all of
+    its files or none, since the runtime uses shipped stage and head files only as a whole set.
+    """
+    from torch.onnx import OnnxExporterError
+
     entries = []
     x = torch.zeros(2, *input_shape)
     for k in range(K):
         plain = extract_level(model, k).eval() if nested else largest
         rel = f"onnx/level_{k}.onnx"
-        _export_onnx(plain, (x,), root / rel, ["input"], ["logits"])
+        try:
+            _export_onnx(plain, (x,), root / rel, ["input"], ["logits"])
+        except OnnxExporterError as err:
+            _skip_onnx(root, [rel], f"level {k}", err)
+            continue
         entries.append({"file": rel, "kind": "level", "level": k, "inputs": [["input", list(input_shape)]],
                         "outputs": [["logits", None]]})
     for key, exits in exit_sets:  # every exit set alike: its backbone cut at the taps, one file per head
         files = _SET_NAMES[key][2]
         state: tuple[torch.Tensor, ...] = (x,)
-        with torch.no_grad():
-            for k, stage in enumerate(exits.stages):
-                ins = ["input"] if k == 0 else [f"in_{i}" for i in range(len(state))]
-                in_shapes = [list(t.shape[1:]) for t in state]
-                out = stage(*state)
-                out = out if isinstance(out, tuple) else (out,)
-                outs = [f"out_{i}" for i in range(len(out))] if k < len(exits.exits) else ["logits"]
-                rel = f"onnx/{files}stage_{k}.onnx"
-                _export_onnx(stage, state, root / rel, ins, outs)
-                entries.append({"file": rel, "kind": "stage", "exit_set": EXIT_SETS[key], "stage": k,
-                                "inputs": [list(p) for p in zip(ins, in_shapes)],
-                                "outputs": [[n, list(t.shape[1:])] for n, t in zip(outs, out)],
-                                "tap_output": exits._taps[k] if k < len(exits.exits) else None})
-                if k < len(exits.exits):
-                    tap = out[exits._taps[k]]
-                    rel = f"onnx/{files}exit_{k}.onnx"
-                    _export_onnx(exits.exits[k], (tap,), root / rel, ["features"], ["logits"])
-                    entries.append({"file": rel, "kind": "exit", "exit_set": EXIT_SETS[key], "exit": k,
-                                    "inputs": [["features", list(tap.shape[1:])]], "outputs": [["logits", None]]})
-                state = out
+        written: list[dict[str, Any]] = []
+        try:
+            with torch.no_grad():
+                for k, stage in enumerate(exits.stages):
+                    ins = ["input"] if k == 0 else [f"in_{i}" for i in range(len(state))]
+                    in_shapes = [list(t.shape[1:]) for t in state]
+                    out = stage(*state)
+                    out = out if isinstance(out, tuple) else (out,)
+                    outs = [f"out_{i}" for i in range(len(out))] if k < len(exits.exits) else ["logits"]
+                    rel = f"onnx/{files}stage_{k}.onnx"
+                    written.append({"file": rel, "kind": "stage", "exit_set": EXIT_SETS[key], "stage": k,
+                                    "inputs": [list(p) for p in zip(ins, in_shapes)],
+                                    "outputs": [[n, list(t.shape[1:])] for n, t in zip(outs, out)],
+                                    "tap_output": exits._taps[k] if k < len(exits.exits) else None})
+                    _export_onnx(stage, state, root / rel, ins, outs)
+                    if k < len(exits.exits):
+                        tap = out[exits._taps[k]]
+                        rel = f"onnx/{files}exit_{k}.onnx"
+                        written.append({"file": rel, "kind": "exit", "exit_set": EXIT_SETS[key], "exit": k,
+                                        "inputs": [["features", list(tap.shape[1:])]], "outputs": [["logits", None]]})
+                        _export_onnx(exits.exits[k], (tap,), root / rel, ["features"], ["logits"])
+                    state = out
+        except OnnxExporterError as err:
+            _skip_onnx(root, [e["file"] for e in written], f"the {EXIT_SETS[key]} exit set", err)
+            continue
+        entries.extend(written)
     return entries
+
+
+def _skip_onnx(root: Path, files: list[str], what: str, err: Exception) -> None:
+    for rel in files:
+        (root / rel).unlink(missing_ok=True)
+    first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    warnings.warn(f"export_bundle: torch.onnx cannot export {what} ({first[:200]}); the bundle ships no ONNX file "
+                  f"for it and the device writes its graph from the bundle's program (nestflex.deploy), which "
+                  f"gives the same outputs", stacklevel=3)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-import copy
 from typing import Any, Mapping, Sequence
 
 import pytorch_lightning as pl
@@ -102,7 +101,7 @@ class BundleExporter(Callback):
       :class:`~nestflex.exits.MultiExitClassifier`), or ``exits`` (the network, or a
       MultiExitClassifier checkpoint); calibrated on the validation loader unless
       ``calibration`` is given;
-    * **FlexDNN exits**: a :class:`~nestflex.exits.FlexDNNExits` of the same Trainer (placed
+    * **FlexDNN exits**: a :class:`~nestflex.exits.flexdnn.FlexDNNExits` of the same Trainer (placed
       before this callback), or ``flex`` (its output directory); on a grown network they sit on
       the largest level and share its weights;
     * **profiles**: ``split_profile`` and ``precision_profile`` (the profilers' JSON, or paths).
@@ -115,10 +114,23 @@ class BundleExporter(Callback):
         input_shape: per-sample input shape; default: inferred from the module and the data
             (:func:`nestflex._trainer.infer_input_shape`).
         onnx: also write ONNX graphs.
-        thresholds, confidence, fallback: exit policy stored with exits (see :func:`export_bundle`);
-            with a calibration and no ``thresholds``, its lossless thresholds and their policy.
-        exits, calibration, flex, levels, split_profile, precision_profile, model_info: as above;
-            ``None`` collects them from the run.
+        thresholds: per early exit, stored with the exits; ``None``: the calibration's lossless
+            thresholds, which then ship with the policy they were fitted for (``confidence`` and
+            ``fallback`` below then only set the calibration's sweep).
+        confidence: the exit policy's confidence measure (see :func:`export_bundle`).
+        fallback: the exit policy's fallback, ``most_confident`` or ``final``.
+        exits: the progressive exits: a MultiExitNetwork, its LightningModule or a
+            MultiExitClassifier checkpoint; ``None``: the module's own, when it is one.
+        calibration: their calibration (:func:`~nestflex.exits.calibrate`'s report, or its JSON
+            file); ``None``: calibrated here on the validation loader.
+        flex: a :class:`~nestflex.exits.flexdnn.FlexDNNExits` output directory; ``None``: the
+            FlexDNNExits of this Trainer, if any.
+        levels: per-level profile rows (or their JSON file); ``None``: profiled here on the
+            validation loader for a grown network.
+        split_profile: the split quantisation profile (a dict or its JSON file).
+        precision_profile: the per-layer precision profile (a dict or its JSON file).
+        model_info: provenance stored as the manifest's ``model``; ``None``: the module's
+            ``model_name`` and the DataModule's name.
         switching: measured level switches (``switching_table`` rows, or a JSON file of them), which
             the scheduler's simulation charges for a level change.
         model: the network whose levels the bundle holds, when it is not the module's ``attr``:
@@ -213,7 +225,7 @@ class BundleExporter(Callback):
     @override
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         from nestflex.capacity.callback import FreezeAndGrow
-        from nestflex.exits.flex_callback import FlexDNNExits
+        from nestflex.exits.flexdnn.callback import FlexDNNExits
 
         mine = trainer.callbacks.index(self)
         late = [type(cb).__name__ for cb in trainer.callbacks[mine + 1:] if isinstance(cb, (FlexDNNExits, FreezeAndGrow))]
@@ -272,8 +284,8 @@ class BundleExporter(Callback):
             kwargs["calibration"] = calibration
         policy = {"thresholds": self.thresholds, "confidence": self.confidence, "fallback": self.fallback}
         if kwargs.get("calibration") is not None and self.thresholds is None:
-            calibration = kwargs["calibration"]  # the lossless thresholds hold under their own policy
-            policy.update(confidence=calibration["confidence"], fallback=calibration["lossless"]["fallback"])
+            # the lossless thresholds hold under their own policy: export_bundle ships it
+            policy.update(confidence=None, fallback=None)
         kwargs.update(policy)
         kwargs.update(self._flex(trainer, largest))
         kwargs["split_profile"], kwargs["precision_profile"] = self.split_profile, self.precision_profile
@@ -294,7 +306,7 @@ class BundleExporter(Callback):
 
     def _flex(self, trainer: pl.Trainer, largest: nn.Module) -> dict[str, Any]:
         """FlexDNN's planned exits: from a FlexDNNExits of this run, else from ``flex``'s files."""
-        from nestflex.exits.flex_callback import FlexDNNExits
+        from nestflex.exits.flexdnn.callback import FlexDNNExits
 
         if self.flex is None:
             ran = [cb for cb in trainer.callbacks if isinstance(cb, FlexDNNExits)]
@@ -302,9 +314,7 @@ class BundleExporter(Callback):
             if result is None or result.network is None:
                 return {}
             return {"flex_exits": result.network, "flex_spec": result.spec, "flex_report": result.report}
-        from safetensors.torch import load_file
-
-        from nestflex.exits import build_flex_network
+        from nestflex.exits import ExitError, load_flex_network
 
         root = Path(self.flex)
         missing = [f for f in ("spec.json", "report.json") if not (root / f).is_file()]
@@ -314,12 +324,10 @@ class BundleExporter(Callback):
         spec, report = read_json(root / "spec.json"), read_json(root / "report.json")
         if not spec.get("exits"):
             return {}  # the plan kept no exit: the backbone alone is cheapest
-        net = build_flex_network(copy.deepcopy(largest).eval(), spec)
         try:
-            net.load_state_dict(load_file(root / "model.safetensors"))
-        except (RuntimeError, OSError) as e:
-            raise ExportError(f"`flex`={str(root)!r}: model.safetensors does not fit this network ({e}). HINT: the "
-                              f"FlexDNN exits were planned on another backbone; rerun FlexDNNExits") from None
+            net = load_flex_network(largest, root)
+        except ExitError as e:
+            raise ExportError(f"`flex`: {e}") from None
         return {"flex_exits": net, "flex_spec": spec, "flex_report": report}
 
 

@@ -1,10 +1,17 @@
-"""Structure graph: tracing, coupled channel groups, MACs/params, split points, surgery."""
+"""Structure graph: tracing, coupled channel groups, MACs/params, cut points, surgery.
+
+Modules: :mod:`.structure` (``trace``, :class:`StructureGraph`, :class:`CutPoint`), :mod:`.groups`
+(coupled channel groups, a subpackage by concern), :mod:`.surgery` (pruning, permuting, slicing
+channels), :mod:`.cut` (a model cut in two at a cut point). ``SplitPoint`` and ``split_model`` are
+the names of :class:`CutPoint` and :func:`cut_model` before issue 39.
+"""
 
 from nestflex.graph._tracer import flop_counter
+from nestflex.graph.cut import cut_model, split_model
 from nestflex.graph.groups import ChannelGroup, Member
-from nestflex.graph.split import split_model
 from nestflex.graph.structure import (
     DEFAULT_INPUT_SHAPE,
+    CutPoint,
     Layer,
     SplitPoint,
     StructureGraph,
@@ -13,7 +20,14 @@ from nestflex.graph.structure import (
     input_shape_of,
     trace,
 )
-from nestflex.graph.surgery import permute_channels, prune_channels, prune_groups, resize_like, select_channels, slice_channels
+from nestflex.graph.surgery import (
+    permute_channels,
+    prune_channels,
+    prune_groups,
+    resize_like,
+    select_channels,
+    slice_channels,
+)
 
 __all__ = [
     "trace",
@@ -25,6 +39,7 @@ __all__ = [
     "ChannelGroup",
     "Member",
     "Layer",
+    "CutPoint",
     "SplitPoint",
     "select_channels",
     "prune_channels",
@@ -32,6 +47,7 @@ __all__ = [
     "slice_channels",
     "prune_groups",
     "resize_like",
+    "cut_model",
     "split_model",
     "flop_counter",
 ]

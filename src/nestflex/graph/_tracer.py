@@ -202,9 +202,25 @@ def flop_counter(module: nn.Module | None = None) -> Iterator[Any]:
     ``scaled_dot_product_attention``: torch registers its formula for the CUDA kernels only, so
     fused attention on a CPU counted 0. The CPU kernel gets torch's own ``sdpa_flop_count``.
 
-    With ``module``, its parameters stop requiring grad while counting: the counter's module
-    tracker hooks the gradients of module inputs, and fails on a parameter passed into a
-    submodule under ``no_grad`` (timm's PiT hands its class token to its pooling layers)."""
+    Args:
+        module: the model about to run under the counter, or ``None``. Its parameters that
+            require grad stop requiring it while counting and are restored on exit: the
+            counter's module tracker hooks the gradients of module inputs, and fails on a
+            parameter passed into a submodule under ``no_grad`` (timm's PiT hands its class token
+            to its pooling layers).
+
+    Yields:
+        the active ``FlopCounterMode``; ``get_total_flops()`` gives the FLOPs counted so far
+        (2 per multiply-accumulate).
+
+    Examples:
+        >>> import torch
+        >>> layer = torch.nn.Linear(4, 2)
+        >>> with flop_counter(layer) as counter:
+        ...     _ = layer(torch.zeros(3, 4))
+        >>> counter.get_total_flops(), layer.weight.requires_grad
+        (48, True)
+    """
     from torch.utils import flop_counter as fc
 
     mapping = {}

@@ -1,4 +1,4 @@
-"""The structure graph of a model: layers with MACs/params, coupled channel groups, split points.
+"""The structure graph of a model: layers with MACs/params, coupled channel groups, cut points.
 
 ``trace(model)`` is the entry point. The graph is a read-only description: surgery
 (``nestflex.graph.surgery``) edits the *model*, after which ``trace`` again gives the new graph
@@ -24,6 +24,7 @@ from nestflex.graph.groups import ChannelGroup, find_groups
 __all__ = [
     "DEFAULT_INPUT_SHAPE",
     "Layer",
+    "CutPoint",
     "SplitPoint",
     "StructureGraph",
     "check_input_shape",
@@ -43,9 +44,9 @@ DEFAULT_INPUT_SHAPE: tuple[int, int, int] = (3, 32, 32)
 #: until the graph models those layouts); the codec and profilers measure what each cut costs. Gates
 #: (sigmoid, hard-sigmoid, tanh) are not cut points: they scale another tensor inside a block.
 _RELUS = (nn.ReLU, nn.ReLU6)
-_SPLIT_ACTS = (*_RELUS, nn.LeakyReLU, nn.PReLU, nn.ELU, nn.GELU, nn.SiLU, nn.Hardswish, nn.Mish)
+_CUT_ACTS = (*_RELUS, nn.LeakyReLU, nn.PReLU, nn.ELU, nn.GELU, nn.SiLU, nn.Hardswish, nn.Mish)
 _RELU_FUNCTIONS = (F.relu, torch.relu, F.relu6)
-_SPLIT_FUNCTIONS = (*_RELU_FUNCTIONS, F.leaky_relu, F.elu, F.gelu, F.silu, F.hardswish, F.mish)
+_CUT_FUNCTIONS = (*_RELU_FUNCTIONS, F.leaky_relu, F.elu, F.gelu, F.silu, F.hardswish, F.mish)
 
 
 @dataclass(frozen=True)
@@ -75,10 +76,14 @@ class Layer:
 
 
 @dataclass(frozen=True)
-class SplitPoint:
+class CutPoint:
     """A place to cut the model in two: after a block's activation (ReLU outputs are sparse; other
     activations count when a conv or a batch norm feeds them), or after a residual add of two
     spatial maps that no activation follows (ConvNeXt's and PoolFormer's blocks end there).
+
+    Early exits attach at cut points, and split inference cuts the model at one
+    (:func:`~nestflex.graph.cut.cut_model`); a bundle ships the ones it offers for split inference
+    as :class:`nestflex.deploy.bundle.split_records.SplitPoint` records.
 
     Attributes:
         name: the activation's module name (or fx node name for functional activations and adds).
@@ -100,6 +105,11 @@ class SplitPoint:
     macs_fraction: float
 
 
+#: the name of :class:`CutPoint` before issue 39 (the bundle's split inference record is
+#: :class:`nestflex.deploy.bundle.split_records.SplitPoint`, another class)
+SplitPoint = CutPoint
+
+
 @dataclass
 class StructureGraph:
     """What nestflex knows about a model's structure.
@@ -109,7 +119,8 @@ class StructureGraph:
         input_shape: example input shape used for tracing (batch of 1).
         layers: compute layers in execution order.
         groups: coupled channel groups, ids stable under surgery.
-        split_points: candidate split points in execution order.
+        cut_points: where the model can be cut (exits attach, split inference cuts), in execution
+            order; :attr:`split_points` is the same list.
         opaque: modules fx could not trace, with the reason.
         unsupported: ops that locked channel groups.
         op_macs: MACs per sample of every other node that computes any (fx node name: MACs):
@@ -127,7 +138,7 @@ class StructureGraph:
     input_shape: tuple[int, ...]
     layers: list[Layer]
     groups: list[ChannelGroup]
-    split_points: list[SplitPoint]
+    cut_points: list[CutPoint]
     opaque: dict[str, str] = field(default_factory=dict)
     unsupported: list[str] = field(default_factory=list)
     op_macs: dict[str, int] = field(default_factory=dict)
@@ -148,12 +159,25 @@ class StructureGraph:
                 return g
         raise GraphError(f"no channel group {key!r}; groups: {', '.join(g.name for g in self.groups)}")
 
-    def split_point(self, name: str) -> SplitPoint:
-        """A split point by module or node name."""
-        for s in self.split_points:
+    @property
+    def split_points(self) -> list[CutPoint]:
+        """:attr:`cut_points`, by its name before issue 39."""
+        return self.cut_points
+
+    def cut_point(self, name: str) -> CutPoint:
+        """A cut point by module or node name.
+
+        Raises:
+            GraphError: no such cut point (the message lists them).
+        """
+        for s in self.cut_points:
             if name in (s.name, s.node):
                 return s
-        raise GraphError(f"no split point {name!r}; split points: {', '.join(s.name for s in self.split_points)}")
+        raise GraphError(f"no split point {name!r}; split points: {', '.join(s.name for s in self.cut_points)}")
+
+    def split_point(self, name: str) -> CutPoint:
+        """:meth:`cut_point`, by its name before issue 39."""
+        return self.cut_point(name)
 
     def param_shapes(self, widths: Mapping[int, int] | None = None) -> dict[str, tuple[int, ...]]:
         """Shape of every parameter if each group ``g`` had ``widths[g]`` channels."""
@@ -201,7 +225,7 @@ class StructureGraph:
         """
         g = key if isinstance(key, ChannelGroup) else self.group(key)
         by_name = {n.name: n for n in self.gm.graph.nodes}
-        acts = [n for n in g.nodes if _is_split_activation(self.gm, by_name[n])]
+        acts = [n for n in g.nodes if _is_cut_activation(self.gm, by_name[n])]
         return acts or g.nodes[-1:]
 
     def widths(self) -> dict[int, int]:
@@ -212,16 +236,23 @@ class StructureGraph:
 def input_shape_of(model: nn.Module, input_shape: Sequence[int] | None = None) -> tuple[int, ...]:
     """The per-sample shape to trace ``model`` at: ``input_shape`` if given, else the model's own.
 
-    A model states its input with an ``input_shape`` attribute: nestflex's VGG/ResNet
-    (``(in_chans, 32, 32)``), :class:`~nestflex.training.ImageClassifier` and its network (the
-    shape of the data it was built for), :class:`~nestflex.exits.MultiExitNetwork`. Copies keep
-    the attribute, so a pruned, nested or extracted copy is traced at the same shape. Models
-    without one get :data:`DEFAULT_INPUT_SHAPE`.
+    Args:
+        model: the model to trace. It states its input with an ``input_shape`` attribute:
+            nestflex's VGG/ResNet (``(in_chans, 32, 32)``),
+            :class:`~nestflex.training.ImageClassifier` and its network (the shape of the data it
+            was built for), :class:`~nestflex.exits.MultiExitNetwork`. Copies keep the
+            attribute, so a pruned, nested or extracted copy is traced at the same shape. Models
+            without one get :data:`DEFAULT_INPUT_SHAPE`.
+        input_shape: per-sample shape (no batch dimension), e.g. ``(C, H, W)``; when given it
+            wins over the model's attribute. ``None`` (default) reads the model's.
+
+    Returns:
+        the shape as a tuple of positive ints.
 
     Raises:
         GraphError: a shape that is not a sequence of positive integers.
 
-    Example:
+    Examples:
         >>> from nestflex.models import create_model
         >>> input_shape_of(create_model("vgg11", width=0.125, in_chans=1))
         (1, 32, 32)
@@ -245,7 +276,7 @@ def input_shape_of(model: nn.Module, input_shape: Sequence[int] | None = None) -
 def check_input_shape(expected: Sequence[int], x: torch.Tensor | Sequence[Any], owner: str) -> None:
     """Raise unless the samples of batch ``x`` have the per-sample shape a model was traced at.
 
-    Tracing at one shape and running on another gives wrong MACs, split points and exit
+    Tracing at one shape and running on another gives wrong MACs, cut points and exit
     positions, or fails deep inside a later step; this check fails at once, saying both shapes.
 
     Args:
@@ -256,7 +287,7 @@ def check_input_shape(expected: Sequence[int], x: torch.Tensor | Sequence[Any], 
     Raises:
         GraphError: the shapes differ.
 
-    Example:
+    Examples:
         >>> check_input_shape((1, 32, 32), torch.zeros(2, 1, 32, 32), "demo")
         >>> check_input_shape((3, 32, 32), torch.zeros(2, 1, 28, 28), "demo")
         Traceback (most recent call last):
@@ -279,7 +310,20 @@ def checked_batches(batches: Iterable[Any], input_shape: Sequence[int], owner: s
     For code that traced a model at ``input_shape`` and then evaluates it on a dataloader: the
     check costs nothing, and a dataloader of another shape fails before any number is computed.
 
-    Example:
+    Args:
+        batches: the batches to pass through, e.g. a dataloader: each a tensor ``(N, *shape)``
+            or an ``(inputs, targets, ...)`` tuple. Read lazily, once.
+        input_shape: the per-sample shape the model was traced at (no batch dimension).
+        owner: who traced (named in the error message), e.g. ``"FilterPruning"``.
+
+    Yields:
+        each batch of ``batches``, unchanged.
+
+    Raises:
+        GraphError: the first batch's samples do not have shape ``input_shape`` (raised when
+            that batch is drawn, not at the call).
+
+    Examples:
         >>> batches = [(torch.zeros(2, 1, 32, 32), torch.zeros(2))]
         >>> len(list(checked_batches(batches, (1, 32, 32), "demo")))
         1
@@ -291,7 +335,7 @@ def checked_batches(batches: Iterable[Any], input_shape: Sequence[int], owner: s
 
 
 def trace(model: nn.Module, input_shape: Sequence[int] | None = None, strict: bool = False) -> StructureGraph:
-    """Trace ``model`` and derive layers, channel groups and split points.
+    """Trace ``model`` and derive layers, channel groups and cut points.
 
     Args:
         model: any ``nn.Module`` taking one image tensor.
@@ -306,7 +350,7 @@ def trace(model: nn.Module, input_shape: Sequence[int] | None = None, strict: bo
     Raises:
         GraphError: the model cannot be traced or run on ``input_shape``.
 
-    Example:
+    Examples:
         >>> from nestflex.models import create_model
         >>> g = trace(create_model("vgg16"))
         >>> round(g.macs() / 1e8, 2)
@@ -334,7 +378,7 @@ def trace(model: nn.Module, input_shape: Sequence[int] | None = None, strict: bo
         input_shape=tuple(input_shape),
         layers=layers,
         groups=groups,
-        split_points=_split_points(gm, layers, op_macs),
+        cut_points=_cut_points(gm, layers, op_macs),
         opaque=opaque,
         unsupported=unsupported,
         op_macs=op_macs,
@@ -388,17 +432,17 @@ def _op_macs(gm: fx.GraphModule, layers: list[Layer]) -> dict[str, int]:
             if n.meta.get("macs") and not (n.op == "call_module" and n.target in names)}
 
 
-def _is_split_activation(gm: fx.GraphModule, node: fx.Node) -> bool:
+def _is_cut_activation(gm: fx.GraphModule, node: fx.Node) -> bool:
     if node.op == "call_module":
         mod = gm.get_submodule(node.target)
         if isinstance(mod, _RELUS):
             return True
-        if isinstance(mod, _SPLIT_ACTS):
+        if isinstance(mod, _CUT_ACTS):
             return _fed_channels_first(gm, node)
         # timm's BatchNormAct2d: a BatchNorm whose output goes through its own activation
-        return isinstance(mod, _BatchNorm) and isinstance(getattr(mod, "act", None), _SPLIT_ACTS)
+        return isinstance(mod, _BatchNorm) and isinstance(getattr(mod, "act", None), _CUT_ACTS)
     if node.op == "call_function":
-        return node.target in _RELU_FUNCTIONS or (node.target in _SPLIT_FUNCTIONS and _fed_channels_first(gm, node))
+        return node.target in _RELU_FUNCTIONS or (node.target in _CUT_FUNCTIONS and _fed_channels_first(gm, node))
     return node.op == "call_method" and node.target in ("relu", "relu_")
 
 
@@ -415,7 +459,7 @@ _ADDS = (operator.add, operator.iadd, torch.add)
 
 
 def _is_block_end(gm: fx.GraphModule, node: fx.Node) -> bool:
-    """A residual add of two spatial maps of one shape (channels-first), not followed by a split
+    """A residual add of two spatial maps of one shape (channels-first), not followed by a cut
     activation (then that activation is the block's end)."""
     is_add = (node.op == "call_function" and node.target in _ADDS) or (
         node.op == "call_method" and node.target in ("add", "add_"))
@@ -425,10 +469,10 @@ def _is_block_end(gm: fx.GraphModule, node: fx.Node) -> bool:
     operands = [a for a in node.args[:2] if isinstance(a, fx.Node) and a.meta.get("shape") == shape]
     if len(operands) != 2 or any(a.meta.get("channel_dim", 1) != 1 for a in operands):
         return False
-    return not (len(node.users) == 1 and _is_split_activation(gm, next(iter(node.users))))
+    return not (len(node.users) == 1 and _is_cut_activation(gm, next(iter(node.users))))
 
 
-def _split_points(gm: fx.GraphModule, layers: list[Layer], op_macs: dict[str, int]) -> list[SplitPoint]:
+def _cut_points(gm: fx.GraphModule, layers: list[Layer], op_macs: dict[str, int]) -> list[CutPoint]:
     nodes = list(gm.graph.nodes)
     pos = {n: i for i, n in enumerate(nodes)}
     layer_macs = {layer.name: layer.macs for layer in layers}
@@ -438,7 +482,7 @@ def _split_points(gm: fx.GraphModule, layers: list[Layer], op_macs: dict[str, in
         if node.op == "call_module":
             running += layer_macs.get(node.target, 0)
         running += op_macs.get(node.name, 0)
-        if not (_is_split_activation(gm, node) or _is_block_end(gm, node)) or node.meta.get("shape") is None:
+        if not (_is_cut_activation(gm, node) or _is_block_end(gm, node)) or node.meta.get("shape") is None:
             continue
         crossing = [n for n in nodes[: i + 1] if n.op != "get_attr" and any(pos[u] > i for u in n.users)]
         if node not in crossing:
@@ -447,7 +491,7 @@ def _split_points(gm: fx.GraphModule, layers: list[Layer], op_macs: dict[str, in
             continue  # a non-tensor value would have to cross: not a clean cut
         tensors = tuple((n.name, tuple(n.meta["shape"][1:])) for n in crossing)
         points.append(
-            SplitPoint(
+            CutPoint(
                 name=node.target if node.op == "call_module" else node.name,
                 node=node.name,
                 index=i,

@@ -44,8 +44,29 @@ def _as_index(group: ChannelGroup, indices: Indices, arg: str) -> torch.Tensor:
 def select_channels(model: nn.Module, group: ChannelGroup, indices: Indices) -> None:
     """Keep channels ``indices`` of ``group``, in that order, in every member tensor.
 
+    Each touched parameter or buffer is replaced by a new tensor (``requires_grad`` kept), the
+    modules' size attributes (``out_channels``, ``num_features``, an attention's
+    ``num_heads``...) follow, and ``group.width`` becomes ``len(indices)``.
+
+    Args:
+        model: the model to edit in place; the one ``group`` was traced from, as it is now.
+        group: a channel group of ``model``'s current :class:`~nestflex.graph.StructureGraph`
+            (``trace(model).group(...)``); it must be prunable.
+        indices: the channels to keep, in their new order: a sequence of ints or an integer
+            tensor (flattened), each in ``[0, group.width)``, non-empty and without repeats.
+
     Raises:
-        GraphError: the group is locked, or the indices are empty, out of range or repeated.
+        GraphError: the group is locked, the indices are empty, out of range or repeated, or a
+            member tensor does not have the size the group expects (the model was edited after
+            ``group`` was traced: re-trace it).
+
+    Examples:
+        >>> from nestflex.graph import trace
+        >>> model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.ReLU(), nn.Conv2d(8, 4, 3))
+        >>> group = trace(model).group("0")
+        >>> select_channels(model, group, [5, 1, 2])
+        >>> model[0].out_channels, model[1].num_features, model[3].in_channels, group.width
+        (3, 3, 3, 3)
     """
     if not group.prunable:
         raise GraphError(f"channel group `{group.name}` is locked ({group.reason}); it cannot be edited")
@@ -99,13 +120,36 @@ def _sync_attributes(module: nn.Module) -> None:
 
 
 def prune_channels(model: nn.Module, group: ChannelGroup, keep: Indices) -> None:
-    """Physically remove every channel of ``group`` not in ``keep`` (kept in ascending order)."""
+    """Physically remove every channel of ``group`` not in ``keep`` (kept in ascending order).
+
+    :func:`select_channels` with the indices sorted, so the kept channels keep their order.
+
+    Args:
+        model: the model to edit in place (the one ``group`` was traced from).
+        group: a prunable channel group of ``model``'s current graph.
+        keep: the channels to keep, in any order: ints or an integer tensor, each in
+            ``[0, group.width)``, non-empty and without repeats.
+
+    Raises:
+        GraphError: as :func:`select_channels` (``keep`` named in the message).
+    """
     idx = _as_index(group, keep, "keep")
     select_channels(model, group, torch.sort(idx).values)
 
 
 def permute_channels(model: nn.Module, group: ChannelGroup, perm: Indices) -> None:
-    """Reorder the channels of ``group``; the model computes the same function."""
+    """Reorder the channels of ``group``; the model computes the same function.
+
+    Args:
+        model: the model to edit in place (the one ``group`` was traced from).
+        group: a prunable channel group of ``model``'s current graph.
+        perm: the new order: a permutation of ``range(group.width)`` (ints or an integer
+            tensor); new channel ``i`` is old channel ``perm[i]``.
+
+    Raises:
+        GraphError: ``perm`` is not a permutation of every channel, or as
+            :func:`select_channels`.
+    """
     idx = _as_index(group, perm, "perm")
     if idx.numel() != group.width:
         raise GraphError(f"`perm` for group `{group.name}` must have {group.width} entries, got {idx.numel()}")
@@ -113,14 +157,42 @@ def permute_channels(model: nn.Module, group: ChannelGroup, perm: Indices) -> No
 
 
 def slice_channels(model: nn.Module, group: ChannelGroup, width: int) -> None:
-    """Keep the first ``width`` channels of ``group``."""
+    """Keep the first ``width`` channels of ``group``.
+
+    Args:
+        model: the model to edit in place (the one ``group`` was traced from).
+        group: a prunable channel group of ``model``'s current graph.
+        width: how many leading channels to keep, an int in ``[1, group.width]``.
+
+    Raises:
+        GraphError: ``width`` is out of range, or as :func:`select_channels`.
+    """
     if not isinstance(width, int) or not 1 <= width <= group.width:
         raise GraphError(f"`width` for group `{group.name}` must be an int in [1, {group.width}], got {width!r}")
     select_channels(model, group, torch.arange(width))
 
 
 def prune_groups(model: nn.Module, graph: StructureGraph, keep: Mapping[int | str, Indices]) -> None:
-    """Prune several groups at once: ``keep`` maps a group id or name to the channels to keep."""
+    """Prune several groups at once, with :func:`prune_channels` for each.
+
+    Args:
+        model: the model to edit in place (the one ``graph`` was traced from).
+        graph: ``model``'s current structure graph; its groups' widths are updated, but its other
+            fields (layers, MACs) are not: re-``trace`` the model for them.
+        keep: for each group to prune, its id or name mapped to the channels to keep (as
+            :func:`prune_channels`' ``keep``); groups not named are left as they are.
+
+    Raises:
+        GraphError: a key names no group of ``graph``, or as :func:`prune_channels`.
+
+    Examples:
+        >>> from nestflex.graph import trace
+        >>> model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU(), nn.Conv2d(8, 6, 3), nn.ReLU(), nn.Conv2d(6, 4, 3))
+        >>> graph = trace(model)
+        >>> prune_groups(model, graph, {"0": [0, 1, 2, 3], 1: [4, 5]})
+        >>> trace(model).widths()
+        {0: 4, 1: 2, 2: 4}
+    """
     for key, idx in keep.items():
         prune_channels(model, graph.group(key), idx)
 
@@ -132,7 +204,7 @@ def state_for(model: nn.Module, state_dict: Mapping[str, torch.Tensor]) -> dict[
     it); the one prefix that makes the checkpoint's names cover every tensor of ``model`` is
     stripped, so the same checkpoint loads into the module or into the plain network.
 
-    Example:
+    Examples:
         >>> net = nn.Linear(2, 3)
         >>> sorted(state_for(net, {"model.weight": net.weight, "model.bias": net.bias, "other": net.bias}))
         ['bias', 'weight']
@@ -156,13 +228,20 @@ def resize_like(model: nn.Module, state_dict: Mapping[str, torch.Tensor]) -> lis
     This rebuilds a pruned architecture from a checkpoint before its weights are loaded (the
     values are placeholders until ``load_state_dict``): a fresh model resumes a pruned run, and
     a pruned model rolls back to an earlier, larger footprint. Module size attributes
-    (``out_channels``, ``num_features``...) follow the tensors.
+    (``out_channels``, ``num_features``, an attention's ``num_heads``...) follow the tensors.
+
+    Args:
+        model: the model to reshape in place; resized tensors are replaced by zeros of the new
+            shape, with the model's dtype, device and ``requires_grad``.
+        state_dict: tensors by ``model``'s own names (a LightningModule checkpoint's names are
+            mapped with :func:`state_for` first); names the model lacks are skipped
+            (``load_state_dict`` reports them).
 
     Returns:
         the names of the resized tensors.
 
     Raises:
-        GraphError: a tensor changes rank, or its name is missing from the model.
+        GraphError: a tensor has another number of dims in the model than in ``state_dict``.
     """
     changed: list[str] = []
     own = dict(model.named_parameters()) | dict(model.named_buffers())

@@ -18,7 +18,17 @@ _MODELS: dict[str, Callable[..., nn.Module]] = {}
 
 
 def register_model(name: str) -> Callable[[Callable[..., nn.Module]], Callable[..., nn.Module]]:
-    """Decorator that registers a model constructor under ``name``."""
+    """Decorator that registers a model constructor under ``name``.
+
+    Args:
+        name: the name :func:`create_model` will accept for the decorated constructor.
+
+    Returns:
+        A decorator that registers its function and returns it unchanged.
+
+    Raises:
+        ModelError: (when the decorator is applied) ``name`` is already registered.
+    """
 
     def wrap(fn: Callable[..., nn.Module]) -> Callable[..., nn.Module]:
         if name in _MODELS:
@@ -42,12 +52,12 @@ def create_model(name: str, num_classes: int = 10, width: float = 1.0, in_chans:
         num_classes: size of the classifier output.
         width: channel multiplier (``0.25`` keeps a quarter of every layer's channels).
         in_chans: input image channels (3 for RGB, 1 for greyscale such as MNIST), as timm's.
-        **kwargs: passed to the model constructor.
+        **kwargs (Any): passed to the model constructor.
 
     Raises:
         ModelError: unknown name (the message lists the known ones) or bad argument.
 
-    Example:
+    Examples:
         >>> from nestflex.models import create_model
         >>> model = create_model("vgg16", width=0.25)
         >>> model.num_classes

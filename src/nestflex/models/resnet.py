@@ -18,6 +18,17 @@ __all__ = ["BasicBlock", "CifarResNet"]
 
 
 class BasicBlock(nn.Module):
+    """The two-conv residual block of CIFAR ResNets (He et al. 2016).
+
+    Two 3x3 convolutions with BatchNorm and ReLU; the shortcut is the identity, or a 1x1
+    convolution + BatchNorm where the stride or channel count changes.
+
+    Args:
+        in_ch: input channels.
+        out_ch: output channels (of both convolutions).
+        stride: stride of the first convolution (2 halves the resolution).
+    """
+
     def __init__(self, in_ch: int, out_ch: int, stride: int) -> None:
         super().__init__()
         self.conv1 = nn.Conv2d(in_ch, out_ch, 3, stride, 1, bias=False)

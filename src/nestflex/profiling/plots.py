@@ -47,7 +47,7 @@ def plot_layer_precision(profile: dict[str, Any], png: str | Path, synthetic: bo
     The chosen assignment is marked under each layer; the title gives its measured whole-model
     speedup and drop.
 
-    Example:
+    Examples:
         >>> profile = profile_layer_precision(model, val_loader)  # doctest: +SKIP
         >>> plot_layer_precision(profile, "runs/x/layer_precision.png", synthetic=True)  # doctest: +SKIP
     """

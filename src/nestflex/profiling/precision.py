@@ -72,7 +72,10 @@ class BFloat16Layer(nn.Module):
     The input is cast to bfloat16 and the output back to float32, so the layers around it are
     untouched.
 
-    Example:
+    Args:
+        layer: the layer to wrap; it is converted to bfloat16 in place.
+
+    Examples:
         >>> layer = BFloat16Layer(nn.Linear(4, 2))
         >>> layer.layer.weight.dtype, layer(torch.ones(1, 4)).dtype
         (torch.bfloat16, torch.float32)
@@ -196,7 +199,7 @@ def build_mixed_precision_model(
         ProfileError: an unknown layer or precision, a precision the layer cannot run, int8
             without ``calibration``, or a model fx cannot trace.
 
-    Example:
+    Examples:
         >>> from nestflex.models import create_model
         >>> m = create_model("vgg11", width=0.125).eval()
         >>> x = torch.randn(8, 3, 32, 32)
@@ -297,7 +300,7 @@ def plan_assignment(rows: Sequence[Mapping[str, Any]], budget_points: float, bat
         ``drop_points`` of that option. Replaying them (later moves of a layer win) gives the
         assignment; dropping moves from the end undoes the least efficient first.
 
-    Example:
+    Examples:
         >>> rows = [{"name": "a", "per_precision": [
         ...     {"precision": "float32", "supported": True, "drop_points": 0.0, "latency_ms": {"1": 2.0}},
         ...     {"precision": "int8", "supported": True, "drop_points": 0.5, "latency_ms": {"1": 1.0}}]}]
@@ -388,7 +391,7 @@ def profile_layer_precision(
         ProfileError: an unknown precision or layer, a negative budget, non-positive counts, no
             data (or none left after calibration), or a model fx cannot trace.
 
-    Example:
+    Examples:
         >>> from nestflex.models import create_model
         >>> m = create_model("vgg11", width=0.125).eval()
         >>> data = [(torch.randn(40, 3, 32, 32), torch.randint(0, 10, (40,)))]

@@ -196,7 +196,13 @@ def _percentile(values: Sequence[float], q: float) -> float:
 def lowest_bits(split_row: dict[str, Any], max_drop_points: float) -> int | None:
     """Lowest bitwidth of a profiled split whose accuracy drop is within ``max_drop_points``.
 
-    ``None`` when only float transfer meets the budget.
+    Args:
+        split_row: one entry of a split-quantisation profile's ``"splits"`` list (its
+            ``"per_bits"`` rows are read).
+        max_drop_points: the accuracy drop budget, in percentage points below float transfer.
+
+    Returns:
+        The lowest bitwidth within the budget, or ``None`` when only float transfer meets it.
     """
     ok = [r["bits"] for r in split_row["per_bits"] if r["bits"] is not None and r["drop_points"] <= max_drop_points]
     return min(ok) if ok else None

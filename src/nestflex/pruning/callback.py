@@ -54,10 +54,18 @@ ALLOCATION_FRACTIONS = (0.1, 0.25, 0.5, 0.75, 0.9)
 def load_pruned(module: torch.nn.Module, checkpoint: str | Path) -> torch.nn.Module:
     """Load a pruned checkpoint (a footprint, the seed) into an unpruned ``module``.
 
-    ``module`` is the LightningModule that was pruned or its plain network: the checkpoint's
-    names are matched to the module's (:func:`~nestflex.graph.surgery.state_for`). The module's
-    tensors are first resized to the checkpoint's shapes, then the weights load. Only tensors are
-    read (``weights_only=True``).
+    The checkpoint's names are matched to the module's
+    (:func:`~nestflex.graph.surgery.state_for`). The module's tensors are first resized to the
+    checkpoint's shapes, then the weights load. Only tensors are read (``weights_only=True``).
+
+    Args:
+        module: the LightningModule that was pruned, or its plain network; resized and loaded
+            in place.
+        checkpoint: path of the pruned checkpoint (a Lightning ``.ckpt`` or a plain
+            ``state_dict`` file).
+
+    Returns:
+        ``module`` itself, now pruned to the checkpoint's shapes.
 
     Raises:
         PruningError: a missing checkpoint, or one that does not hold ``module``'s tensors.
@@ -96,7 +104,7 @@ class FilterPruning(Callback):
         recover_epochs: a retrained step that misses the goal first gets up to this many more
             retraining epochs, one at a time, before it counts as broken (NestDNN prunes until
             the model can no longer meet the goal *after retraining*; one short retraining
-            often lands a fraction of a point low by chance: ``benchmarks/prune_noise.py``).
+            often lands a fraction of a point low by chance: ``benchmarks/pruning/prune_noise.py``).
         finetune_epochs: once the roadmap ends, train the seed this many more epochs (the usual
             final fine-tuning after pruning: every step had only ``epochs_per_step`` of
             retraining). The fine-tuned weights replace the seed's footprint when they still

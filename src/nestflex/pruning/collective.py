@@ -19,7 +19,7 @@ one without refitting (block inverse):
 so one step scores *every* remaining candidate at once, as a batched ``d x d`` solve and one
 einsum over the validation logits; the chosen filter is then downdated out of ``P``, ``W`` and the
 validation projections in ``O(D d (n + D))``. A whole layer costs one ``D x D`` inverse plus
-``N`` cheap steps: ``benchmarks/collective_cost.py`` measures it against the naive estimate.
+``N`` cheap steps: ``benchmarks/exits/collective_cost.py`` measures it against the naive estimate.
 
 Candidates are compared by validation accuracy; ties (frequent: accuracy moves in steps of
 ``1/n``) are broken by the validation squared error, which moves continuously. Following the
@@ -27,7 +27,7 @@ paper the selection stops when fewer than ``stop_fraction`` of the filters remai
 equally important and share the top score (:attr:`CollectiveRanking.order` still continues the
 backward selection, so top-k exits get a strict order).
 
-Example:
+Examples:
     >>> g = torch.Generator().manual_seed(0)
     >>> y = torch.randint(0, 2, (200,), generator=g)
     >>> signal = y[:, None, None].double() + 0.1 * torch.randn(200, 1, 1, generator=g)
@@ -185,7 +185,8 @@ def collective_ranking(
         fit_features: ``(n, N, d)`` pooled responses of the layer's ``N`` filters (``d`` values
             each) on the split the exits are fitted on.
         fit_labels: ``(n,)`` int labels.
-        val_features, val_labels: the same on the split candidates are scored on.
+        val_features: the same as ``fit_features`` on the split candidates are scored on.
+        val_labels: ``(n,)`` int labels of that split.
         ridge: ridge strength, relative to the sample count (features are standardised).
         stop_fraction: the paper's stop: when fewer than this share of the filters remain they
             share the top score. 0 ranks every filter strictly.
@@ -248,12 +249,24 @@ def exit_accuracy_curve(
     ``k`` (exactly, by block removal) and scored on ``eval_*``: pass a split the ranking never saw.
 
     Args:
+        fit_features: ``(n, N, d)`` pooled responses of the layer's ``N`` filters (``d`` values
+            each) on the split the exits are fitted on.
+        fit_labels: ``(n,)`` int labels of that split.
+        eval_features: the same as ``fit_features`` on the split the exits are scored on.
+        eval_labels: ``(n,)`` int labels of that split.
+        order: the ranking, most important filter first: a permutation of ``0..N-1``.
+        ridge: ridge strength, relative to the sample count (features are standardised).
+        num_classes: number of classes (default: from the labels).
         return_correct: also return the ``(N, n)`` bool per-sample correctness (row ``k - 1``:
             ``k`` filters), for paired standard errors of accuracy differences.
 
     Returns:
         ``(N,)`` float64; entry ``k - 1`` is the accuracy with ``k`` filters (and the correctness
         with ``return_correct``).
+
+    Raises:
+        PruningError: an empty split, mismatched shapes, or ``order`` not a permutation of the
+            filters.
     """
     _check_pair(fit_features, fit_labels, "evaluation", eval_features, eval_labels)
     order = torch.as_tensor(order, dtype=torch.long)
@@ -288,7 +301,7 @@ def min_filters(curve: torch.Tensor, tolerance: float = 0.0, rule: str = "all_la
     Raises:
         PruningError: a tolerance outside [0, 1) or an unknown rule.
 
-    Example:
+    Examples:
         >>> min_filters(torch.tensor([0.5, 0.9, 0.88, 0.9]), tolerance=0.0)
         4
         >>> min_filters(torch.tensor([0.5, 0.9, 0.88, 0.9]), tolerance=0.0, rule="first")
@@ -360,6 +373,19 @@ def pooled_activations(
 ) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
     """Each graph node's output, average-pooled to ``pool x pool`` per channel, in eval mode.
 
+    Args:
+        model: the model ``graph`` was traced from (its device and dtype are used; train/eval
+            flags are restored afterwards).
+        graph: the traced model.
+        nodes: names of the graph nodes whose outputs are collected (e.g. split point nodes).
+        data: a Dataset (batched by ``batch_size``, in order), a DataLoader, or an iterable of
+            ``(inputs, labels)`` batches.
+        pool: each channel's map is average-pooled to at most ``pool x pool`` (``d = pool^2``
+            values); outputs that are not 4-D are kept whole.
+        max_samples: stop after this many samples; ``None``: all of ``data``.
+        batch_size: batch size used when ``data`` is a Dataset.
+        name: what the data is called in error messages (e.g. ``"ranking"``, ``"validation"``).
+
     Returns:
         ``({node: (n, channels, d)}, labels (n,))``.
 
@@ -414,6 +440,18 @@ def pooled_responses(
 ) -> tuple[dict[int, torch.Tensor], torch.Tensor]:
     """Each group's responses, average-pooled to ``pool x pool`` per filter, in eval mode
     (:func:`pooled_activations` of its response nodes).
+
+    Args:
+        model: the model ``graph`` was traced from.
+        graph: the traced model.
+        groups: the channel groups whose responses are collected (duplicates are collected
+            once).
+        data: a Dataset (batched by ``batch_size``, in order), a DataLoader, or an iterable of
+            ``(inputs, labels)`` batches.
+        pool: each filter's map is average-pooled to at most ``pool x pool``.
+        max_samples: stop after this many samples; ``None``: all of ``data``.
+        batch_size: batch size used when ``data`` is a Dataset.
+        name: what the data is called in error messages.
 
     Returns:
         ``({group id: (n, width, d)}, labels (n,))``; a residual group's blocks are summed.
@@ -475,7 +513,7 @@ class CollectiveImportance(Importance):
     batches) or a single Dataset, split by ``val_fraction``. Ranking is deterministic, so every
     data-parallel rank computes the same scores on the same data (``reduce`` is not needed).
 
-    Example:
+    Examples:
         >>> from nestflex.models import create_model
         >>> from nestflex.graph import trace
         >>> model = create_model("vgg11", width=0.125)

@@ -25,17 +25,29 @@ def accuracy(
 ) -> float:
     """Fraction of samples whose argmax logit is the label, in eval mode without gradients.
 
-    ``counts``, when given, receives ``[correct, total]`` (the sample count sizes the noise of
-    the figure: :func:`accuracy_se`).
-
     With ``world_size`` > 1 each rank takes every ``world_size``-th batch and ``reduce`` sums
     the (correct, total) counts, so every rank returns the same number. Train/eval flags are
     restored afterwards.
 
+    Args:
+        model: the classifier; batches are moved to the device of its first parameter.
+        loader: iterable of ``(inputs, labels, ...)`` batches (a DataLoader).
+        max_batches: evaluate at most the first this many batches of ``loader`` (counted over
+            all ranks); ``None``: all.
+        rank: this process's rank in the data-parallel group.
+        world_size: number of data-parallel processes sharing the loader.
+        reduce: sums a ``(2,)`` tensor of ``(correct, total)`` over ranks (e.g. an all-reduce);
+            ``None``: no reduction (single process).
+        counts: when given, a list whose contents are replaced with ``[correct, total]`` (the
+            sample count sizes the noise of the figure: :func:`accuracy_se`).
+
+    Returns:
+        The top-1 accuracy, in [0, 1].
+
     Raises:
         PruningError: the loader yields no samples.
 
-    Example:
+    Examples:
         >>> net = nn.Linear(4, 2)
         >>> 0.0 <= accuracy(net, [(torch.randn(8, 4), torch.zeros(8, dtype=torch.long))]) <= 1.0
         True
@@ -72,7 +84,7 @@ def accuracy_se(acc: float, samples: int) -> float:
     The evaluation noise of one figure: two models compared on the same split differ by less
     noise than this times sqrt(2) (their errors are correlated), by more than zero.
 
-    Example:
+    Examples:
         >>> round(accuracy_se(0.87, 5000), 4)
         0.0048
     """

@@ -10,7 +10,7 @@ Built in: ``l1`` and ``l2`` (filter weight norms, Li et al. 2016), ``random`` (s
 ``trr`` (Triplet Response Residual, :mod:`nestflex.pruning.trr`). Register more with
 :func:`register_importance`.
 
-Example:
+Examples:
     >>> from nestflex.models import create_model
     >>> from nestflex.graph import trace
     >>> model = create_model("vgg11", width=0.125)
@@ -91,6 +91,13 @@ class WeightNorm(Importance):
 
     A residual group has several producers (one conv per block writes the same channels); a
     channel's weight mass is the sum over all of them.
+
+    Args:
+        p: the norm, 1 (sum of absolute weights, criterion ``"l1"``) or 2 (Euclidean,
+            ``"l2"``).
+
+    Raises:
+        PruningError: ``p`` is neither 1 nor 2.
     """
 
     needs_data = False
@@ -117,7 +124,14 @@ class WeightNorm(Importance):
 
 
 class RandomImportance(Importance):
-    """Seeded random scores: the floor every real criterion must beat."""
+    """Seeded random scores: the floor every real criterion must beat.
+
+    Each call to ``scores`` (one per pruning step) draws afresh, yet the sequence is the same on
+    every rank and every rerun with the same seed.
+
+    Args:
+        seed: seed of the sequence of draws.
+    """
 
     name = "random"
     needs_data = False
@@ -145,6 +159,14 @@ _REGISTRY: dict[str, Callable[..., Importance]] = {}
 def register_importance(name: str, factory: Callable[..., Importance] | None = None):
     """Register a criterion factory under ``name`` (usable as a decorator).
 
+    Returns ``factory`` itself, or, when ``factory`` is ``None``, a decorator that registers the
+    function it decorates and returns it.
+
+    Args:
+        name: the name :func:`get_importance` will accept.
+        factory: a callable that takes keyword arguments and returns an :class:`Importance`;
+            ``None``: return the decorator.
+
     Raises:
         PruningError: the name is taken.
     """
@@ -165,6 +187,11 @@ def list_importances() -> list[str]:
 
 def get_importance(criterion: str | Importance, **kwargs: Any) -> Importance:
     """A criterion by name (built with ``kwargs``), or ``criterion`` itself if it is one.
+
+    Args:
+        criterion: a registered name (:func:`list_importances`) or an :class:`Importance`
+            instance.
+        **kwargs: passed to the registered factory (ignored for an instance).
 
     Raises:
         PruningError: unknown name (the message lists the registered ones).

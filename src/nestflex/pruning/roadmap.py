@@ -85,6 +85,8 @@ class Roadmap:
         finetune: the seed's final fine-tuning, when there was one: ``epochs``, validation
             accuracy ``before`` and ``after``, ``kept`` (the fine-tuned weights replaced the
             seed's: they met the goal and did not fall below the seed).
+        schema_version: version of the JSON layout (:data:`SCHEMA_VERSION`; files of older
+            readable versions are read as this one).
     """
 
     model: str
@@ -186,13 +188,15 @@ class Roadmap:
 def roadmap_network(module: nn.Module, roadmap: Roadmap) -> nn.Module:
     """The network inside ``module`` that ``roadmap``'s group names describe.
 
-    ``module`` may be the pruned LightningModule (the network is its ``roadmap.network``
-    attribute) or the plain network itself (what exits, growth and export hold).
+    Args:
+        module: the pruned LightningModule (the network is its ``roadmap.network`` attribute)
+            or the plain network itself (what exits, growth and export hold).
+        roadmap: the roadmap whose group names the network must have.
 
     Raises:
         PruningError: neither ``module`` nor its ``roadmap.network`` has the roadmap's layers.
 
-    Example:
+    Examples:
         >>> from nestflex.models import create_model
         >>> net = create_model("vgg11", width=0.125)
         >>> road = Roadmap("VGG", "l1", 0.5, 0.6, {"features.conv1": 8}, network="model")
@@ -222,12 +226,20 @@ def apply_footprint(model: nn.Module, roadmap: Roadmap, step: int | None = None,
                     input_shape: Sequence[int] | None = None) -> nn.Module:
     """Prune an unpruned ``model`` (in place) to footprint ``step`` (default: the seed).
 
-    ``model``: the LightningModule the roadmap was made on or its network
-    (:func:`roadmap_network`). ``input_shape``: traced at it; default the roadmap's, else the
-    model's own (:func:`nestflex.graph.input_shape_of`).
+    Args:
+        model: the LightningModule the roadmap was made on or its network
+            (:func:`roadmap_network`).
+        roadmap: the pruning run's roadmap.
+        step: the footprint's pruning step; ``None``: the seed (the last kept footprint).
+        input_shape: per-sample input shape the network is traced at; default the roadmap's,
+            else the model's own (:func:`nestflex.graph.input_shape_of`).
+
+    Returns:
+        ``model`` itself, pruned.
 
     Raises:
-        PruningError: the model's groups do not match the roadmap's (another architecture).
+        PruningError: the model's groups do not match the roadmap's (another architecture),
+            or the roadmap has no footprint ``step``.
     """
     net = roadmap_network(model, roadmap)
     graph = trace(net, input_shape if input_shape is not None else roadmap.input_shape)

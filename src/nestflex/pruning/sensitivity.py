@@ -32,7 +32,16 @@ SCHEMA_VERSION = 1
 
 
 def keep_top(scores: torch.Tensor, keep: int) -> torch.Tensor:
-    """Indices of the ``keep`` highest scores, ascending; ties broken by the lower index."""
+    """Indices of the ``keep`` highest scores, ascending; ties broken by the lower index.
+
+    Args:
+        scores: one importance score per channel (1-D).
+        keep: how many channels to keep.
+
+    Examples:
+        >>> keep_top(torch.tensor([0.5, 2.0, 0.5, 1.0]), 2)
+        tensor([1, 3])
+    """
     order = torch.sort(-scores.double(), stable=True).indices
     return torch.sort(order[:keep]).values
 
@@ -42,6 +51,11 @@ def pruned_copy(graph: StructureGraph, group: ChannelGroup, keep: torch.Tensor) 
 
     The copy is of ``graph.gm``, which holds only the model's modules (not, say, a Lightning
     Trainer attached to a LightningModule).
+
+    Args:
+        graph: the traced model.
+        group: the channel group of ``graph`` to prune.
+        keep: indices of the group's channels to keep (e.g. from :func:`keep_top`).
     """
     gm = copy.deepcopy(graph.gm)
     prune_channels(gm, copy.deepcopy(group), keep)
@@ -107,6 +121,17 @@ def allocation_weights(profile: dict, max_drop: float) -> dict[int, float]:
     every smaller fraction is at least ``baseline - max_drop``. Weights are tolerances over the
     largest one. If no group tolerates even the smallest fraction, every group gets weight 1
     (uniform) and a warning says so.
+
+    Args:
+        profile: a sensitivity profile (:func:`sensitivity_profile`).
+        max_drop: the accuracy drop a group may cause and still count as tolerant, as an
+            accuracy difference in [0, 1] (0.02: two points).
+
+    Returns:
+        The weight of each group, by group id.
+
+    Raises:
+        PruningError: ``max_drop`` outside [0, 1].
     """
     if not 0.0 <= max_drop <= 1.0:
         raise PruningError(f"`max_drop` is an accuracy difference in [0, 1], got {max_drop!r}")
@@ -130,7 +155,18 @@ def allocation_weights(profile: dict, max_drop: float) -> dict[int, float]:
 
 
 def plot_sensitivity(profiles: Sequence[dict], png: str | Path, title: str = "", layers: Sequence[str] | None = None) -> None:
-    """One panel per layer, accuracy vs fraction removed, one line per criterion's profile."""
+    """One panel per layer, accuracy vs fraction removed, one line per criterion's profile.
+
+    Needs matplotlib.
+
+    Args:
+        profiles: sensitivity profiles of the same model (:func:`sensitivity_profile`), one per
+            criterion.
+        png: path of the image written (its parent directories are created).
+        title: figure title (empty: none).
+        layers: the group names to plot, one panel each; ``None``: every layer of the first
+            profile.
+    """
     import matplotlib
 
     matplotlib.use("Agg")

@@ -38,7 +38,27 @@ def plan_step(
     (:func:`shrink` of each). Groups whose count comes out 0 are left out of the result; an
     empty result means nothing more can be pruned at this step size.
 
-    Example:
+    Args:
+        graph: the traced model, at its current (possibly already pruned) widths.
+        scores: importance scores by group id, one per current channel; only these groups are
+            pruned.
+        weights: each group's share of the step by group id, in [0, 1]
+            (:func:`~nestflex.pruning.allocation_weights`); a group not listed gets 0.
+        step: fraction of a group's channels removed at weight 1 (e.g. 0.1).
+        min_channels: no group goes below this many channels.
+        round_to: kept widths are multiples of this (1: no rounding; 8 or 16 for SIMD-friendly
+            widths).
+        targets: each group's unrounded width by group id, kept by the caller across steps
+            (used only with ``round_to`` > 1; default: the current width).
+
+    Returns:
+        The indices of the channels to keep (ascending, current indexing), by group id, for the
+        groups that lose at least one channel.
+
+    Raises:
+        PruningError: ``round_to`` is not an int ``>= 1``.
+
+    Examples:
         >>> from nestflex.models import create_model
         >>> from nestflex.graph import trace
         >>> g = trace(create_model("vgg11", width=0.125))
@@ -72,7 +92,13 @@ def shrink(width: int, weight: float, step: float, min_channels: int = 1) -> int
     """A group's unrounded width after one step: ``width - round(step * weight * width)``, never
     below ``min_channels`` (nor above ``width``).
 
-    Example:
+    Args:
+        width: the group's width (or unrounded target width) before the step.
+        weight: the group's share of the step, in [0, 1].
+        step: fraction of the channels removed at weight 1.
+        min_channels: the smallest width allowed.
+
+    Examples:
         >>> shrink(16, 0.2, 0.25), shrink(16, 1.0, 0.25), shrink(3, 1.0, 0.9, min_channels=2)
         (15, 12, 2)
     """
@@ -108,14 +134,28 @@ def decide_step(
     one halved (otherwise one early failure, often noise, would shrink every later step). A step
     that misses it first gets up to ``recover`` more epochs of retraining (``recovered`` so far):
     NestDNN stops when the pruned model *can no longer* meet the goal after retraining, and one
-    short retraining often lands a fraction of a point low by chance (benchmarks/prune_noise.py
+    short retraining often lands a fraction of a point low by chance (benchmarks/pruning/prune_noise.py
     measures how much). A step that still misses it is retried from the seed with half the step,
     at most ``backoff`` times in a row and, when ``retry_budget`` is set, at most that many times
     over the whole roadmap (``rejected``: tries rejected before this one); then the roadmap ends
     with the seed. The budget bounds the stage's time: on a roadmap that grinds at the noise floor
     every rejected try costs a full retraining (docs/pruning.md#time).
 
-    Example:
+    Args:
+        accuracy: the step's retrained validation accuracy, in [0, 1].
+        goal: the accuracy every kept footprint must meet, in [0, 1].
+        scale: the current step-size multiplier (1.0: the full step).
+        retries: consecutive broken steps so far.
+        backoff: the most consecutive retries with a halved step before the roadmap ends.
+        recovered: extra retraining epochs this step has had so far.
+        recover: the most extra retraining epochs a step that misses the goal gets.
+        rejected: tries rejected over the whole roadmap before this one.
+        retry_budget: the most rejected tries over the whole roadmap; ``None``: no limit.
+
+    Returns:
+        The :class:`StepDecision` (action, next scale and retries, stopping reason).
+
+    Examples:
         >>> decide_step(0.90, 0.89, scale=0.5, retries=1, backoff=2)
         StepDecision(action='keep', scale=1.0, retries=0, status=None)
         >>> decide_step(0.88, 0.89, scale=1.0, retries=0, backoff=2, recovered=0, recover=1)

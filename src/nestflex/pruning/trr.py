@@ -16,7 +16,7 @@ triplet images, in batches: every layer's response is reduced in place as the fx
 produces it (nothing but the per-channel sums is kept), and the residual difference uses
 two subtractions into reused buffers and one per-channel dot product each, vectorised over
 channels.
-``benchmarks/trr_cost.py`` measures it against a plain forward pass.
+``benchmarks/pruning/trr_cost.py`` measures it against a plain forward pass.
 """
 
 from __future__ import annotations
@@ -40,6 +40,13 @@ def dataset_targets(data: Dataset | DataLoader) -> torch.Tensor:
 
     Reads a ``targets`` attribute when there is one (torchvision, nestflex datasets); otherwise
     it indexes every sample, which decodes images and is slow on large sets.
+
+    Args:
+        data: a Dataset of ``(image, label)`` samples, a Subset of one, or a DataLoader over
+            one.
+
+    Returns:
+        int64 tensor ``(N,)`` of labels, in the dataset's (or subset's) order.
 
     Raises:
         PruningError: the dataset is empty or its samples carry no integer label.
@@ -71,13 +78,18 @@ def sample_triplets(targets: torch.Tensor, count: int, seed: int = 0) -> torch.T
     Classes with a single sample cannot anchor (there is no positive); they are left out as
     anchors with a warning and still serve as negatives.
 
+    Args:
+        targets: the label of every sample (1-D, integer; :func:`dataset_targets`).
+        count: number of triplets to draw (``>= 1``).
+        seed: seed of the draw.
+
     Returns:
         int64 tensor ``(count, 3)`` of dataset indices.
 
     Raises:
         PruningError: ``count`` < 1, fewer than two classes, or no class with two samples.
 
-    Example:
+    Examples:
         >>> t = sample_triplets(torch.tensor([0, 0, 1, 1, 2]), 4, seed=0)
         >>> t.shape, bool((torch.tensor([0, 0, 1, 1, 2])[t[:, 0]] == torch.tensor([0, 0, 1, 1, 2])[t[:, 1]]).all())
         (torch.Size([4, 3]), True)

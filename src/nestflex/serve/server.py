@@ -82,7 +82,7 @@ def resolve_providers(providers: str | Sequence[str] = "auto") -> tuple[str, ...
     Raises:
         NestflexError: a name this onnxruntime install does not have.
 
-    Example:
+    Examples:
         >>> resolve_providers("cpu")
         ('CPUExecutionProvider',)
     """
@@ -378,7 +378,18 @@ class TailServer:
 
 
 class ServerHandle:
-    """A :class:`TailServer` running in a background thread; :meth:`stop` ends it."""
+    """A :class:`TailServer` running in a background thread; :meth:`stop` ends it.
+
+    Built by :meth:`TailServer.run_in_thread`, not by users; it is also a context manager that
+    stops the server on exit.
+
+    Args:
+        server: the running server.
+        loop: the event loop the server runs on.
+        thread: the background thread running ``loop``.
+        host: the address the server listens on.
+        port: the port the server is bound to (the actual one when ``0`` was asked for).
+    """
 
     def __init__(self, server: TailServer, loop: asyncio.AbstractEventLoop, thread: threading.Thread,
                  host: str, port: int) -> None:

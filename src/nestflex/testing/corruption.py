@@ -2,7 +2,7 @@
 every time for the same ``(kind, seed)``.
 
 Used by the loader's property tests (tests/deploy/test_corruption.py), the CLI test and the fuzz
-benchmark (benchmarks/fuzz.py). A kind is a function ``(root, rng) -> (description, consistent)``
+benchmark (benchmarks/deploy/fuzz.py). A kind is a function ``(root, rng) -> (description, consistent)``
 that damages the bundle directory ``root`` in place; ``consistent`` says the damage rewrote the
 checksums it broke (the manifest digest, a file's size and sha256), as someone who edits a bundle
 on purpose would: such a bundle may load and then compute other outputs (the digest is not a

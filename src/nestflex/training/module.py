@@ -48,7 +48,7 @@ class ImageClassifier(pl.LightningModule):
         ModelError: an argument out of range.
         GraphError: (in a step) a batch whose samples are not ``input_shape``.
 
-    Example:
+    Examples:
         >>> module = ImageClassifier("resnet20", width=0.25)
         >>> module(torch.randn(2, 3, 32, 32)).shape
         torch.Size([2, 10])

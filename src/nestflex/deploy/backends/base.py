@@ -54,11 +54,13 @@ class ExitsContext:
         key: the set's key (``exits`` / ``flex_exits``).
         spec: the set's :class:`~nestflex.deploy.bundle.exit_records.ExitSet`.
         threads: intra-op threads.
-        confidence, fallback: the policy a fused graph bakes in.
+        confidence: the confidence measure a fused graph bakes in.
+        fallback: the fallback a fused graph bakes in.
         active: the early exits evaluated (ascending).
         backbone: the backbone program's nodes (the capacity program when shared).
         level: the level the backbone runs at (its largest when shared, 0 when own).
-        backbone_tensors, head_tensors: their weights on demand (numpy).
+        backbone_tensors: the backbone's weights on demand (numpy).
+        head_tensors: the heads' weights on demand (numpy).
         fused: whether a single frame may run as one fused early-exit graph (faster per frame,
             more memory: see :class:`~nestflex.deploy.runtime.progressive.ProgressiveRuntime`).
     """
@@ -132,22 +134,49 @@ _BACKENDS: Registry[Backend] = Registry("execution backend", BackendError, accep
 
 
 def register_backend(backend: Backend, *, overwrite: bool = False) -> Backend:
-    """Add an execution backend (an instance with a ``name``)."""
+    """Add an execution backend (an instance with a ``name``).
+
+    Args:
+        backend: the :class:`Backend` instance, registered under its ``name``.
+        overwrite: replace a backend already registered under that name.
+
+    Returns:
+        ``backend`` itself.
+
+    Raises:
+        BackendError: the name is taken (and ``overwrite`` is false) or not a non-empty string.
+    """
     return _BACKENDS.register(backend.name, backend, overwrite=overwrite)
 
 
 def list_backends(available_only: bool = False) -> list[str]:
-    """Registered backend names (only those whose package is installed with ``available_only``)."""
+    """Registered backend names, sorted.
+
+    Args:
+        available_only: list only the backends whose package is installed.
+    """
     return [n for n in _BACKENDS.names() if not available_only or _BACKENDS.get(n).available()]
 
 
 def get_backend(name: str | Backend) -> Backend:
+    """A registered execution backend by name, or ``name`` itself if it is a :class:`Backend`.
+
+    Args:
+        name: a name from :func:`list_backends`, or a :class:`Backend` instance.
+
+    Raises:
+        BackendError: unknown name (the message lists the registered ones).
+    """
     return _BACKENDS.get(name)
 
 
 def tuned_dir(bundle: Any) -> Path:
     """Where files tuned for ``bundle`` on this device go: ``<bundle>.tuned/<manifest digest[:16]>/``
-    (beside the bundle, like the plan; a re-exported bundle gets a new folder)."""
+    (beside the bundle, like the plan; a re-exported bundle gets a new folder).
+
+    Args:
+        bundle: a loaded bundle (:class:`~nestflex.deploy.bundle.Bundle`).
+    """
     from nestflex.deploy.bundle.loader import bundle_id
 
     p = Path(bundle.path)
@@ -157,6 +186,12 @@ def tuned_dir(bundle: Any) -> Path:
 def calibration_split(bundle: Any) -> tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]:
     """The bundle's samples as (calibration half, check half): int8 ranges are fitted on the first,
     accuracy is judged on the second, so the check is not in-sample.
+
+    Args:
+        bundle: a loaded bundle (:class:`~nestflex.deploy.bundle.Bundle`) that ships samples.
+
+    Returns:
+        ``((x, y), (x, y))``: the first half of the samples and their labels, then the second.
 
     Raises:
         BackendError: the bundle ships no samples (or fewer than 2).

@@ -1,6 +1,6 @@
 """Per-operator time of an ONNX graph in onnxruntime, from onnxruntime's own profiler.
 
-What a level's time is made of (``benchmarks/level_profile.py``) and which layers run slower in
+What a level's time is made of (``benchmarks/synthesis/level_profile.py``) and which layers run slower in
 int8 than in float32 on this device (:func:`nestflex.deploy.backends.quantize.slow_int8_layers`) both come
 from here. The profiler adds its own cost to every operator, so the times are for comparing
 operators and graphs profiled alike, not for adding up to a call's wall time.

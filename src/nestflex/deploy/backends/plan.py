@@ -24,8 +24,16 @@ _DEFAULT = "onnxruntime"
 class LevelPlan:
     """One level's configuration and what it measured when it was chosen.
 
-    ``eager_ms``: the reference configuration's time (:attr:`ExecutionPlan.reference` at one
-    thread; the name is the plan format's, from when the reference was always ``eager``)."""
+    Attributes:
+        backend: name of the execution backend (:func:`list_backends`).
+        threads: intra-op threads, in [1, 1024].
+        latency_ms: measured time per call with this configuration, in ms (``None``: not
+            measured).
+        eager_ms: the reference configuration's time in ms (:attr:`ExecutionPlan.reference` at
+            one thread; the name is the plan format's, from when the reference was always
+            ``eager``).
+        accuracy: accuracy on the bundle's check samples, when it ships them, in [0, 1].
+    """
 
     backend: str = _DEFAULT
     threads: int = 1
@@ -42,16 +50,23 @@ class LevelPlan:
 class ExitsPlan:
     """One exit set's configuration (its stages and heads) and what it measured.
 
-    ``latency_ms`` / ``eager_ms``: per exit, what one frame that leaves there costs (the early-exit
-    call: the stages up to it, every head on the way and the policy), with this configuration /
-    the reference (:attr:`ExecutionPlan.reference`) at 1 thread, every early exit evaluated.
+    A head costs time whatever its MACs; one that few samples leave at costs every later sample
+    more than it saves, so the synthesis keeps the subset of early exits with the least measured
+    mean latency (:func:`~nestflex.deploy.tune.choose_active_exits`); a dropped exit's samples
+    go on to the next kept one.
 
-    ``active``: the early exits the runtime evaluates (``None``: all). A head costs time whatever
-    its MACs; one that few samples leave at costs every later sample more than it saves, so the
-    synthesis keeps the subset with the least measured mean latency
-    (:func:`choose_active_exits`); a dropped exit's samples go on to the next kept one.
-    ``mean_ms``: the mean latency per frame it measured with ``active``, against ``all_mean_ms``
-    with every exit (both on the samples the choice was made on)."""
+    Attributes:
+        backend: name of the execution backend (:func:`list_backends`).
+        threads: intra-op threads, in [1, 1024].
+        latency_ms: per exit, what one frame that leaves there costs in ms (the early-exit call:
+            the stages up to it, every head on the way and the policy) with this
+            configuration, every early exit evaluated.
+        eager_ms: the same with the reference (:attr:`ExecutionPlan.reference`) at 1 thread.
+        active: the early exits the runtime evaluates (``None``: all).
+        mean_ms: the mean latency per frame in ms measured with ``active`` (on the samples the
+            choice was made on).
+        all_mean_ms: the same with every exit evaluated.
+    """
 
     backend: str = _DEFAULT
     threads: int = 1
@@ -204,14 +219,26 @@ def _backend_and_threads(r: Any, where: str) -> tuple[str, int]:
 
 
 def plan_path(bundle: Any) -> Path:
-    """Where a bundle's plan lives: beside it, ``<bundle dir>.plan.json``."""
+    """Where a bundle's plan lives: beside it, ``<bundle dir>.plan.json``.
+
+    Args:
+        bundle: a loaded bundle (:class:`~nestflex.deploy.bundle.Bundle`).
+    """
     p = Path(bundle.path)
     return p.with_name(p.name + ".plan.json")
 
 
 def load_plan(bundle: Any) -> ExecutionPlan | None:
     """The plan beside ``bundle``, or ``None`` when there is none or it was tuned for another bundle
-    (with a warning: the bundle was re-exported since)."""
+    (with a warning: the bundle was re-exported since).
+
+    Args:
+        bundle: a loaded bundle (:class:`~nestflex.deploy.bundle.Bundle`).
+
+    Raises:
+        BackendError: the plan file cannot be read, is not a valid plan, or has another number
+            of levels than the bundle.
+    """
     from nestflex.deploy.bundle.loader import bundle_id
 
     path = plan_path(bundle)
@@ -237,6 +264,12 @@ def resolve(plan_level: LevelPlan | ExitsPlan) -> tuple[Backend, int]:
     """The backend to use for a plan entry: itself, or (with a warning) the first installed of
     ``onnxruntime`` (the base install's) and ``eager`` when its package is missing.
 
+    Args:
+        plan_level: a level's or an exit set's entry of an :class:`ExecutionPlan`.
+
+    Returns:
+        ``(backend, threads)``: the backend to run and the entry's thread count.
+
     Raises:
         BackendError: the entry's package is missing and so are both fallbacks'.
     """
@@ -255,6 +288,10 @@ def resolve(plan_level: LevelPlan | ExitsPlan) -> tuple[Backend, int]:
 def writable_plan_path(bundle: Any, path: str | os.PathLike | None = None) -> Path:
     """Where the plan goes (beside ``bundle`` unless ``path``), checked writable before any measuring.
 
+    Args:
+        bundle: a loaded bundle (:class:`~nestflex.deploy.bundle.Bundle`).
+        path: where to write the plan instead (``None``: :func:`plan_path`).
+
     Raises:
         BackendError: the folder does not exist or is not writable (the bundle's own files are never touched).
     """
@@ -272,8 +309,20 @@ def writable_plan_path(bundle: Any, path: str | os.PathLike | None = None) -> Pa
 
 
 def write_plan(bundle: Any, plan: ExecutionPlan, path: str | os.PathLike | None = None) -> Path:
-    """Store ``plan`` beside ``bundle`` (or at ``path``), atomically. Raises :class:`BackendError` (see
-    :func:`writable_plan_path`)."""
+    """Store ``plan`` beside ``bundle`` (or at ``path``), atomically.
+
+    Args:
+        bundle: a loaded bundle (:class:`~nestflex.deploy.bundle.Bundle`).
+        plan: the plan to store.
+        path: where to write it instead (``None``: :func:`plan_path`).
+
+    Returns:
+        The path written.
+
+    Raises:
+        BackendError: the folder does not exist or is not writable (see
+            :func:`writable_plan_path`).
+    """
     from nestflex._io import write_json
 
     return write_json(writable_plan_path(bundle, path), plan.to_json())

@@ -28,6 +28,12 @@ def float_layers(bundle: Any) -> tuple[str, ...]:
     """The layers the bundle's precision plan does not assign to int8 (float32, bfloat16: onnxruntime
     runs both as float32 here).
 
+    Args:
+        bundle: a loaded bundle (:class:`~nestflex.deploy.bundle.Bundle`).
+
+    Returns:
+        The layer names (``features.conv1``), sorted.
+
     Raises:
         BackendError: the bundle has no per-layer precision plan.
     """
@@ -96,10 +102,20 @@ def slow_int8_layers(bundle: Any, runs: int = 200) -> tuple[str, ...]:
 def quantize_level(bundle: Any, level: int, keep_float: Sequence[str] = (), pad_to: int = 1) -> Path:
     """The int8 (QDQ) graph of ``level``: from the cache beside the bundle, or built now and cached.
 
-    ``keep_float``: layer names (``features.conv1``) whose operators stay float32 (a mixed plan).
-    ``pad_to``: quantise the level with its widths zero-padded to this multiple (:func:`pad_level`).
     Building takes well under a second for the recipe's levels; a bundle folder that cannot be
-    written beside gets a cache in the temp folder instead.
+    written beside gets a cache in the temp folder instead. Calibration uses the first half of
+    the bundle's samples (:func:`calibration_split`).
+
+    Args:
+        bundle: a loaded bundle (:class:`~nestflex.deploy.bundle.Bundle`) that ships samples.
+        level: the level to quantise, ``0`` to ``bundle.num_levels - 1``.
+        keep_float: layers whose operators stay float32 (a mixed plan): layer names
+            (``features.conv1``) or ONNX node-name scopes (``/features/conv1/``).
+        pad_to: quantise the level with its widths zero-padded to this multiple
+            (:func:`pad_level`; 1: no padding).
+
+    Returns:
+        The path of the cached int8 ONNX graph.
 
     Raises:
         MissingOnnxError: the graph is not cached and the ``onnx`` package (``nestflex[tune]``, which

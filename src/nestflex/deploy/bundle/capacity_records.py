@@ -23,7 +23,8 @@ class LevelRow(_Record):
     Attributes:
         level: the level index (rows are listed smallest first, ``level == index``).
         accuracy: top-1 in [0, 1], or ``None`` when not measured.
-        params, macs: parameters and multiply-accumulates per sample.
+        params: parameters.
+        macs: multiply-accumulates per sample.
         memory_mb: weight memory, MB.
         latency_ms: ``{batch size: ms}`` (keys are strings), a single number, or ``None``.
         widths: output channels of every conv/linear at this level.

@@ -14,6 +14,10 @@ __all__ = [
 class BundleError(NestflexError, ValueError):
     """A bundle is missing, corrupt, tampered with, of an unknown version, or used wrongly.
 
+    Args:
+        message: what is wrong, with a ``HINT:`` where one helps.
+        problems: every problem found, one line each, when the loader collected several.
+
     Attributes:
         problems: every problem found, one line each (``()`` for a single-cause error).
     """

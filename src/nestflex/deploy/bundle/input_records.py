@@ -21,7 +21,8 @@ class InputSpec(_Record):
         shape: per-sample shape, e.g. ``(3, 32, 32)``.
         dtype: ``float32``.
         layout: ``NCHW``.
-        mean, std: per-channel normalisation (one per ``shape[0]``), or ``None``.
+        mean: per-channel normalisation mean (one per ``shape[0]``), or ``None``.
+        std: per-channel normalisation standard deviation (one per ``shape[0]``), or ``None``.
         note: how to normalise, for people.
         scale: factor from the raw input to the range ``mean``/``std`` apply to (``1/255`` for
             8-bit images); ``None`` when the data's own transforms define the range (the note says so).

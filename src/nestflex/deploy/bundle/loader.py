@@ -72,7 +72,11 @@ EXIT_SETS = {key: kind for kind, key in EXIT_SET_KEYS.items()}
 
 
 def file_digest(path: str | os.PathLike) -> str:
-    """Hex sha256 of a file, read in 1 MiB chunks."""
+    """Hex sha256 of a file, read in 1 MiB chunks.
+
+    Args:
+        path: the file to hash.
+    """
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
@@ -425,7 +429,14 @@ class Bundle:
 
 
 def bundle_id(bundle: Any) -> str:
-    """The identity both ends of a split compare: the manifest's sha256 (it covers every file's digest)."""
+    """The identity both ends of a split compare: the manifest's sha256 (it covers every file's digest).
+
+    Args:
+        bundle: a loaded :class:`Bundle` (anything with its ``manifest`` dict).
+
+    Returns:
+        The hex digest, or ``""`` when the manifest records none.
+    """
     return str((bundle.manifest.get("integrity") or {}).get("manifest_sha256", ""))
 
 

@@ -32,7 +32,7 @@ but importing it with one model class costs 220-330 ms and +16 MB RSS on the 2-c
 runtime was measured on (numpy alone takes ~200-250 ms and 25 MB), against the light runtime's goals
 of import + load <= 0.5 s and <= 100 MB; so the reader stays hand-written.
 
-Example:
+Examples:
     >>> m = Manifest.from_json(json.load(open("model.nfx/manifest.json")))  # doctest: +SKIP
     >>> [s.kind for s in m.exit_sets], m.num_levels                         # doctest: +SKIP
     (['progressive', 'flexdnn'], 3)
@@ -114,8 +114,10 @@ class Manifest(_Record):
     current :data:`SCHEMA_VERSION`).
 
     Attributes:
-        producer, input: :class:`Producer`, :class:`InputSpec`.
-        num_classes, classes: logits per sample; class names or ``None``.
+        producer: who wrote the bundle (:class:`Producer`).
+        input: what the model takes (:class:`InputSpec`).
+        num_classes: logits per sample.
+        classes: class names, index = label, or ``None``.
         levels: one :class:`LevelRow` per level, smallest first.
         capacity: the multi-capacity backbone (:class:`Capacity`).
         weights: the tensor table (:class:`Weights`).
@@ -128,7 +130,7 @@ class Manifest(_Record):
         files: path -> :class:`FileEntry`, every file but the manifest.
         model: the producer's provenance (free-form JSON object), or ``None``.
         switching: measured level switches (objects with ``from``, ``to``, ``nested_ms``), or ``None``.
-        created_unix: export time.
+        created_unix: export time, in seconds since the Unix epoch.
         integrity: ``{"manifest_sha256": ...}`` (:func:`manifest_digest`), or ``None`` before it is computed.
         extra: top-level keys this version does not know (kept, written back).
         schema_version: the version the manifest was *read* in (1 for an upgraded bundle; not compared).

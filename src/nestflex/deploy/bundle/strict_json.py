@@ -82,7 +82,7 @@ def parse_json(data: bytes, what: str, hint: str) -> Any:
     Raises:
         BundleError: ``{what} is not valid JSON (...)`` or ``{what} exceeds a JSON limit: ...``, with the hint.
 
-    Example:
+    Examples:
         >>> parse_json(b'{"a": [1, 2.5]}', "x.json", "fix it")
         {'a': [1, 2.5]}
         >>> parse_json(b'{"a": NaN}', "x.json", "fix it")

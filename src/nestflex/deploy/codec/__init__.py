@@ -13,7 +13,7 @@ All of it runs on numpy, so the device needs no torch. Following the runtime's a
 tensors out (the training side passes tensors unchanged); :func:`decode` starts from bytes and
 returns numpy arrays.
 
-Example:
+Examples:
     >>> import numpy as np
     >>> x = np.maximum(np.random.default_rng(0).standard_normal((8, 16, 32, 32)), 0).astype(np.float32)
     >>> frame = encode([x], bits=4)

@@ -97,7 +97,7 @@ class BloscLZ4Codec(Codec):
     Why numcodecs: it is maintained, ships wheels that need only numpy, and its Blosc has a
     SIMD bit shuffle. On byte-per-code ISQuant output the shuffle makes the ``8 - b`` unused bit
     planes all-zero runs, so no separate bit packing is needed (docs/codec.md has the measured
-    ratios from ``benchmarks/codec.py``).
+    ratios from ``benchmarks/split/codec.py``).
 
     Args:
         clevel: Blosc compression level 0..9 (5 is Blosc's default and a good speed/ratio point).
@@ -214,7 +214,7 @@ def register_codec(codec: Codec, *, replace: bool = False) -> Codec:
         CodecError: If ``codec`` is not a Codec, its id is out of 0..255, or its name or id is
             taken by another codec.
 
-    Example:
+    Examples:
         >>> class Lz4Fast(LZ4FrameCodec):
         ...     name, id = "lz4_doc_example", 200
         >>> register_codec(Lz4Fast(), replace=True).name in list_codecs()
@@ -244,7 +244,7 @@ def register_codec(codec: Codec, *, replace: bool = False) -> Codec:
 def list_codecs() -> list[str]:
     """Names of the registered codecs, sorted.
 
-    Example:
+    Examples:
         >>> [n for n in list_codecs() if n in ("blosc_lz4", "lz4", "raw", "zlib")]
         ['blosc_lz4', 'lz4', 'raw', 'zlib']
     """
@@ -254,10 +254,13 @@ def list_codecs() -> list[str]:
 def get_codec(codec: str | Codec) -> Codec:
     """Return the codec registered as ``codec``, or ``codec`` itself if it is a :class:`Codec`.
 
+    Args:
+        codec: A registered name (:func:`list_codecs`) or a :class:`Codec` instance.
+
     Raises:
         CodecError: For an unknown name (the message lists the known ones) or another type.
 
-    Example:
+    Examples:
         >>> get_codec("zlib").id
         3
     """

@@ -197,7 +197,7 @@ def encode(
         CodecError: For a non-sequence, a non-float or oversized tensor, a rank above 8, an
             unknown codec, or the cases :func:`~.isquant.isquant` rejects.
 
-    Example:
+    Examples:
         >>> rng = np.random.default_rng(0)
         >>> x = np.maximum(rng.standard_normal((2, 4, 8, 8)), 0).astype(np.float32)
         >>> np.array_equal(decode(encode([x], bits=None))[0], x)
@@ -367,10 +367,18 @@ def inspect_frame(
 ) -> list[TensorInfo]:
     """Validate ``frame`` and describe its tensors without decompressing anything.
 
+    Args:
+        frame: The frame bytes (made by :func:`encode`).
+        max_elements: Largest total element count accepted (as :func:`decode`).
+        max_tensors: Largest tensor count accepted.
+
+    Returns:
+        One :class:`TensorInfo` per tensor, in order.
+
     Raises:
         CodecError: As :func:`decode`, except for payloads that fail to decompress.
 
-    Example:
+    Examples:
         >>> info = inspect_frame(encode([np.zeros((2, 3), np.float32)], bits=4, codec="raw"))
         >>> info[0].dtype, info[0].shape, info[0].bits, info[0].codec, info[0].raw_bytes
         ('float32', (2, 3), 4, 'raw', 3)
@@ -401,7 +409,7 @@ def decode(
     Raises:
         CodecError: For anything malformed, truncated, oversized or tampered with; nothing else.
 
-    Example:
+    Examples:
         >>> decode(encode([np.array([[0.0, 1.0, 2.0, 3.0]], np.float32)], bits=2))
         [array([[0., 1., 2., 3.]], dtype=float32)]
     """

@@ -90,7 +90,7 @@ class QuantizedTensor:
 def check_bits(bits: object, name: str = "bits") -> int:
     """Return ``bits`` if it is an int in ``MIN_BITS..MAX_BITS``, else raise :class:`CodecError`.
 
-    Example:
+    Examples:
         >>> check_bits(4)
         4
     """
@@ -220,7 +220,7 @@ def isquant(x: ArrayLike, bits: int, per_sample: bool = True) -> QuantizedTensor
         CodecError: If ``bits`` is out of range, ``x`` is not a real array, holds NaN/Inf or
             values beyond float32, or ``per_sample`` is requested for a 0-d tensor.
 
-    Example:
+    Examples:
         >>> x = np.array([[0.0, 1.0, 2.0, 3.0], [5.0, 5.0, 5.0, 5.0]])
         >>> qt = isquant(x, bits=2)
         >>> qt.q.tolist(), qt.lo.tolist(), qt.scale.tolist()
@@ -251,7 +251,7 @@ def dequantize(qt: QuantizedTensor) -> np.ndarray:
     Returns:
         A float32 array of ``qt.q``'s shape; a torch tensor when ``qt.q`` is one.
 
-    Example:
+    Examples:
         >>> x = np.array([[1.0, 2.0, 3.0]])
         >>> err = np.abs(dequantize(isquant(x, bits=8)) - x).max()
         >>> bool(err <= (3.0 - 1.0) / 255 / 2)
@@ -290,7 +290,7 @@ def fake_quantize(x: ArrayLike, bits: int | None, per_sample: bool = True) -> np
     Raises:
         CodecError: As :func:`isquant`.
 
-    Example:
+    Examples:
         >>> x = np.array([[0.0, 0.4, 1.0]], dtype=np.float32)
         >>> fake_quantize(x, 1)
         array([[0., 0., 1.]], dtype=float32)
@@ -322,7 +322,7 @@ def fixed_quantize(x: ArrayLike, bits: int, lo: float, hi: float) -> QuantizedTe
         CodecError: If ``bits`` is out of range, ``lo``/``hi`` are not finite with ``lo < hi``,
             or ``x`` is not a real array or holds NaN/Inf.
 
-    Example:
+    Examples:
         >>> qt = fixed_quantize(np.array([-1.0, 0.5, 9.0]), bits=1, lo=0.0, hi=1.0)
         >>> qt.q.tolist(), dequantize(qt).tolist()
         ([0, 0, 1], [0.0, 0.0, 1.0])

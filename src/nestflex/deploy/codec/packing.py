@@ -50,7 +50,15 @@ def _check_layout(layout: str) -> str:
 def packed_size(n: int, bits: int, layout: str = "dense") -> int:
     """Bytes that ``n`` codes of ``bits`` bits take once packed in ``layout``.
 
-    Example:
+    Args:
+        n: Number of codes, ``>= 0``.
+        bits: Bitwidth, 1..16.
+        layout: ``"dense"`` (bit-packed) or ``"bytes"`` (one byte / uint16 per code).
+
+    Raises:
+        CodecError: If an argument is out of range.
+
+    Examples:
         >>> packed_size(10, 4), packed_size(10, 3), packed_size(10, 12), packed_size(10, 3, "bytes")
         (5, 6, 15, 10)
     """
@@ -81,7 +89,7 @@ def pack_codes(codes: ArrayLike, bits: int, layout: str = "dense") -> bytes:
     Returns:
         ``packed_size(n, bits, layout)`` bytes for ``n`` codes.
 
-    Example:
+    Examples:
         >>> pack_codes(np.array([1, 2, 3], dtype=np.uint8), 4).hex()
         '2103'
         >>> pack_codes(np.array([1, 2, 3], dtype=np.uint8), 4, "bytes").hex()
@@ -121,10 +129,16 @@ def unpack_codes(data: bytes | memoryview, n: int, bits: int, layout: str = "den
     Codes of the ``"bytes"`` layout are masked to ``bits`` bits, so a tampered payload can never
     yield a code outside ``[0, 2**bits)``.
 
+    Args:
+        data: The packed bytes.
+        n: Number of codes packed.
+        bits: Bitwidth, 1..16.
+        layout: ``"dense"`` (bit-packed) or ``"bytes"`` (one byte / uint16 per code).
+
     Raises:
         CodecError: If ``data`` does not hold exactly ``packed_size(n, bits, layout)`` bytes.
 
-    Example:
+    Examples:
         >>> unpack_codes(bytes.fromhex("2103"), 3, 4).tolist()
         [1, 2, 3]
     """

@@ -60,7 +60,7 @@ def compression_pays_off(
     Raises:
         CodecError: If an argument is negative, NaN, or (bandwidth) zero.
 
-    Example:
+    Examples:
         >>> compression_pays_off(1_000_000, 100_000, 10e6, 0.002, 0.001)   # 10 MB/s link
         True
         >>> compression_pays_off(1_000_000, 100_000, 10e9, 0.002, 0.001)   # 10 GB/s link
@@ -76,9 +76,20 @@ def compression_pays_off(
 def break_even_bandwidth(raw_bytes: float, compressed_bytes: float, encode_s: float, decode_s: float) -> float:
     """Bandwidth (bytes/s) below which compression pays off: ``(R - C) / (t_enc + t_dec)``.
 
-    Returns ``inf`` for free compression that saves bytes and ``0`` when it saves none.
+    Args:
+        raw_bytes: Bytes sent without compression (``R``).
+        compressed_bytes: Bytes sent with it, side information included (``C``).
+        encode_s: Compression time on the sender, seconds.
+        decode_s: Decompression time on the receiver, seconds.
 
-    Example:
+    Returns:
+        The break-even bandwidth in bytes/s: ``inf`` for free compression that saves bytes and
+        ``0`` when it saves none.
+
+    Raises:
+        CodecError: If an argument is negative, NaN or infinite.
+
+    Examples:
         >>> break_even_bandwidth(1_000_000, 100_000, 0.002, 0.001)
         300000000.0
     """
@@ -141,7 +152,7 @@ def measure_codec(
     Raises:
         CodecError: If ``repeats`` is not an int ``>= 1``, or as :func:`~.frame.encode`.
 
-    Example:
+    Examples:
         >>> x = np.maximum(np.random.default_rng(0).standard_normal((4, 8, 16, 16)), 0).astype(np.float32)
         >>> t = measure_codec(x, bits=4, repeats=1)
         >>> t.raw_bytes > t.compressed_bytes

@@ -47,7 +47,7 @@ Floating-point weights are written as float32 (the activations' type); index ten
 integer type. Graph values keep the program's node names, so a stage's inputs and outputs are fed
 and read by the names :func:`cut_program` gives them.
 
-Example:
+Examples:
     >>> import numpy as np, onnxruntime as ort
     >>> from types import SimpleNamespace as Node
     >>> nodes = [Node(name="x", op="input", args=(), attrs={}, params=None),
@@ -379,7 +379,7 @@ def infer_shapes(nodes: Sequence[Any], tensors: Mapping[str, Any], inputs: Mappi
         OnnxGraphError: an op without a conversion, a missing tensor or input shape, an argument
             that names no earlier value, a shape a node cannot take (named in the message).
 
-    Example:
+    Examples:
         >>> from types import SimpleNamespace as Node
         >>> pool = Node(name="pool", op="max_pool2d", args=("x",), params=None, attrs={
         ...     "kernel_size": 3, "stride": 2, "padding": 0, "dilation": 1, "ceil_mode": True})
@@ -685,7 +685,7 @@ def program_to_onnx(nodes: Sequence[Any], tensors: Mapping[str, Any], inputs: Ma
         OnnxGraphError: an op outside :data:`SUPPORTED_OPS`, a missing tensor or input shape, a
             shape a node cannot take, an output that names no value.
 
-    Example:
+    Examples:
         >>> import numpy as np
         >>> from types import SimpleNamespace as Node
         >>> relu = Node(name="r", op="relu", args=("x",), attrs={}, params=None)
@@ -703,9 +703,12 @@ def stages_to_onnx(stages: Sequence[tuple[Sequence[str], Sequence[Any], Sequence
 
     Args:
         stages: ``(inputs, nodes, outputs)`` per stage, as ``cut_program`` returns them.
-        tensors, level, producer: as for :func:`program_to_onnx`.
+        tensors: tensor name -> numpy array, already cut to ``level``'s region (as for
+            :func:`program_to_onnx`).
         inputs: the first stage's input shapes (``{"x": (None, 3, 32, 32)}``).
+        level: the level whose params the nodes read (``level_params(level)``).
         name: the graphs' names, suffixed with the stage number.
+        producer: the models' ``producer_name``.
 
     Returns:
         One model per stage; stage ``k`` takes stage ``k - 1``'s outputs by name.

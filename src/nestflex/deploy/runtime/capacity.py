@@ -14,7 +14,7 @@ prefix along the input channels too, which is not contiguous). So either
   levels' weights rather than the largest level's; or
 * ``keep="active"``: only the running level's session is held (one model's memory, NestDNN's
   claim); a switch drops it and builds the new one from the optimised graph cached beside the
-  bundle (a few milliseconds, measured in benchmarks/deploy_footprint.py).
+  bundle (a few milliseconds, measured in benchmarks/deploy/deploy_footprint.py).
 
 The paged ``eager`` backend keeps one copy of the nested weights and pages the delta on a switch
 (the accounting of :func:`nestflex.capacity.profile.paging_bytes`). :attr:`CapacityRuntime.resident_bytes`

@@ -48,7 +48,7 @@ class ProgressiveRuntime:
             frame instead of one per stage and head) when the set's own confidence and fallback
             apply. Its price is memory: the graph holds a second copy of the set's float weights
             beside the stage sessions that batches use (about 10 MB per set of the default recipe's
-            bundle; benchmarks/deploy_footprint.py measures the process with and without it).
+            bundle; benchmarks/deploy/deploy_footprint.py measures the process with and without it).
             ``False``: stage by stage, sessions opened on first use.
 
     Attributes:
@@ -232,8 +232,12 @@ class ProgressiveRuntime:
 
         Args:
             x: normalised input batch.
-            thresholds, confidence, fallback: override the bundle's calibrated values
-                (``thresholds``: one per early exit of the set, kept or not).
+            thresholds: override the bundle's calibrated thresholds: one per early exit of the
+                set, kept or not (or one number for all); ``None``: the calibrated ones.
+            confidence: override the confidence measure (a registered name or a callable,
+                :func:`~nestflex.deploy.exits.get_confidence`); ``None``: the set's own.
+            fallback: override what answers a sample that passed no early exit
+                (``"most_confident"`` or ``"final"``); ``None``: the set's own.
         """
         arr, back = self._ready(x), as_numpy(x)[1]
         thresholds = self.thresholds if thresholds is None else thresholds

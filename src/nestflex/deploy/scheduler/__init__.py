@@ -10,7 +10,7 @@
   device, a link and a server (:class:`JointScheduler`, its exact yardstick);
 * :mod:`.registry` - schedulers by name.
 
-Example:
+Examples:
     >>> rows = [{"level": 0, "accuracy": 0.80, "memory_mb": 1.0, "latency_ms": {"1": 2.0}},
     ...         {"level": 1, "accuracy": 0.85, "memory_mb": 2.0, "latency_ms": {"1": 3.0}}]
     >>> apps = [AppProfile.from_levels(n, rows, max_latency_ms=10.0) for n in ("a", "b", "c")]

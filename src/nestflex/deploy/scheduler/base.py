@@ -65,7 +65,7 @@ def cost(app: AppProfile, level_index: int, share: float, alpha: float) -> float
     Raises:
         SchedulerError: ``share`` or ``alpha`` out of range, or ``level_index`` not a level.
 
-    Example:
+    Examples:
         >>> rows = [{"level": 0, "accuracy": 0.80, "memory_mb": 1.0, "latency_ms": {"1": 2.0}},
         ...         {"level": 1, "accuracy": 0.85, "memory_mb": 2.0, "latency_ms": {"1": 3.0}}]
         >>> app = AppProfile.from_levels("cam", rows, max_latency_ms=10.0)
@@ -161,6 +161,13 @@ def _check_alpha(alpha: float) -> None:
 
 def check_problem(apps: Sequence[AppProfile], memory_mb: float, alpha: float, unit: float | None) -> int:
     """Validate a scheduling problem; return the number of compute units (0 if ``unit`` is None).
+
+    Args:
+        apps: the running applications (:class:`AppProfile`, unique names).
+        memory_mb: S_max, memory available to all apps together, in MB.
+        alpha: latency weight in [0, 1].
+        unit: indivisible compute unit; ``1 / unit`` must be a whole number at least the number
+            of apps. ``None``: no compute split to check.
 
     Raises:
         SchedulerError: no apps, duplicate names, a non-AppProfile, memory budget below the

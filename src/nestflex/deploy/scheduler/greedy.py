@@ -173,8 +173,14 @@ class GreedyScheduler(Scheduler):
 
     Args:
         objective: ``"total"`` (MinTotalCost) or ``"max"`` (MinMaxCost).
+        jump: also offer, at each step, the move that gives an app at once the units a level
+            needs to meet its latency goal, judged by cost decrease per unit (``"total"``
+            only; ``False``: the paper's one-unit rule, see :func:`greedy_allocate`).
 
-    Example:
+    Raises:
+        SchedulerError: an unknown objective, or ``jump`` with objective ``"max"``.
+
+    Examples:
         >>> rows = [{"level": 0, "accuracy": 0.80, "memory_mb": 1.0, "latency_ms": {"1": 2.0}},
         ...         {"level": 1, "accuracy": 0.85, "memory_mb": 2.0, "latency_ms": {"1": 3.0}}]
         >>> apps = [AppProfile.from_levels(n, rows, max_latency_ms=10.0) for n in ("a", "b")]
@@ -204,12 +210,18 @@ class CachedGreedyScheduler(Scheduler):
         cache_fraction: share of the units given when the partial state is cached, in (0, 1).
         refresh_every: every this many calls a full greedy run refreshes the cache (>= 1; 1 means
             always full).
+        jump: also offer, at each step, the move that gives an app at once the units a level
+            needs to meet its latency goal, judged by cost decrease per unit (``"total"``
+            only; ``False``: the paper's one-unit rule, see :func:`greedy_allocate`).
+
+    Raises:
+        SchedulerError: an argument out of range, or ``jump`` with objective ``"max"``.
 
     Attributes:
         last_used_cache: whether the last :meth:`schedule` call resumed from the cache.
         calls: number of :meth:`schedule` calls so far.
 
-    Example:
+    Examples:
         >>> rows = [{"level": 0, "accuracy": 0.80, "memory_mb": 1.0, "latency_ms": {"1": 2.0}},
         ...         {"level": 1, "accuracy": 0.85, "memory_mb": 2.0, "latency_ms": {"1": 3.0}}]
         >>> apps = [AppProfile.from_levels(n, rows, max_latency_ms=10.0) for n in ("a", "b")]

@@ -38,7 +38,7 @@ apps are the same): it moves one app at a time to its best option given the othe
 move helps. :class:`ExactJointScheduler` enumerates every combination of the fronts (small
 instances) to measure the heuristic's gap.
 
-Example:
+Examples:
     >>> local = JointOption(level=1, accuracy=0.90, device_ms=20.0, memory_mb=4.0)
     >>> small = JointOption(level=0, accuracy=0.80, device_ms=8.0, memory_mb=2.0)
     >>> split = JointOption(level=1, accuracy=0.89, device_ms=4.0, memory_mb=4.0, split="s1", bits=4,
@@ -205,8 +205,11 @@ class JointAllocation:
     """One app's configuration and its predicted outcome.
 
     Attributes:
-        app: its name; ``option``: the chosen configuration.
-        cost: ``C_v``; ``slowdown``: ``s_v``; ``fps``: the predicted frame rate ``fps / s_v``.
+        app: the app's name.
+        option: the chosen configuration.
+        cost: its cost ``C_v``.
+        slowdown: its predicted slowdown ``s_v`` (>= 1) from sharing the device, link and server.
+        fps: the predicted frame rate ``fps / s_v``.
     """
 
     app: str
@@ -221,7 +224,10 @@ class JointDecision:
     """A joint scheduler's answer.
 
     Attributes:
-        scheduler, objective, alpha: how it was decided; ``value``: the objective's value.
+        scheduler: name of the scheduler that decided.
+        objective: ``"total"`` (MinTotalCost) or ``"max"`` (MinMaxCost).
+        alpha: the latency weight it was decided with, in [0, 1].
+        value: the objective's value (the sum or the maximum of the apps' costs).
         allocations: one per app, in the order given.
         loads: ``rho`` of the device, the link and the server.
         memory_mb: memory the chosen options use together.
@@ -429,8 +435,12 @@ class JointScheduler:
         max_sweeps: passes over the apps per start (each pass moves every app to its best option
             given the others; it stops earlier when a pass changes nothing).
         pair_candidates: options per app tried in the moves of two apps at once (its best alone).
-        accuracy_eps, cost_eps: the front's thinning (:func:`pareto_front`): options within 0.2
-            points of accuracy and 5% of every cost of a kept one are one step of the search.
+        accuracy_eps: the front's thinning in accuracy (:func:`pareto_front`): options within
+            ``accuracy_eps`` of accuracy (0.002: 0.2 points) and ``cost_eps`` of every cost of a
+            kept one are one step of the search.
+        cost_eps: the front's thinning in every cost, relative (0.05: 5%).
+        last: the previous decision (set by :meth:`schedule`); when it covers the same apps,
+            its assignment is one more start of the search (a warm start). ``None``: none.
     """
 
     objective: str = "total"
@@ -550,8 +560,9 @@ class ExactJointScheduler:
     Args:
         objective: ``"total"`` or ``"max"``.
         max_combinations: refuse larger problems (it exists to check the heuristic offline).
-        accuracy_eps, cost_eps: the same thinning as the heuristic's, so that the gap measured is
-            the search's; 0 and 0: the full fronts.
+        accuracy_eps: the same thinning as the heuristic's, so that the gap measured is the
+            search's; 0 (with ``cost_eps`` 0): the full fronts.
+        cost_eps: the heuristic's thinning in every cost, relative.
     """
 
     objective: str = "total"

@@ -75,7 +75,7 @@ class AppProfile:
         switch_ms: measured level-switch times ``((from, to, ms), ...)`` (the profile's
             ``"switching"`` rows, ``nested_ms``); empty when unknown.
 
-    Example:
+    Examples:
         >>> rows = [{"level": 0, "accuracy": 0.80, "macs": 10, "memory_mb": 1.0, "latency_ms": {"1": 2.0}},
         ...         {"level": 1, "accuracy": 0.85, "macs": 20, "memory_mb": 2.0, "latency_ms": {"1": 3.0}}]
         >>> app = AppProfile.from_levels("cam", rows, max_latency_ms=10.0)
@@ -320,7 +320,7 @@ def knee_level(app: AppProfile, resource: str = "macs") -> int:
     Raises:
         SchedulerError: unknown ``resource``.
 
-    Example:
+    Examples:
         >>> rows = [{"level": k, "accuracy": a, "macs": m, "memory_mb": m, "latency_ms": {"1": m}}
         ...         for k, (a, m) in enumerate([(0.70, 1), (0.82, 2), (0.84, 4), (0.85, 8)])]
         >>> knee_level(AppProfile.from_levels("cam", rows))

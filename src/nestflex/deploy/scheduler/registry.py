@@ -43,7 +43,7 @@ def register_scheduler(name: str, factory: Callable[[], Scheduler], *, overwrite
         SchedulerError: the name is taken (and ``overwrite`` is false), empty, or the factory is
             not callable.
 
-    Example:
+    Examples:
         >>> register_scheduler("my_greedy", lambda: GreedyScheduler("total"), overwrite=True)
         >>> "my_greedy" in list_schedulers()
         True
@@ -58,6 +58,10 @@ def list_schedulers() -> list[str]:
 
 def get_scheduler(scheduler: str | Scheduler) -> Scheduler:
     """A fresh scheduler for a registered name, or ``scheduler`` itself if it already is one.
+
+    Args:
+        scheduler: a registered name (:func:`list_schedulers`) or a :class:`Scheduler`
+            instance.
 
     Raises:
         SchedulerError: unknown name (the message lists the known ones).

@@ -30,7 +30,7 @@ Predictions for split ``s``, exit operating point ``p`` (thresholds with calibra
 ``split=None`` is device only (every exit local), :data:`~nestflex.deploy.split.SERVER_ONLY`
 sends the input. A Neurosurgeon-style baseline is the same scheduler over float32, no exits.
 
-Example:
+Examples:
     >>> costs = SplitCosts(cuts=("a", "b"), segment_ms=(4.0, 4.0, 2.0), head_ms={}, exit_at={},
     ...                    split_at={"input": None, "s1": "a", "s2": "b"}, num_exits=1)
     >>> bytes_ = {("input", None): 4000, ("s1", None): 40000, ("s2", None): 2000}
@@ -137,7 +137,8 @@ class SplitPlan:
 
     Attributes:
         option: the chosen :class:`SplitOption`.
-        candidates: how many configurations were scored; ``feasible``: how many met every hard constraint.
+        candidates: how many configurations were scored.
+        feasible: how many of them met every hard constraint.
         relaxed: hard constraints that no candidate could meet together with the earlier ones.
         inputs: bandwidth, latency and slowdowns the plan was made for.
         decision_ms: time the plan took.

@@ -40,7 +40,7 @@ class KneeScheduler(Scheduler):
         objective: objective used to report ``Decision.value`` (``"total"`` or ``"max"``).
         resource: resource axis of the knee (``"macs"``, ``"memory_mb"`` or ``"latency_ms"``).
 
-    Example:
+    Examples:
         >>> rows = [{"level": k, "accuracy": a, "macs": m, "memory_mb": m, "latency_ms": {"1": m}}
         ...         for k, (a, m) in enumerate([(0.70, 1), (0.82, 2), (0.84, 4), (0.85, 8)])]
         >>> apps = [AppProfile.from_levels(n, rows) for n in ("a", "b")]
@@ -71,7 +71,10 @@ class LargestScheduler(Scheduler):
     level; while the sum is over the budget, the app using the most memory steps down one level
     (ties: the later app), so the levels change only when the apps do not fit.
 
-    Example:
+    Args:
+        objective: objective used to report ``Decision.value`` (``"total"`` or ``"max"``).
+
+    Examples:
         >>> rows = [{"level": k, "accuracy": a, "macs": m, "memory_mb": m, "latency_ms": {"1": m}}
         ...         for k, (a, m) in enumerate([(0.70, 1), (0.85, 8)])]
         >>> apps = [AppProfile.from_levels(n, rows) for n in ("a", "b")]
@@ -102,7 +105,7 @@ class FixedScheduler(Scheduler):
         levels: app name -> level number; an app not named runs its knee level.
         objective: objective used to report ``Decision.value``.
 
-    Example:
+    Examples:
         >>> rows = [{"level": k, "accuracy": a, "macs": m, "memory_mb": m, "latency_ms": {"1": m}}
         ...         for k, (a, m) in enumerate([(0.70, 1), (0.82, 2), (0.85, 8)])]
         >>> apps = [AppProfile.from_levels(n, rows) for n in ("a", "b")]

@@ -36,6 +36,10 @@ __all__ = ["TailClient", "TailCall", "TailReply", "SplitError"]
 class SplitError(NestflexError, RuntimeError):
     """A split request failed: server unreachable, refused, cancelled or past its deadline.
 
+    Args:
+        message: what failed, for people.
+        code: the gRPC status name, or ``BAD_REPLY`` (see ``code`` below).
+
     Attributes:
         code: the gRPC status name (``UNAVAILABLE``, ``DEADLINE_EXCEEDED``, ``INVALID_ARGUMENT``,
             ``RESOURCE_EXHAUSTED``, ``CANCELLED``, ...) or ``BAD_REPLY``.
@@ -150,8 +154,11 @@ class _LoopClient:
         """Send one request: ``frame`` (a codec frame of the crossing tensors of ``n`` samples).
 
         Args:
-            split, exit_set, thresholds: what the server runs (see :mod:`nestflex.deploy.split.wire`).
-            n: samples in the frame; ``num_exits``: exits of the set (to check the reply).
+            split: the split point the server continues from (see :mod:`nestflex.deploy.split.wire`).
+            exit_set: the exit set the server runs, or ``None`` for the backbone alone.
+            n: samples in the frame.
+            num_exits: exits of the set (to check the reply).
+            thresholds: the early exits' thresholds the server applies; ``None``: the bundle's.
             deadline_s: the request's deadline; the server stops working on the request after it.
         """
         md = request_metadata(self.bundle_id, split, exit_set, thresholds)

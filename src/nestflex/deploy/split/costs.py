@@ -30,7 +30,15 @@ def measure_costs(bundle: Bundle, exit_set: str | None = "exits", repeats: int =
     a frame: the head of the server-only split (input checks) and packing the input at 8 bits.
 
     Args:
+        bundle: the loaded bundle.
+        exit_set: the exit set whose heads are timed (``"exits"``/``"flex_exits"`` or their
+            kinds), or ``None`` for the backbone alone.
+        repeats: timed runs of each segment and head; the median is kept.
         x: a normalised input batch (numpy or torch) whose first sample is timed; zeros if ``None``.
+        threads: intra-op threads of each onnxruntime session.
+
+    Returns:
+        The device's :class:`~nestflex.deploy.scheduler.split.SplitCosts`.
     """
     rt = SplitRuntime(bundle, SERVER_ONLY, exit_set, threads=threads)  # the exit heads and the policy
     index = {n.name: i for i, n in enumerate(bundle.spec.capacity.program.nodes)}
@@ -54,8 +62,18 @@ def measure_costs(bundle: Bundle, exit_set: str | None = "exits", repeats: int =
 
 def measure_bytes(bundle: Bundle, samples: Any, bits: Sequence[int | None] = (None, 8),
                   codec: str = "blosc_lz4") -> dict[tuple[str, int | None], float]:
-    """Mean request-frame bytes per ``(split, bits)`` over ``samples`` (normalised inputs, numpy or
-    torch, one frame per sample, as the device sends them); ``bits=None`` is lossless float32."""
+    """Mean request-frame bytes per ``(split, bits)`` over ``samples``, one frame per sample, as the
+    device sends them.
+
+    Args:
+        bundle: the loaded bundle.
+        samples: normalised inputs ``(N, ...)``, numpy or torch.
+        bits: the bitwidths to measure; ``None`` is lossless float32.
+        codec: the codec frames are compressed with (:func:`~nestflex.deploy.codec.list_codecs`).
+
+    Returns:
+        Mean frame size in bytes, keyed by ``(split name, bits)``.
+    """
     out: dict[tuple[str, int | None], float] = {}
     for name in split_names(bundle):
         crossing = SplitRuntime(bundle, name, None).head(samples, thresholds=[]).crossing
@@ -68,7 +86,14 @@ def measure_bytes(bundle: Bundle, samples: Any, bits: Sequence[int | None] = (No
 
 def accuracy_drops(bundle: Bundle) -> dict[tuple[str, int | None], float]:
     """Accuracy lost (fraction) by quantising each split at each profiled bitwidth, from the bundle's
-    split quantisation profile: float accuracy minus accuracy at ``bits`` (never below 0)."""
+    split quantisation profile: float accuracy minus accuracy at ``bits`` (never below 0).
+
+    Args:
+        bundle: the loaded bundle; splits without a quantisation profile are left out.
+
+    Returns:
+        The accuracy drop in [0, 1], keyed by ``(split name, bits)`` (``bits=None``: float).
+    """
     out: dict[tuple[str, int | None], float] = {}
     for s in bundle.spec.splits:
         q = s.quantization

@@ -47,7 +47,18 @@ class NetworkProfiler:
       predicted) when the caller passes a prediction;
     * **failure rate**: share of the last ``window`` requests that failed (refused, deadline, down).
 
-    Example:
+    Args:
+        alpha_fast: weight of a new sample in the real-time moving averages, in (0, 1].
+        alpha_slow: weight of a new sample in the historical moving averages, in (0, 1].
+        window: requests the moving medians (server time, slowdown) and the failure rate cover
+            (``>= 1``).
+        min_payload_ms: transfers whose payload time (network time minus latency) is under this
+            many ms give no bandwidth sample.
+
+    Raises:
+        ProfilerError: an ``alpha`` outside (0, 1] or ``window`` not an int ``>= 1``.
+
+    Examples:
         >>> p = NetworkProfiler()
         >>> p.record_ping(10.0)
         >>> p.record_transfer(125_000, 0, rtt_ms=112.0, server_ms=2.0)  # 1 Mbit in 100 ms

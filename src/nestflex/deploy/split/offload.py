@@ -84,6 +84,7 @@ class SplitAnswer:
         latency_ms: from :meth:`Offloader.infer` (or the frame's start in a stream) to the answer.
         device_ms: head + packing (+ continuation) time on the device.
         reply: the server's :class:`~nestflex.deploy.split.client.TailReply` when it answered.
+        error: why the server did not answer (``where == "fallback"``), else ``None``.
         config: the configuration that ran the frame.
     """
 
@@ -117,7 +118,20 @@ class Offloader:
             split then answers from local exits).
         config: the first :class:`SplitConfig`.
         exit_set: the exit set (``"exits"`` / ``"flex_exits"``), or ``None`` for the backbone alone.
-        profiler: a :class:`~nestflex.deploy.split.network.NetworkProfiler` to feed, or ``None``.
+        profiler: a :class:`~nestflex.deploy.split.network.NetworkProfiler` to feed, or ``None``
+            (one is made when ``scheduler`` is given).
+        scheduler: a :class:`~nestflex.deploy.scheduler.split.SplitScheduler` that chooses the
+            configuration from the profiler's measurements, or ``None`` (``config`` stays).
+        replan_every: with a scheduler, ask it for a new configuration every this many frames
+            (``>= 1``).
+        slowdown: device work takes this many times as long as on this machine (``>= 1``;
+            emulates a slower device).
+        probe_every_s: with a scheduler and a client, probe the link before a replan when no
+            transfer happened for this many seconds (so a device-only plan can change its mind).
+
+    Raises:
+        NestflexError: neither ``config`` nor ``scheduler`` is given, or ``replan_every`` or
+            ``slowdown`` is out of range.
     """
 
     def __init__(self, bundle: Bundle, client: TailClient | None, config: SplitConfig | None = None,

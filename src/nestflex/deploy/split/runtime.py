@@ -174,8 +174,10 @@ class HeadResult:
         rest: ``(m,)`` int64 indices of the samples still running (they need the tail).
         crossing: the arrays that cross the cut, for the ``rest`` samples only (``m`` rows each,
             of the split's :attr:`~SplitRuntime.crossing_shapes`).
-        best_confidence, best_logits, best_exit: per ``rest`` sample, its most confident device
-            exit (for the ``most_confident`` fallback); ``None`` when no device exit ran.
+        best_confidence: ``(m,)`` per ``rest`` sample, the confidence of its most confident
+            device exit (for the ``most_confident`` fallback); ``None`` when no device exit ran.
+        best_logits: ``(m, C)`` the logits of that exit; ``None`` when no device exit ran.
+        best_exit: ``(m,)`` the index of that exit; ``None`` when no device exit ran.
     """
 
     n: int
@@ -224,12 +226,17 @@ class SplitRuntime:
             (:data:`CPU`; a tail server chooses its own, see :mod:`nestflex.serve.server`).
 
     Attributes:
-        split: the split's name; ``node``: the program node it cuts after (``None`` for server only).
-        num_exits: exits including the final one; ``device_exits``: how many run on the device.
+        split: the split's name.
+        node: the program node it cuts after (``None`` for server only).
+        num_exits: exits including the final one.
+        device_exits: how many exits run on the device.
         next_exit: the first exit after the split when it is an early one (SPINN's local
             continuation), else ``None``.
-        thresholds, confidence, fallback: the exit set's shipped policy.
-        crossing_names, crossing_shapes: the values that cross the cut and their per-sample shapes.
+        thresholds: the exit set's shipped thresholds, one per early exit.
+        confidence: the exit set's shipped confidence measure.
+        fallback: the exit set's shipped fallback (what answers a sample no early exit takes).
+        crossing_names: the values that cross the cut.
+        crossing_shapes: their per-sample shapes.
 
     Raises:
         BundleError: unknown split or exit set, an exit set with its own backbone, or bad
@@ -311,7 +318,8 @@ class SplitRuntime:
 
         Args:
             x: normalised input batch ``(N, *input shape)``, numpy or torch.
-            thresholds, confidence: override the exit set's (``thresholds``: one per early exit of the set).
+            thresholds: override the exit set's thresholds (one per early exit of the set).
+            confidence: override the exit set's confidence measure (a registered name).
 
         Returns:
             a :class:`HeadResult` (numpy): the samples answered here and the crossing arrays of the rest.
@@ -382,8 +390,10 @@ class SplitRuntime:
 
         Args:
             crossing: what :meth:`head` returned as ``crossing`` (numpy; torch tensors are read as numpy).
-            thresholds, confidence, fallback: override the exit set's (``thresholds``: one per
-                early exit of the whole set, device ones included).
+            thresholds: override the exit set's thresholds (one per early exit of the whole
+                set, device ones included).
+            confidence: override the exit set's confidence measure.
+            fallback: override the exit set's fallback (``"final"`` or ``"most_confident"``).
 
         Returns:
             a :class:`TailResult` (numpy) with global exit indices.

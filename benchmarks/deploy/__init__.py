@@ -1,0 +1,1 @@
+"""Benchmarks: what the light runtime costs a device and what it withstands."""

@@ -1,0 +1,1 @@
+"""Benchmarks: how the schedulers decide for apps sharing a device."""

@@ -1,0 +1,1 @@
+"""Benchmarks: what early exits (SPINN/SDN, FlexDNN) save."""

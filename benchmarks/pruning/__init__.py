@@ -1,0 +1,1 @@
+"""Benchmarks: how far and how well NestDNN's TRR prunes, and at what cost."""

@@ -1,0 +1,1 @@
+"""Benchmarks: how the default recipe and its data behave."""

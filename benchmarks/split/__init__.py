@@ -1,0 +1,1 @@
+"""Benchmarks: what split inference sends and gains."""

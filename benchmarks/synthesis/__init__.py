@@ -1,0 +1,1 @@
+"""Benchmarks: how fast the device runs each level, and why."""

@@ -1,0 +1,1 @@
+"""Benchmarks: which models the structure graph handles."""
