@@ -45,7 +45,12 @@ def test_docs_site_builds_strict(tmp_path):
                 continue  # an anchor of a class or function, not a package
             for name in getattr(module, "__all__", ()):
                 obj = getattr(module, name)
-                if (inspect.isclass(obj) or inspect.isfunction(obj)) and f"{package}.{name}" not in anchors:
+                if not (inspect.isclass(obj) or inspect.isfunction(obj)):
+                    continue
+                # an alias kept for old code (graph.split_model is cut_model) and a function that
+                # shares its module's name (deploy.codec.isquant) appear under their own path
+                places = {f"{package}.{name}", f"{package}.{obj.__name__}", f"{obj.__module__}.{obj.__qualname__}"}
+                if not places & anchors:
                     missing.append(f"{package}.{name} (api/{page_dir.name})")
     assert not missing, "exported but not in the API reference: " + ", ".join(missing)
     assert "Parameters:" in (tmp_path / "site" / "api" / "deploy" / "index.html").read_text()

@@ -40,9 +40,22 @@ Examples:
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from nestflex.data._dataset import ImageTensorDataset
+
+if TYPE_CHECKING:  # the lazy names below, for type checkers, IDEs and the API reference (read statically)
+    from nestflex.data.datamodule import (
+        CIFAR10DataModule,
+        CIFAR100DataModule,
+        FashionMNISTDataModule,
+        ImageDataModule,
+        ImageFolderDataModule,
+        MNISTDataModule,
+        SVHNDataModule,
+        SyntheticDataModule,
+    )
+    from nestflex.data.resolve import DATA_KINDS, resolve_data
 from nestflex.data._transforms import (
     Compose,
     Normalize,
@@ -187,8 +200,17 @@ __all__ = [
     "random_crop_flip",
     "to_float",
     "train_transform",
-    # Lightning (lazy)
-    *_LAZY,
+    # Lightning (lazy: _LAZY; written out so static readers such as the API reference see them)
+    "ImageDataModule",
+    "CIFAR10DataModule",
+    "CIFAR100DataModule",
+    "MNISTDataModule",
+    "FashionMNISTDataModule",
+    "SVHNDataModule",
+    "ImageFolderDataModule",
+    "SyntheticDataModule",
+    "DATA_KINDS",
+    "resolve_data",
 ]
 
 

@@ -435,8 +435,8 @@ class MNISTDataModule(_DirDataModule):
     Args:
         data_dir: directory holding the IDX files (or their ``raw/`` or ``MNIST/raw/``); nothing
             is ever downloaded.
-        **kwargs: see :class:`ImageDataModule` (batch_size, num_workers, max_train_samples,
-            val_size, seed, pin_memory).
+        batch_size: samples per batch; the remaining arguments (num_workers,
+            max_train_samples, val_size, seed, pin_memory) are :class:`ImageDataModule`'s.
 
     Raises:
         DataError: bad arguments here; missing or corrupt files in :meth:`setup`.
@@ -473,8 +473,8 @@ class FashionMNISTDataModule(_DirDataModule):
     Args:
         data_dir: directory holding the IDX files (or their ``raw/`` or ``FashionMNIST/raw/``);
             nothing is ever downloaded.
-        **kwargs: see :class:`ImageDataModule` (batch_size, num_workers, max_train_samples,
-            val_size, seed, pin_memory).
+        batch_size: samples per batch; the remaining arguments (num_workers,
+            max_train_samples, val_size, seed, pin_memory) are :class:`ImageDataModule`'s.
 
     Raises:
         DataError: bad arguments here; missing or corrupt files in :meth:`setup`.
@@ -511,8 +511,8 @@ class SVHNDataModule(_DirDataModule):
     Args:
         data_dir: directory holding the ``.mat`` files (or its ``svhn/`` or ``SVHN/``); nothing
             is downloaded.
-        **kwargs: see :class:`ImageDataModule` (batch_size, num_workers, max_train_samples,
-            val_size, seed, pin_memory).
+        batch_size: samples per batch; the remaining arguments (num_workers,
+            max_train_samples, val_size, seed, pin_memory) are :class:`ImageDataModule`'s.
 
     Raises:
         DataError: bad arguments here; missing or invalid files in :meth:`setup`.

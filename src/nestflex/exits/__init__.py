@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import importlib
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from nestflex.deploy.exits import (
     FALLBACKS,
@@ -90,6 +90,11 @@ from nestflex.exits.placement import DEFAULT_POSITIONS, resolve_positions
 _MOVED = {"fine_grained": _fine_grained, "plan": _plan, "search": _search}
 for _old, _module in _MOVED.items():
     sys.modules.setdefault(f"{__name__}.{_old}", _module)
+
+if TYPE_CHECKING:  # the lazy names below, for type checkers, IDEs and the API reference (read statically)
+    from nestflex.exits.callback import OverthinkingSchedule
+    from nestflex.exits.classifier import MODES, MultiExitClassifier
+    from nestflex.exits.flexdnn.callback import FlexDNNExits
 
 #: names whose modules import Lightning, loaded on first access
 _LAZY = {
@@ -148,8 +153,11 @@ __all__ = [
     "build_flex_network",
     "load_flex_network",
     "operating_points",
-    # Lightning (lazy): MultiExitClassifier, MODES, OverthinkingSchedule, FlexDNNExits
-    *_LAZY,
+    # Lightning (lazy: _LAZY; written out so static readers such as the API reference see them)
+    "MultiExitClassifier",
+    "MODES",
+    "OverthinkingSchedule",
+    "FlexDNNExits",
 ]
 
 

@@ -10,10 +10,13 @@ package imports them, never the reverse. docs/deploy.md is the user guide.
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from nestflex.export._program import ExportError
 from nestflex.export.bundle import BUNDLE_SUFFIX, export_bundle
+
+if TYPE_CHECKING:  # the lazy names below, for type checkers, IDEs and the API reference (read statically)
+    from nestflex.export.callback import BundleExporter
 
 __all__ = ["ExportError", "BUNDLE_SUFFIX", "export_bundle", "BundleExporter"]
 

@@ -41,7 +41,7 @@ Examples:
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from nestflex.exits.flexdnn.fine_grained import (
     CompactHead,
@@ -53,6 +53,9 @@ from nestflex.exits.flexdnn.fine_grained import (
 from nestflex.exits.flexdnn.pipeline import FlexDNNConfig, FlexDNNResult, evaluate_flex, flexdnn, operating_points
 from nestflex.exits.flexdnn.plan import InsertionPlan, insertion_plan, subset_cost
 from nestflex.exits.flexdnn.spec import build_flex_network, load_flex_network
+
+if TYPE_CHECKING:  # the lazy names below, for type checkers, IDEs and the API reference (read statically)
+    from nestflex.exits.flexdnn.callback import FlexDNNExits
 
 #: names whose modules import Lightning, loaded on first access
 _LAZY = {"FlexDNNExits": "nestflex.exits.flexdnn.callback"}
@@ -77,8 +80,8 @@ __all__ = [
     "InsertionPlan",
     "insertion_plan",
     "subset_cost",
-    # the Lightning callback (lazy)
-    *_LAZY,
+    # the Lightning callback (lazy: _LAZY)
+    "FlexDNNExits",
 ]
 
 
