@@ -324,6 +324,11 @@ def _cmd_tune(args: argparse.Namespace) -> int:
                 for k, lp in enumerate(lps)]
         print(f"batch {b}:")
         print(_table(["level", "backend", "threads", "ms per batch", ref, "speed-up"], rows))
+    for b in (1, *sorted(plan.batches)):  # a smaller level exists to save time: say where it does not
+        for k, j in plan.out_of_order(b):
+            times = plan.for_batch(b)
+            print(f"warning: at batch {b}, level {k} ({times[k].latency_ms} ms) is not faster than level {j} "
+                  f"({times[j].latency_ms} ms): it saves memory here, not time")
     if plan.budget_points is None:
         print("the bundle ships no samples: only float32 backends were candidates (re-export with samples for int8)")
     print(f"plan: {path}")

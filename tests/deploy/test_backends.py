@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import stat
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -339,6 +341,37 @@ def test_a_plan_at_other_threads_keeps_its_backends_and_names_every_exit_set():
     for bad in (0, 2000, 1.5, True):
         with pytest.raises(BackendError, match=r"`threads` must be an int in \[1, 1024\]"):
             plan.with_threads(bad)
+
+
+def test_levels_not_faster_than_a_larger_one_are_found_at_each_batch():
+    """Issue 38 item 4, as the recipe's own latency table had it: level 2 faster than levels 0 and 1."""
+    lp = lambda ms: LevelPlan("onnxruntime", 1, ms)  # noqa: E731
+    plan = ExecutionPlan((lp(1.24), lp(1.57), lp(1.17), lp(2.0)), batches={8: (lp(3.0), lp(4.0), lp(5.0), lp(6.0))})
+    assert plan.out_of_order() == [(0, 2), (1, 2)]
+    assert plan.out_of_order(8) == []  # strictly ordered at batch 8
+    assert ExecutionPlan((lp(1.0), lp(1.0))).out_of_order() == [(0, 1)]  # a tie saves no time either
+    assert ExecutionPlan((lp(1.0), lp(None))).out_of_order() == []  # nothing measured, nothing said
+
+
+def test_tune_says_which_levels_save_no_time(bundle, tmp_path, monkeypatch, capsys):
+    from nestflex import cli
+    from nestflex.deploy import tune
+
+    real = tune.synthesize
+
+    def slow_smallest(b, **kwargs):  # the measured plan, with level 0 made slower than level 1
+        plan = real(b, **kwargs)
+        levels = list(plan.levels)
+        levels[0] = replace(levels[0], latency_ms=levels[1].latency_ms + 1.0)
+        return replace(plan, levels=tuple(levels))
+
+    monkeypatch.setattr(tune, "synthesize", slow_smallest)
+    assert cli.main(["tune", str(bundle.path), "--threads", "1", "--repeats", "1", "--backends", "onnxruntime", "--quiet",
+                     "--out", str(tmp_path / "plan.json")]) == 0
+    out = capsys.readouterr().out
+    # level 0 now runs 1 ms slower than level 1, so some larger level (the fastest of them) beats it
+    assert re.search(r"warning: at batch 1, level 0 \([\d.]+ ms\) is not faster than level [12] \([\d.]+ ms\): "
+                     r"it saves memory here, not time", out), out
 
 
 def test_the_eager_backend_runs_at_its_plan_s_threads_and_leaves_torch_s_setting(bundle, monkeypatch):

@@ -121,6 +121,36 @@ class ExecutionPlan:
         fits = [b for b in self.batches if b <= batch]
         return self.batches[max(fits)] if fits else self.levels
 
+    def out_of_order(self, batch: int = 1) -> list[tuple[int, int]]:
+        """The levels that are not faster than a larger level in this plan, at ``batch``.
+
+        A smaller level exists to save time; one whose planned time is not below a larger level's
+        (the overhead-bound regime: operators no level sheds, or a backend that suits one width
+        and not another) gains a scheduler nothing but memory. ``nestflex tune`` prints them.
+
+        Args:
+            batch: the batch size whose configurations are compared (:meth:`for_batch`).
+
+        Returns:
+            ``(level, larger)`` pairs: ``larger`` is the fastest of the larger levels, and it
+            runs in no more time than ``level``. Empty when the levels are strictly ordered in time
+            (or a level has no measured time).
+
+        Examples:
+            >>> lp = lambda ms: LevelPlan("onnxruntime", 1, ms)
+            >>> ExecutionPlan((lp(1.24), lp(1.57), lp(1.17), lp(1.9))).out_of_order()
+            [(0, 2), (1, 2)]
+        """
+        times = [lp.latency_ms for lp in self.for_batch(batch)]
+        if any(ms is None for ms in times):
+            return []
+        out = []
+        for k in range(len(times) - 1):
+            larger = min(range(k + 1, len(times)), key=lambda j: (times[j], j))
+            if times[larger] <= times[k]:
+                out.append((k, larger))
+        return out
+
     def with_threads(self, threads: int, exit_sets: Iterable[str] = ()) -> ExecutionPlan:
         """The same plan with every level, batch size and exit set at ``threads`` intra-op threads
         (the backends keep their choice); an exit set in ``exit_sets`` the plan does not name gets
