@@ -90,7 +90,8 @@ def run_prune(run: Run) -> dict[str, Any]:
     """NestDNN filter pruning of the baseline: roadmap.json + the seed model."""
     c, p, base = run.cfg, run.cfg.prune, run.baseline()
     budget = None if p.retry_budget < 0 else p.retry_budget
-    options = {k: v for k, v in asdict(p).items() if (k, v) != ("round_to", 1)}  # as runs before --prune-round-to
+    # as runs before --prune-round-to and --prune-target: their defaults leave the stage's config as it was
+    options = {k: v for k, v in asdict(p).items() if (k, v) not in (("round_to", 1), ("target", None))}
     st = run.stage("prune", {"baseline": run.config("baseline"), **options, "retry_budget": budget})
     # room for every step to be recovered and retried twice (the back-off), then the seed's fine-tuning;
     # the callback stops the Trainer when done
@@ -104,7 +105,9 @@ def run_prune(run: Run) -> dict[str, Any]:
     pl.seed_everything(c.seed, workers=True)
     kwargs = {"triplets": p.triplets, "seed": c.seed} if p.criterion == "trr" else {}
     kwargs = {"seed": c.seed} if p.criterion == "random" else kwargs
-    pruner = FilterPruning(p.criterion, max_drop=p.max_drop / 100, step=p.step, epochs_per_step=p.epochs_per_step,
+    # the accuracy-goal mode (NestDNN's) unless --prune-target asks for a MACs budget
+    mode = {"max_drop": p.max_drop / 100} if p.target is None else {"target_macs": p.target}
+    pruner = FilterPruning(p.criterion, **mode, step=p.step, epochs_per_step=p.epochs_per_step,
                            max_steps=p.max_steps, recover_epochs=p.recover_epochs, finetune_epochs=p.finetune_epochs,
                            retry_budget=budget, round_to=p.round_to, dirpath=st.dir, criterion_kwargs=kwargs)
     trainer = st.trainer(c, [pruner], epochs, resume, num_sanity_val_steps=0)
@@ -114,7 +117,7 @@ def run_prune(run: Run) -> dict[str, Any]:
     load_pruned(module, st.dir / "seed.ckpt")  # the module ends as the seed; stated here for a resumed run too
     road = Roadmap.load(st.dir / "roadmap.json")
     test = trainer.test(module, datamodule=run.dm, verbose=False)[0]
-    result = prune_summary(road, test["test_acc"], seconds)
+    result = prune_summary(road, test["test_acc"], seconds) | {"mode": road.mode, "target_macs": road.target_macs}
     st.write("result.json", result)
     plot_roadmap(road, run.out / "prune_roadmap.png", run.data["synthetic"])
     return {"summary": result}

@@ -6,7 +6,7 @@ Each field is a command-line flag (``prune.max_drop`` is ``--prune-max-drop``) a
     model: vgg11
     width: 0.5
     data: {kind: mnist, dir: ~/mnist}
-    prune: {max_drop: 2.0, round_to: 8}
+    prune: {max_drop: 2.0, round_to: 8}     # or prune: {target: 0.3}, the budget mode
 
 ``python recipes/vgg_cifar.py --print-config`` prints every option with its value.
 """
@@ -41,6 +41,11 @@ class PruneConfig:
     criterion: str = option("trr", "importance criterion (trr, l1, l2, random)")
     max_drop: float = option(1.0, "accuracy points the seed model may lose against the baseline",
                              check=Check(lambda v: 0 <= v < 100, "is in accuracy points, in [0, 100)"))
+    target: float | None = option(None, "budget mode: prune until the seed has at most this share of the "
+                                  "baseline's MACs, whatever its accuracy (none: the accuracy-goal mode, "
+                                  "--prune-max-drop; docs/pruning.md#budget-mode)",
+                                  check=Check(lambda v: 0 < v < 1, "is a share of the baseline's MACs in (0, 1)",
+                                              "0.3 keeps 30% of the MACs; leave it out for the accuracy-goal mode"))
     step: float = option(0.25, "share of channels the most tolerant layer loses per step")
     epochs_per_step: int = option(1, "retraining epochs per step", check=at_least(1))
     max_steps: int = option(10, "at most this many kept steps (docs/pruning.md#noise says why 10)",

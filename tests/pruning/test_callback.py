@@ -58,8 +58,15 @@ def _prune(**kw):
 @pytest.mark.parametrize(
     ("kwargs", "match"),
     [
-        ({}, "pass exactly one of `goal` and `max_drop`"),
-        ({"goal": 0.9, "max_drop": 0.01}, "pass exactly one of `goal` and `max_drop`"),
+        ({}, r"pass exactly one of `goal`, `max_drop` and `target_macs`, got goal=None, max_drop=None, "
+             r"target_macs=None. HINT: `goal` or `max_drop` prune while the accuracy holds"),
+        ({"goal": 0.9, "max_drop": 0.01}, "pass exactly one of `goal`, `max_drop` and `target_macs`, got goal=0.9, "
+                                          "max_drop=0.01, target_macs=None"),
+        ({"max_drop": 0.01, "target_macs": 0.5}, "pass exactly one of .*max_drop=0.01, target_macs=0.5"),
+        ({"target_macs": 1.0}, r"`target_macs` is a fraction of the starting model's MACs in \(0, 1\), got 1.0. "
+                               r"HINT: 0.3 keeps 30% of the MACs"),
+        ({"target_macs": 0}, r"`target_macs` is a fraction .* got 0\."),
+        ({"target_macs": "half"}, r"`target_macs` is a fraction .* got 'half'"),
         ({"goal": 90}, r"`goal` is an accuracy in \(0, 1\], got 90. HINT: 0.9 means 90%"),
         ({"max_drop": -0.1}, r"`max_drop` is an accuracy difference in \[0, 1\)"),
         ({"max_drop": 0.01, "step": 1.5}, r"`step` must be in \(0, 1\), got 1.5"),

@@ -99,6 +99,16 @@ def test_a_config_file_sets_options_and_flags_override_it(tmp_path, capsys):
     assert "(default: vgg11)" in capsys.readouterr().out
 
 
+def test_the_budget_mode_flag_is_none_by_default_and_parses_from_a_flag_or_a_file(tmp_path):
+    recipe = load_script("recipes/vgg_cifar.py")
+    assert recipe.parse_args([]).prune.target is None  # the accuracy-goal mode (NestDNN's)
+    assert recipe.parse_args(["--prune-target", "0.3"]).prune.target == 0.3
+    path = tmp_path / "budget.yaml"
+    path.write_text("prune: {target: 0.25}\n")
+    assert recipe.parse_args(["--config", str(path)]).prune.target == 0.25
+    assert recipe.parse_args(["--config", str(path), "--prune-target", "0.5"]).prune.target == 0.5
+
+
 def test_progressive_recipe_reads_a_config_file(tmp_path):
     recipe = load_script("recipes/progressive_cifar.py")
     path = tmp_path / "p.json"
@@ -112,6 +122,10 @@ def test_progressive_recipe_reads_a_config_file(tmp_path):
     (["--precision-budget", "-0.5"], "--precision-budget must be >= 0 accuracy points, got -0.5"),
     (["--prune-max-drop", "100"], r"--prune-max-drop is in accuracy points, in \[0, 100\), got 100.0"),
     (["--prune-retry-budget", "-2"], r"--prune-retry-budget is a count of tries \(-1: no bound\), got -2"),
+    (["--prune-target", "1"], r"--prune-target is a share of the baseline's MACs in \(0, 1\), got 1.0. HINT: 0.3 "
+                              r"keeps 30% of the MACs; leave it out for the accuracy-goal mode"),
+    (["--prune-target", "0"], r"--prune-target is a share of the baseline's MACs in \(0, 1\), got 0.0"),
+    (["--prune-target", "a third"], "argument --prune-target: invalid float value: 'a third'"),
     (["--grow-levels", "1"], "--grow-levels must be >= 2, got 1"),
     (["--flex-train-samples", "0"], "--flex-train-samples must be >= 1, got 0. HINT: leave it out for all"),
     (["--flex-calibration-samples", "3"], r"--flex-calibration-samples must be 0 \(thresholds on the planning "

@@ -29,7 +29,7 @@ from nestflex.pruning.sensitivity import (
     pruned_copy,
     sensitivity_profile,
 )
-from nestflex.pruning.step import StepDecision, decide_step, plan_step, shrink
+from nestflex.pruning.step import StepDecision, budget_limit, budget_reached, budget_scale, decide_step, plan_step, shrink
 from nestflex.pruning.trr import TRR, dataset_targets, sample_triplets
 
 __all__ = [
@@ -66,5 +66,8 @@ __all__ = [
     "plan_step",
     "shrink",
     "decide_step",
+    "budget_limit",
+    "budget_reached",
+    "budget_scale",
     "StepDecision",
 ]

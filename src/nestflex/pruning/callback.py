@@ -5,7 +5,8 @@ Add it to an existing ``Trainer``; the user's ``LightningModule`` stays as it is
 
 1. evaluates the retrained model (top-1 on the validation dataloader) and records a
    :class:`~nestflex.pruning.roadmap.Footprint` if it meets the goal, else rolls the module
-   back to the last footprint that did and stops training;
+   back to the last footprint that did and stops training (in the budget mode, ``target_macs``,
+   every step is recorded with its accuracy, and training stops once the MACs reach the target);
 2. ranks the channels of every prunable group with the criterion and physically prunes the
    least important ones (tensors shrink; MACs and params fall), carrying optimizer state.
 
@@ -42,11 +43,12 @@ from nestflex.pruning.evaluate import accuracy, trainer_eval_loader
 from nestflex.pruning.importance import Importance, get_importance
 from nestflex.pruning.roadmap import Footprint, Roadmap
 from nestflex.pruning.sensitivity import allocation_weights, sensitivity_profile
-from nestflex.pruning.step import decide_step, plan_step, shrink
+from nestflex.pruning.step import budget_limit, budget_reached, budget_scale, decide_step, plan_step, shrink
 
 __all__ = ["FilterPruning", "load_pruned"]
 
 _ALLOCATIONS = ("sensitivity", "uniform")
+_MODES = ("goal", "max_drop", "target_macs")
 #: the allocation only needs each layer's tolerance, so it profiles fewer points than the benchmark
 ALLOCATION_FRACTIONS = (0.1, 0.25, 0.5, 0.75, 0.9)
 
@@ -91,7 +93,13 @@ class FilterPruning(Callback):
             :class:`~nestflex.pruning.Importance`.
         goal: minimum top-1 accuracy in [0, 1] every kept footprint must meet.
         max_drop: or: the largest accuracy drop from the starting model (0.01 = one point).
-            Exactly one of ``goal`` and ``max_drop``.
+        target_macs: or, the budget mode: prune until the model has at most this fraction of the
+            starting model's MACs, in (0, 1). Every step is kept whatever its accuracy (no
+            recovery epochs, retries or back-off: those judge accuracy) and the roadmap records
+            each footprint's accuracy; a step that would go below the target is scaled down to
+            land at it (:func:`~nestflex.pruning.budget_scale`). The roadmap's ``mode`` is
+            ``macs`` and its status ``target_reached`` once there. Exactly one of ``goal``,
+            ``max_drop`` and ``target_macs``; the accuracy goal (NestDNN's) is the usual mode.
         epochs_per_step: retraining epochs after each pruning step.
         step: share of a group's channels removed per step by the most tolerant group (others
             in proportion to their tolerance, see ``allocation``), in (0, 1).
@@ -100,7 +108,8 @@ class FilterPruning(Callback):
         sensitivity_drop: accuracy drop that defines a layer's tolerance in the profile.
         fractions: fractions profiled per layer for the allocation.
         sensitivity_batches: validation batches per point of the sensitivity profile.
-        max_steps: stop after this many kept steps even if the goal still holds.
+        max_steps: stop after this many kept steps even if the goal still holds (or the MACs
+            target is not reached yet).
         recover_epochs: a retrained step that misses the goal first gets up to this many more
             retraining epochs, one at a time, before it counts as broken (NestDNN prunes until
             the model can no longer meet the goal *after retraining*; one short retraining
@@ -143,6 +152,8 @@ class FilterPruning(Callback):
 
         trainer = pl.Trainer(max_epochs=40, callbacks=[FilterPruning("trr", max_drop=0.01)])
         trainer.fit(module, datamodule=dm)      # module ends as the seed model
+        # the budget mode: half the MACs, whatever the accuracy (the roadmap records it)
+        trainer = pl.Trainer(max_epochs=40, callbacks=[FilterPruning("trr", target_macs=0.5)])
     """
 
     def __init__(
@@ -150,6 +161,7 @@ class FilterPruning(Callback):
         criterion: str | Importance = "trr",
         goal: float | None = None,
         max_drop: float | None = None,
+        target_macs: float | None = None,
         epochs_per_step: int = 1,
         step: float = 0.25,
         allocation: str = "sensitivity",
@@ -171,12 +183,20 @@ class FilterPruning(Callback):
         input_shape: Sequence[int] | None = None,
         network: str | None = None,
     ) -> None:
-        if (goal is None) == (max_drop is None):
-            raise PruningError(f"pass exactly one of `goal` and `max_drop`, got goal={goal!r}, max_drop={max_drop!r}")
+        given = {"goal": goal, "max_drop": max_drop, "target_macs": target_macs}
+        if sum(v is not None for v in given.values()) != 1:
+            raise PruningError(
+                f"pass exactly one of `goal`, `max_drop` and `target_macs`, got "
+                f"{', '.join(f'{k}={v!r}' for k, v in given.items())}. HINT: `goal` or `max_drop` prune while the "
+                f"accuracy holds (NestDNN); `target_macs` prunes to a share of the MACs whatever the accuracy"
+            )
         if goal is not None and not 0.0 < goal <= 1.0:
             raise PruningError(f"`goal` is an accuracy in (0, 1], got {goal!r}. HINT: 0.9 means 90%")
         if max_drop is not None and not 0.0 <= max_drop < 1.0:
             raise PruningError(f"`max_drop` is an accuracy difference in [0, 1), got {max_drop!r}. HINT: 0.01 is one point")
+        if target_macs is not None and not (isinstance(target_macs, (int, float)) and 0.0 < target_macs < 1.0):
+            raise PruningError(f"`target_macs` is a fraction of the starting model's MACs in (0, 1), got "
+                               f"{target_macs!r}. HINT: 0.3 keeps 30% of the MACs")
         checks = (
             ("epochs_per_step", epochs_per_step, isinstance(epochs_per_step, int) and epochs_per_step >= 1, "an int >= 1"),
             ("step", step, isinstance(step, (int, float)) and 0.0 < step < 1.0, "in (0, 1)"),
@@ -199,6 +219,8 @@ class FilterPruning(Callback):
             raise PruningError(f"`allocation` must be one of {_ALLOCATIONS}, got {allocation!r}")
         self.criterion = get_importance(criterion, **(criterion_kwargs or {}))
         self.goal, self.max_drop = goal, max_drop
+        self.target_macs = float(target_macs) if target_macs is not None else None
+        self.mode = "macs" if target_macs is not None else "accuracy"
         self.epochs_per_step, self.step, self.allocation = epochs_per_step, float(step), allocation
         self.sensitivity_drop, self.fractions = sensitivity_drop, tuple(fractions)
         self.max_steps, self.min_channels, self.backoff = max_steps, min_channels, backoff
@@ -234,7 +256,10 @@ class FilterPruning(Callback):
 
     @property
     def state_key(self) -> str:
-        return self._generate_state_key(criterion=self.criterion.name, goal=self.goal, max_drop=self.max_drop)
+        key = {"criterion": self.criterion.name, "goal": self.goal, "max_drop": self.max_drop}
+        if self.target_macs is not None:  # the accuracy mode keeps the key its checkpoints were saved under
+            key["target_macs"] = self.target_macs
+        return self._generate_state_key(**key)
 
     # ------------------------------------------------------------------ hooks (routing only)
     @override
@@ -272,6 +297,8 @@ class FilterPruning(Callback):
     def state_dict(self) -> dict[str, Any]:
         crit = getattr(self.criterion, "state_dict", None)
         return {
+            "mode": self.mode,
+            "target_macs": self.target_macs,
             "roadmap": self.roadmap.to_dict() if self.roadmap else None,
             "kept": self._kept,
             "targets": self._targets,
@@ -290,6 +317,12 @@ class FilterPruning(Callback):
 
     @override
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        saved = (state.get("mode", "accuracy"), state.get("target_macs"))
+        if saved != (self.mode, self.target_macs):
+            raise PruningError(
+                f"the checkpoint's FilterPruning ran in mode {saved[0]!r} (target_macs={saved[1]!r}), this one in "
+                f"{self.mode!r} (target_macs={self.target_macs!r}). HINT: resume with the arguments the run started with"
+            )
         self._reset()
         self.roadmap = Roadmap.from_dict(state["roadmap"]) if state["roadmap"] else None
         self._kept = {k: list(v) for k, v in state["kept"].items()}
@@ -322,12 +355,16 @@ class FilterPruning(Callback):
             self._finish_step(trainer, pl_module, completed)
         if self._done or self._finetune_until is not None:  # ended, maybe fine-tuning the seed: no more steps
             return
+        on_target = not self._pending and self._on_target()
         if final:
             reached = self.max_steps is not None and len(self.roadmap.footprints) - 1 >= self.max_steps and not self._pending
-            self._stop(trainer, pl_module, "max_steps" if reached else "max_epochs", finetune=False)
+            status = "target_reached" if on_target else "max_steps" if reached else "max_epochs"
+            self._stop(trainer, pl_module, status, finetune=False)
         elif not self._pending:
             max_epochs = trainer.max_epochs if trainer.max_epochs is not None and trainer.max_epochs >= 0 else None
-            if self.max_steps is not None and len(self.roadmap.footprints) - 1 >= self.max_steps:
+            if on_target:
+                self._stop(trainer, pl_module, "target_reached")
+            elif self.max_steps is not None and len(self.roadmap.footprints) - 1 >= self.max_steps:
                 self._stop(trainer, pl_module, "max_steps")
             elif max_epochs is not None and completed + self.epochs_per_step > max_epochs:
                 self._stop(trainer, pl_module, "max_epochs")  # a step that cannot finish retraining
@@ -336,7 +373,8 @@ class FilterPruning(Callback):
 
     def _start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         start = self._evaluate(trainer, pl_module, self.eval_batches)
-        goal = self.goal if self.goal is not None else max(0.0, start - self.max_drop)
+        # the budget mode judges no step on accuracy: its goal is 0, which every footprint meets
+        goal = self.goal if self.goal is not None else 0.0 if self.max_drop is None else max(0.0, start - self.max_drop)
         if goal > start:
             raise PruningError(
                 f"`goal`={goal:.4f} is above the starting accuracy {start:.4f}; no footprint could meet it. "
@@ -354,6 +392,7 @@ class FilterPruning(Callback):
             model=type(pl_module).__name__, criterion=self.criterion.name, goal=round(goal, 6),
             start_accuracy=round(start, 6), groups={self._name(g): g.width for g in groups}, network=network,
             input_shape=list(self._shape(trainer, pl_module)), eval_samples=self._eval_samples or None,
+            mode=self.mode, target_macs=self.target_macs,
         )
         noise = self.roadmap.noise()
         if noise and noise["warning"] and trainer.is_global_zero:
@@ -374,16 +413,35 @@ class FilterPruning(Callback):
             self._weights = {self._name(g): 1.0 for g in groups}
         self.roadmap.allocation = {k: round(v, 4) for k, v in self._weights.items()}
         self._record(trainer, pl_module, graph, start, trainer.current_epoch)
-        rank_zero_info(f"pruning: start accuracy {start:.4f}, goal {goal:.4f}, {graph.macs():,} MACs")
+        if self.mode == "macs":
+            rank_zero_info(f"pruning: start accuracy {start:.4f}, {graph.macs():,} MACs; budget mode: target "
+                           f"{self.target_macs:g} of the MACs ({budget_limit(graph.macs(), self.target_macs):,}), "
+                           f"every step kept whatever its accuracy")
+        else:
+            rank_zero_info(f"pruning: start accuracy {start:.4f}, goal {goal:.4f}, {graph.macs():,} MACs")
 
     def _prune(self, trainer: pl.Trainer, pl_module: pl.LightningModule, completed: int) -> None:
         graph = trace(pl_module, self._shape(trainer, pl_module))
         scores = self._scores if self._scores is not None else self._rank(trainer, pl_module, graph)
         self._scores = None
         names = {g.id: self._name(g) for g in graph.prunable_groups if self._name(g) in self._kept}
+        group_scores = {i: scores[i] for i in names}
+        weights = {i: self._weights[n] for i, n in names.items()}
+        targets = {i: self._targets[n] for i, n in names.items()}
+
+        def plan_at(step: float) -> dict[int, torch.Tensor]:
+            return plan_step(graph, group_scores, weights, step, self.min_channels, self.round_to, targets)
+
         step = self.step * self._scale
-        plan = plan_step(graph, {i: scores[i] for i in names}, {i: self._weights[n] for i, n in names.items()},
-                         step, self.min_channels, self.round_to, {i: self._targets[n] for i, n in names.items()})
+        if self.mode == "macs":
+            widths = graph.widths()
+            share = budget_scale(lambda s: graph.macs(widths | {i: len(k) for i, k in plan_at(step * s).items()}),
+                                 self._macs_limit())
+            if share < 1.0:
+                step *= share
+                rank_zero_info(f"pruning: step {self._step_index + 1} scaled to {share:.3g} of the full step, "
+                               f"so it lands at the MACs target")
+        plan = plan_at(step)
         if not plan:
             self._stop(trainer, pl_module, "nothing_left")
             return
@@ -404,6 +462,12 @@ class FilterPruning(Callback):
         self._pending = False
         acc = self._evaluate(trainer, pl_module, self.eval_batches)
         graph = trace(pl_module, self._shape(trainer, pl_module))
+        if self.mode == "macs":  # the budget mode keeps every step; its accuracy is only recorded
+            self._record(trainer, pl_module, graph, acc, completed)
+            rank_zero_info(f"pruning: step {self._step_index} kept (budget mode), accuracy {acc:.4f}, "
+                           f"{graph.macs() / self.roadmap.footprints[0].macs:.4f} of the MACs "
+                           f"(target {self.target_macs:g})")
+            return
         decision = decide_step(acc, self.roadmap.goal, self._scale, self._retries, self.backoff,
                                self._recovered, self.recover_epochs, len(self.roadmap.rejected), self.retry_budget)
         if decision.action == "recover":
@@ -465,7 +529,8 @@ class FilterPruning(Callback):
         self._done = True
         trainer.should_stop = True
         seed = self.roadmap.seed
-        rank_zero_info(f"pruning: done ({status}); seed = step {seed.step}, accuracy {seed.accuracy:.4f}, {seed.macs:,} MACs")
+        rank_zero_info(f"pruning: done ({status}); seed = step {seed.step}, accuracy {seed.accuracy:.4f}, {seed.macs:,} MACs"
+                       + (self._budget_report() if self.mode == "macs" else ""))
 
     def _finish_finetune(self, trainer: pl.Trainer, pl_module: pl.LightningModule, completed: int) -> None:
         """Judge the fine-tuned seed: it replaces the seed's footprint if it meets the goal and
@@ -489,6 +554,19 @@ class FilterPruning(Callback):
                        f"{'kept' if kept else 'the seed stays'}")
 
     # ------------------------------------------------------------------ helpers
+    def _macs_limit(self) -> int:
+        return budget_limit(self.roadmap.footprints[0].macs, self.target_macs)
+
+    def _on_target(self) -> bool:
+        """The budget mode's stop: the last recorded footprint (the model, between steps) is within the budget."""
+        return self.mode == "macs" and budget_reached(self.roadmap.seed.macs, self._macs_limit())
+
+    def _budget_report(self) -> str:
+        seed, start = self.roadmap.seed, self.roadmap.footprints[0]
+        reached = "reached" if budget_reached(seed.macs, self._macs_limit()) else "NOT reached"
+        return (f"; budget mode: {seed.macs / start.macs:.4f} of the MACs, target {self.target_macs:g} {reached}; "
+                f"accuracy {seed.accuracy:.4f} (start {start.accuracy:.4f})")
+
     @staticmethod
     def _rewrap(trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if isinstance(trainer.strategy.model, DistributedDataParallel):

@@ -68,13 +68,15 @@ class Roadmap:
     Attributes:
         model: the traced module's class name.
         criterion: importance criterion name.
-        goal: the accuracy every kept footprint meets.
+        goal: the accuracy every kept footprint meets (0.0 in the budget mode, which judges no
+            step on accuracy).
         start_accuracy: accuracy of the unpruned model.
         groups: original width per prunable group name, in group-id order.
         footprints: kept footprints, largest first; the last one is the seed.
         rejected: every step that broke the goal (not kept), in order; after each, the callback
             may retry from the seed with a smaller step (``backoff``).
-        status: ``running``, ``goal_broken``, ``nothing_left``, ``max_steps`` or ``max_epochs``.
+        status: ``running``, ``goal_broken``, ``target_reached`` (the budget mode),
+            ``nothing_left``, ``max_steps`` or ``max_epochs``.
         allocation: per group name, the share of each step it takes.
         network: attribute path of the pruned module that holds the network the group names
             describe (``"model"`` for :class:`~nestflex.training.ImageClassifier`; ``""``: the
@@ -85,6 +87,11 @@ class Roadmap:
         finetune: the seed's final fine-tuning, when there was one: ``epochs``, validation
             accuracy ``before`` and ``after``, ``kept`` (the fine-tuned weights replaced the
             seed's: they met the goal and did not fall below the seed).
+        mode: ``accuracy`` (NestDNN's: prune while every footprint meets ``goal``) or ``macs``
+            (the budget mode: prune until the seed has at most ``target_macs`` of the starting
+            MACs, keeping every step and recording its accuracy).
+        target_macs: the budget mode's target, a fraction of the starting model's MACs;
+            ``None`` in the accuracy mode (and in files written before the budget mode).
         schema_version: version of the JSON layout (:data:`SCHEMA_VERSION`; files of older
             readable versions are read as this one).
     """
@@ -102,6 +109,8 @@ class Roadmap:
     input_shape: list[int] | None = None
     eval_samples: int | None = None
     finetune: dict[str, Any] | None = None
+    mode: str = "accuracy"
+    target_macs: float | None = None
     schema_version: int = SCHEMA_VERSION
 
     @property

@@ -1,9 +1,14 @@
-"""One pruning step: how many channels each group loses, and which; and what its result means."""
+"""One pruning step: how many channels each group loses, and which; and what its result means.
+
+Two modes decide what a retrained step means: the accuracy goal (NestDNN's, :func:`decide_step`)
+and the MACs budget (:func:`budget_limit`, :func:`budget_reached`, :func:`budget_scale`).
+"""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Callable, Mapping
 
 import torch
 
@@ -11,7 +16,7 @@ from nestflex.errors import PruningError
 from nestflex.graph import StructureGraph
 from nestflex.pruning.sensitivity import keep_top
 
-__all__ = ["StepDecision", "decide_step", "plan_step", "shrink"]
+__all__ = ["StepDecision", "budget_limit", "budget_reached", "budget_scale", "decide_step", "plan_step", "shrink"]
 
 
 def plan_step(
@@ -174,3 +179,71 @@ def decide_step(
     if retries >= backoff or (retry_budget is not None and rejected >= retry_budget):
         return StepDecision("stop", scale, retries, "goal_broken")
     return StepDecision("retry", scale / 2, retries + 1)
+
+
+def budget_limit(start_macs: int, target_macs: float) -> int:
+    """The most MACs a model may keep under a budget of ``target_macs`` of ``start_macs``.
+
+    Args:
+        start_macs: MACs of the unpruned model.
+        target_macs: the budget, a fraction of ``start_macs`` in (0, 1).
+
+    Examples:
+        >>> budget_limit(1000, 0.5), budget_limit(999, 0.5)
+        (500, 499)
+    """
+    return math.floor(start_macs * target_macs)
+
+
+def budget_reached(macs: int, limit: int) -> bool:
+    """Whether a model of ``macs`` MACs is within the budget :func:`budget_limit` gives.
+
+    Args:
+        macs: the model's multiply-accumulates per sample.
+        limit: the budget in MACs (:func:`budget_limit`).
+
+    Returns:
+        ``True`` when ``macs`` is at or below ``limit``.
+
+    Examples:
+        >>> budget_reached(500, 500), budget_reached(501, 500)
+        (True, False)
+    """
+    return macs <= limit
+
+
+def budget_scale(macs_at: Callable[[float], int], limit: int, resolution: float = 1 / 1024) -> float:
+    """The share of the full step the next step of the budget mode takes (FilterPruning ``target_macs``).
+
+    A full step that stays above the budget is taken whole (1.0). One that would go below it is
+    scaled down to the smallest share whose step lands at or below ``limit`` (bisection to
+    ``resolution``), so the roadmap ends at the budget, within one step's granularity (a group
+    loses whole channels), instead of up to a full step under it.
+
+    Args:
+        macs_at: MACs the model would have after a step of the given share of the full step
+            (0: no step, 1: the full step); non-increasing in the share.
+        limit: the most MACs the budget allows (:func:`budget_limit`); above the current model's
+            ``macs_at(0)`` (the caller stops once :func:`budget_reached`).
+        resolution: the bisection's precision on the share.
+
+    Returns:
+        The share in (0, 1]; a step of that share lands at or below ``limit`` unless even the
+        full step stays above it (then 1.0).
+
+    Examples:
+        >>> round(budget_scale(lambda s: round(1000 * (1 - 0.4 * s)), limit=900), 2)  # a full step: 600
+        0.25
+        >>> budget_scale(lambda s: round(1000 * (1 - 0.4 * s)), limit=500)  # above the budget anyway
+        1.0
+    """
+    if macs_at(1.0) > limit:
+        return 1.0
+    low, high = 0.0, 1.0  # invariant: macs_at(low) > limit >= macs_at(high)
+    while high - low > resolution:
+        mid = (low + high) / 2
+        if macs_at(mid) <= limit:
+            high = mid
+        else:
+            low = mid
+    return high

@@ -1,0 +1,24 @@
+"""The recipe's budget mode (``--prune-target``) end to end at the tiniest settings."""
+
+import json
+
+from tests.scripts import TINY, load_script
+
+
+def test_prune_target_prunes_the_baseline_to_the_budget_and_reports_the_accuracy(tmp_path, capsys):
+    recipe = load_script("recipes/vgg_cifar.py")
+    out = tmp_path / "run"
+    # step 0.5 and 10 steps at most: room to reach 0.3 of the MACs; no fine-tuning keeps it short
+    args = [*TINY, "--out", str(out), "--stages", "baseline,prune", "--prune-target", "0.3", "--prune-criterion", "l1",
+            "--prune-step", "0.5", "--prune-max-steps", "10", "--prune-finetune-epochs", "0"]
+    summary = recipe.main(args)
+    pr = summary["pruning"]
+    road = json.loads((out / pr["roadmap"]).read_text())
+    assert (pr["mode"], pr["target_macs"], pr["status"]) == ("macs", 0.3, "target_reached")
+    assert (road["mode"], road["target_macs"]) == ("macs", 0.3) and not road["rejected"]
+    assert pr["macs_fraction"] <= 0.3 and pr["macs"] <= 0.3 * summary["baseline"]["macs"]
+    assert 0 <= pr["accuracy"] <= 1 and pr["val_accuracy"] == road["footprints"][-1]["accuracy"]
+    assert all(0 <= f["accuracy"] <= 1 for f in road["footprints"])
+    capsys.readouterr()
+    assert recipe.main(args)["pruning"] == pr  # cached: the target is part of the stage's config
+    assert "prune: reusing" in capsys.readouterr().out
