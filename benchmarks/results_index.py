@@ -78,6 +78,11 @@ BENCHMARKS: dict[str, Benchmark] = {
         "benchmarks/pruning/prune_noise.py", "How noisy is a pruning step's verdict, and what do more epochs buy?",
         "pruning.md", lambda s: f"the seed's test drop {100 * s['evaluation']['test']['drop']:.2f} points, paired SE "
                                 f"{100 * s['evaluation']['test']['se_drop_paired']:.2f}"),
+    "keep_reject": Benchmark(
+        "benchmarks/pruning/keep_reject.py", "How often does the keep/reject rule get a step near the goal wrong?",
+        "pruning.md", lambda s: f"false rejects at the goal: threshold {_pct(s['false_reject']['threshold']['0.0'])}, "
+                                f"paired {_pct(s['false_reject']['paired']['0.0'])}; false keeps 0.5 point below: "
+                                f"{_pct(s['false_keep']['threshold']['0.5'])} / {_pct(s['false_keep']['paired']['0.5'])}"),
     "trr_cost": Benchmark(
         "benchmarks/pruning/trr_cost.py", "What does TRR ranking cost against one forward pass?",
         "pruning.md", lambda s: f"TRR {s['trr_over_forward']}x a forward pass, {s['trr_over_l1']:.0f}x L1"),

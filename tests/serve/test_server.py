@@ -155,8 +155,12 @@ def test_a_cancelled_request_does_no_further_server_work(bundle):
             TailClient(h.address, bundle) as c:
         gate = _hold_compute(h)
         first = _send(c, rt, head, thresholds=[1.0, 1.0], deadline_s=60)
+        # the first is in its batch (taken off the queue, waiting for the held thread) before the
+        # second is sent: two requests sent together may reach the server in either order, and the
+        # one batched first is computed whatever its client does next
+        _wait_for(lambda: h.server._compute._work_queue.qsize() == 1)  # its batch waits behind the gate
         second = _send(c, rt, head, thresholds=[1.0, 1.0], deadline_s=60)
-        _wait_for(lambda: h.server.stats["requests"] == 2)  # both reached the server, neither computed
+        _wait_for(lambda: h.server.stats["requests"] == 2 and h.server._waiting == 1)  # queued, not computed
         assert second.cancel()
         _wait_for(lambda: h.server.stats["cancelled"] == 1)  # the server saw the cancellation
         gate.set()
@@ -252,7 +256,7 @@ def test_a_burst_of_mixed_splits_and_policies_batches_per_group_and_matches_the_
         rt0 = SplitRuntime(bundle, "features.relu1", "exits")
         with TailClient(h.address, bundle) as c0:
             lone = _send(c0, rt0, rt0.head(_x(1), [1.0, 1.0]), thresholds=[1.0, 1.0], deadline_s=60)
-            _wait_for(lambda: h.server.stats["requests"] == 1 and h.server._waiting == 0)
+            _wait_for(lambda: h.server._compute._work_queue.qsize() == 1)  # its batch waits behind the gate
             start = threading.Barrier(len(jobs))
 
             def run(i):

@@ -11,6 +11,7 @@ from nestflex.pruning.collective import (
     pooled_activations,
     pooled_responses,
 )
+from nestflex.pruning.decision import PairedDecision, paired_decision
 from nestflex.pruning.evaluate import accuracy
 from nestflex.pruning.importance import (
     Importance,
@@ -66,6 +67,8 @@ __all__ = [
     "plan_step",
     "shrink",
     "decide_step",
+    "paired_decision",
+    "PairedDecision",
     "budget_limit",
     "budget_reached",
     "budget_scale",

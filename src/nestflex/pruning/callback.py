@@ -39,6 +39,7 @@ from nestflex.errors import PruningError
 from nestflex.graph import StructureGraph, checked_batches, input_shape_of, trace
 from nestflex.graph.surgery import resize_like, state_for
 from nestflex.pruning._optim import prune_with_optimizers
+from nestflex.pruning.decision import PairedDecision, paired_decision
 from nestflex.pruning.evaluate import accuracy, trainer_eval_loader
 from nestflex.pruning.importance import Importance, get_importance
 from nestflex.pruning.roadmap import Footprint, Roadmap
@@ -49,6 +50,7 @@ __all__ = ["FilterPruning", "load_pruned"]
 
 _ALLOCATIONS = ("sensitivity", "uniform")
 _MODES = ("goal", "max_drop", "target_macs")
+_DECISIONS = ("threshold", "paired")
 #: the allocation only needs each layer's tolerance, so it profiles fewer points than the benchmark
 ALLOCATION_FRACTIONS = (0.1, 0.25, 0.5, 0.75, 0.9)
 
@@ -147,6 +149,16 @@ class FilterPruning(Callback):
             it and records it, so the roadmap and its checkpoints apply to the module or the
             plain network alike. Default: the one child module that holds every traced layer,
             else the module itself.
+        decision: how the accuracy-goal mode judges a retrained step. ``threshold`` (default;
+            every committed result was made with it): kept when its measured accuracy is at
+            least the goal. ``paired``: broken only when the one-sided upper confidence bound of
+            its accuracy difference to the start model, on the same validation images, is below
+            ``-(start - goal)`` (:func:`~nestflex.pruning.paired_decision`), so a step the split
+            cannot tell from the goal is kept; each footprint records the statistics
+            (``decision``). Needs a deterministic evaluation loader and one process (no DDP).
+            The budget mode judges no step, so takes only ``threshold``.
+        confidence: the paired rule's one-sided confidence, in (0.5, 1): a step whose true
+            accuracy is exactly at the goal is rejected about ``1 - confidence`` of the time.
 
     Example::
 
@@ -182,6 +194,8 @@ class FilterPruning(Callback):
         criterion_kwargs: dict[str, Any] | None = None,
         input_shape: Sequence[int] | None = None,
         network: str | None = None,
+        decision: str = "threshold",
+        confidence: float = 0.9,
     ) -> None:
         given = {"goal": goal, "max_drop": max_drop, "target_macs": target_macs}
         if sum(v is not None for v in given.values()) != 1:
@@ -217,6 +231,16 @@ class FilterPruning(Callback):
                 raise PruningError(f"`{arg}` must be {valid}, got {value!r}")
         if allocation not in _ALLOCATIONS:
             raise PruningError(f"`allocation` must be one of {_ALLOCATIONS}, got {allocation!r}")
+        if decision not in _DECISIONS:
+            raise PruningError(f"`decision` must be one of {_DECISIONS}, got {decision!r}. HINT: 'paired' keeps a "
+                               f"step unless it is confidently below the goal")
+        if decision == "paired" and target_macs is not None:
+            raise PruningError("`decision`='paired' judges steps against an accuracy goal; the budget mode "
+                               "(`target_macs`) judges none. HINT: pass `goal` or `max_drop`, or leave `decision`")
+        if not (isinstance(confidence, (int, float)) and not isinstance(confidence, bool) and 0.5 < confidence < 1.0):
+            raise PruningError(f"`confidence` must be in (0.5, 1), got {confidence!r}. HINT: 0.9 rejects a step whose "
+                               f"true accuracy is exactly at the goal about 10% of the time")
+        self.decision, self.confidence = decision, float(confidence)
         self.criterion = get_importance(criterion, **(criterion_kwargs or {}))
         self.goal, self.max_drop = goal, max_drop
         self.target_macs = float(target_macs) if target_macs is not None else None
@@ -250,6 +274,8 @@ class FilterPruning(Callback):
         self._recovered = 0  # extra retraining epochs the pending step has had
         self._finetune_until: int | None = None  # epoch the seed's fine-tuning ends at, while it runs
         self._eval_samples = 0  # samples of the last evaluation
+        self._last_hits: torch.Tensor | None = None  # per-sample correct flags of the last evaluation (paired)
+        self._start_hits: torch.Tensor | None = None  # ... of the start model, what every step is paired with
         self._scores: dict[int, torch.Tensor] | None = None  # valid for the current weights only
         self._traced_shape: tuple[int, ...] | None = None
         self._found_network = ""  # until the roadmap records it
@@ -311,6 +337,7 @@ class FilterPruning(Callback):
             "retries": self._retries,
             "recovered": self._recovered,
             "finetune_until": self._finetune_until,
+            "start_hits": self._start_hits,
             "criterion": crit() if crit else None,
             "rng": _rng_state(),
         }
@@ -333,6 +360,7 @@ class FilterPruning(Callback):
         self._scale, self._retries = state["scale"], state["retries"]
         self._recovered = state.get("recovered", 0)
         self._finetune_until = state.get("finetune_until")
+        self._start_hits = state.get("start_hits")
         if state.get("criterion") is not None and hasattr(self.criterion, "load_state_dict"):
             self.criterion.load_state_dict(state["criterion"])
         _set_rng_state(state["rng"])
@@ -372,7 +400,10 @@ class FilterPruning(Callback):
                 self._prune(trainer, pl_module, completed)
 
     def _start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self.decision == "paired":
+            _check_pairable(trainer, self._eval_loader(trainer))
         start = self._evaluate(trainer, pl_module, self.eval_batches)
+        self._start_hits = self._last_hits
         # the budget mode judges no step on accuracy: its goal is 0, which every footprint meets
         goal = self.goal if self.goal is not None else 0.0 if self.max_drop is None else max(0.0, start - self.max_drop)
         if goal > start:
@@ -468,22 +499,26 @@ class FilterPruning(Callback):
                            f"{graph.macs() / self.roadmap.footprints[0].macs:.4f} of the MACs "
                            f"(target {self.target_macs:g})")
             return
+        paired = self._paired()
         decision = decide_step(acc, self.roadmap.goal, self._scale, self._retries, self.backoff,
-                               self._recovered, self.recover_epochs, len(self.roadmap.rejected), self.retry_budget)
+                               self._recovered, self.recover_epochs, len(self.roadmap.rejected), self.retry_budget,
+                               meets=None if paired is None else not paired.broken)
+        verdict = self._verdict(acc, paired)
         if decision.action == "recover":
             self._pending = True
             self._recovered += 1
-            rank_zero_info(f"pruning: step {self._step_index} at {acc:.4f} < goal {self.roadmap.goal:.4f}; "
+            rank_zero_info(f"pruning: step {self._step_index} {verdict} misses the goal; "
                            f"retraining one more epoch ({self._recovered} of {self.recover_epochs}) before judging")
             return
         self._recovered = 0
+        stats = paired.to_dict() if paired is not None else None
         if decision.action == "keep":
-            self._record(trainer, pl_module, graph, acc, completed)
+            self._record(trainer, pl_module, graph, acc, completed, stats)
             self._retries, self._scale = decision.retries, decision.scale
-            rank_zero_info(f"pruning: step {self._step_index} kept, accuracy {acc:.4f} >= goal {self.roadmap.goal:.4f}")
+            rank_zero_info(f"pruning: step {self._step_index} kept, {verdict}")
             return
-        self.roadmap.rejected.append(self._footprint(graph, acc, completed, checkpoint=None))
-        rank_zero_info(f"pruning: step {self._step_index} broke the goal ({acc:.4f} < {self.roadmap.goal:.4f}); not kept")
+        self.roadmap.rejected.append(self._footprint(graph, acc, completed, checkpoint=None, decision=stats))
+        rank_zero_info(f"pruning: step {self._step_index} broke the goal ({verdict}); not kept")
         if decision.action == "stop":
             if self.retry_budget is not None and len(self.roadmap.rejected) > self.retry_budget:
                 rank_zero_info(f"pruning: the retry budget ({self.retry_budget} rejected tries) is spent; "
@@ -495,6 +530,25 @@ class FilterPruning(Callback):
         self._rollback(trainer, pl_module)
         self._save_roadmap(trainer)
         rank_zero_info(f"pruning: back to step {self._step_index}; retrying with step {self.step * self._scale:.4g}")
+
+    def _paired(self) -> PairedDecision | None:
+        """The paired rule's verdict on the last evaluation; ``None`` under the threshold rule."""
+        if self.decision != "paired":
+            return None
+        if self._start_hits is None or self._last_hits is None:
+            raise PruningError("`decision`='paired' has no per-sample results of the start model to pair with "
+                               "(a checkpoint from a run without it?). HINT: resume with the run's own `decision`")
+        return paired_decision(self._start_hits, self._last_hits,
+                               max(self.roadmap.start_accuracy - self.roadmap.goal, 0.0), self.confidence)
+
+    def _verdict(self, acc: float, paired: PairedDecision | None) -> str:
+        """The log line's account of a verdict: the figures the rule compared."""
+        if paired is None:
+            return f"accuracy {acc:.4f} {'>=' if acc >= self.roadmap.goal else '<'} goal {self.roadmap.goal:.4f}"
+        return (f"accuracy {acc:.4f} (goal {self.roadmap.goal:.4f}); paired difference to the start "
+                f"{100 * paired.estimate:+.2f} points, {100 * paired.confidence:g}% upper bound "
+                f"{100 * paired.bound:+.2f} {'<' if paired.broken else '>='} {-100 * paired.max_drop:+.2f} "
+                f"(se {100 * paired.se:.2f}, n {paired.n})")
 
     def _rollback(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """Restore the seed footprint into the module; optimizers get the restored parameters."""
@@ -574,18 +628,19 @@ class FilterPruning(Callback):
             trainer.strategy.model = pl_module
             trainer.strategy.configure_ddp()
 
-    def _footprint(self, graph: StructureGraph, acc: float, epoch: int, checkpoint: str | None) -> Footprint:
+    def _footprint(self, graph: StructureGraph, acc: float, epoch: int, checkpoint: str | None,
+                   decision: dict[str, Any] | None = None) -> Footprint:
         removed = {n: sorted(set(range(w)) - set(self._kept[n])) for n, w in self.roadmap.groups.items()}
         return Footprint(
             step=self._step_index, accuracy=round(acc, 6), params=graph.params(), macs=graph.macs(),
             widths={n: len(k) for n, k in self._kept.items()}, removed=removed, epoch=epoch, checkpoint=checkpoint,
-            targets=dict(self._targets) if self.round_to > 1 else None,
+            targets=dict(self._targets) if self.round_to > 1 else None, decision=decision,
         )
 
-    def _record(self, trainer, pl_module, graph, acc: float, epoch: int) -> None:
+    def _record(self, trainer, pl_module, graph, acc: float, epoch: int, decision: dict[str, Any] | None = None) -> None:
         rel = f"footprints/step_{self._step_index:03d}.ckpt"
         self._save_checkpoint(trainer, self.dirpath / rel)
-        self.roadmap.footprints.append(self._footprint(graph, acc, epoch, rel))
+        self.roadmap.footprints.append(self._footprint(graph, acc, epoch, rel, decision))
         if trainer.is_global_zero:
             tmp = self.dirpath / "seed.ckpt.tmp"
             shutil.copyfile(self.dirpath / rel, tmp)
@@ -640,9 +695,11 @@ class FilterPruning(Callback):
         loader = checked_batches(self._eval_loader(trainer), self._shape(trainer, trainer.lightning_module),
                                  "FilterPruning")
         counts: list[int] = []
+        hits: list[torch.Tensor] | None = [] if self.decision == "paired" else None
         with torch.random.fork_rng(devices=[]):
-            acc = accuracy(model, loader, max_batches=max_batches, counts=counts, **self._dist(trainer))
+            acc = accuracy(model, loader, max_batches=max_batches, counts=counts, hits=hits, **self._dist(trainer))
         self._eval_samples = counts[1]
+        self._last_hits = hits[0] if hits else None
         return acc
 
     def _eval_loader(self, trainer: pl.Trainer):
@@ -664,6 +721,20 @@ def _network_attr(module: torch.nn.Module, graph: StructureGraph, given: str | N
         if isinstance(getattr(module, child, None), torch.nn.Module) and child in dict(module.named_children()):
             return child
     return ""
+
+
+def _check_pairable(trainer: pl.Trainer, loader: Any) -> None:
+    """``decision="paired"`` compares per-sample results of two evaluations: they must see the same
+    images in the same order, on one process (the flags are not gathered across ranks)."""
+    if trainer.world_size > 1:
+        raise PruningError(f"`decision`='paired' runs on one process; this Trainer has world_size="
+                           f"{trainer.world_size} (per-sample results are not gathered across ranks). HINT: use "
+                           f"`decision`='threshold' under DDP")
+    sampler = getattr(loader, "sampler", None)
+    if isinstance(sampler, torch.utils.data.RandomSampler):
+        raise PruningError("`decision`='paired' pairs every step with the start model on the same images, and the "
+                           "evaluation loader shuffles (RandomSampler). HINT: evaluate on a loader with "
+                           "`shuffle=False`, or pass `eval_dataloader=`")
 
 
 def _resize_before_load(module, state_dict, prefix, *_: Any) -> None:

@@ -22,6 +22,7 @@ def accuracy(
     world_size: int = 1,
     reduce: Callable[[torch.Tensor], torch.Tensor] | None = None,
     counts: list[int] | None = None,
+    hits: list[torch.Tensor] | None = None,
 ) -> float:
     """Fraction of samples whose argmax logit is the label, in eval mode without gradients.
 
@@ -40,21 +41,28 @@ def accuracy(
             ``None``: no reduction (single process).
         counts: when given, a list whose contents are replaced with ``[correct, total]`` (the
             sample count sizes the noise of the figure: :func:`accuracy_se`).
+        hits: when given, a list whose contents are replaced with one bool tensor (CPU) of
+            per-sample correct flags in the loader's order (a paired comparison of two models on
+            the same images: :func:`~nestflex.pruning.paired_decision`). Single process only.
 
     Returns:
         The top-1 accuracy, in [0, 1].
 
     Raises:
-        PruningError: the loader yields no samples.
+        PruningError: the loader yields no samples; ``hits`` with ``world_size`` > 1.
 
     Examples:
         >>> net = nn.Linear(4, 2)
         >>> 0.0 <= accuracy(net, [(torch.randn(8, 4), torch.zeros(8, dtype=torch.long))]) <= 1.0
         True
     """
+    if hits is not None and world_size > 1:
+        raise PruningError("per-sample `hits` are not gathered across ranks (world_size="
+                           f"{world_size}). HINT: evaluate on one process")
     param = next(model.parameters())
     flags = {m: m.training for m in model.modules()}
     tally = torch.zeros(2, dtype=torch.float64, device=param.device)
+    seen: list[torch.Tensor] = []
     model.eval()
     try:
         with torch.no_grad():
@@ -64,8 +72,11 @@ def accuracy(
                 if i % world_size != rank:
                     continue
                 x, y = batch[0].to(param.device), batch[1].to(param.device)
-                tally[0] += (model(x).argmax(1) == y).sum()
+                correct = model(x).argmax(1) == y
+                tally[0] += correct.sum()
                 tally[1] += y.numel()
+                if hits is not None:
+                    seen.append(correct.cpu())
     finally:
         for m, flag in flags.items():
             m.train(flag)
@@ -75,6 +86,8 @@ def accuracy(
         raise PruningError("the evaluation dataloader yielded no samples. HINT: check the validation split")
     if counts is not None:
         counts[:] = [int(tally[0]), int(tally[1])]
+    if hits is not None:
+        hits[:] = [torch.cat(seen)]
     return float(tally[0] / tally[1])
 
 

@@ -48,6 +48,9 @@ class Footprint:
         targets: with ``round_to`` > 1, the width each group would have without rounding (the
             schedule the rounded widths follow, :func:`~nestflex.pruning.plan_step`); ``None``
             without rounding, where it equals ``widths``.
+        decision: with ``decision="paired"``, the statistics of the verdict on this step
+            (:meth:`~nestflex.pruning.PairedDecision.to_dict`: ``estimate``, ``bound``, ``se``,
+            ``n``, ``max_drop``, ``confidence``, ``broken``); ``None`` otherwise.
     """
 
     step: int
@@ -59,6 +62,7 @@ class Footprint:
     epoch: int = 0
     checkpoint: str | None = None
     targets: dict[str, int] | None = None
+    decision: dict[str, Any] | None = None
 
 
 @dataclass

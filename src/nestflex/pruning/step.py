@@ -131,7 +131,7 @@ class StepDecision:
 
 def decide_step(
     accuracy: float, goal: float, scale: float, retries: int, backoff: int, recovered: int = 0, recover: int = 0,
-    rejected: int = 0, retry_budget: int | None = None,
+    rejected: int = 0, retry_budget: int | None = None, meets: bool | None = None,
 ) -> StepDecision:
     """NestDNN's rule, as a pure function of the callback's state and the measured accuracy.
 
@@ -156,6 +156,8 @@ def decide_step(
         recover: the most extra retraining epochs a step that misses the goal gets.
         rejected: tries rejected over the whole roadmap before this one.
         retry_budget: the most rejected tries over the whole roadmap; ``None``: no limit.
+        meets: whether the step meets the goal, when another rule judged it (``decision="paired"``:
+            not :attr:`~nestflex.pruning.PairedDecision.broken`); ``None``: ``accuracy >= goal``.
 
     Returns:
         The :class:`StepDecision` (action, next scale and retries, stopping reason).
@@ -171,8 +173,10 @@ def decide_step(
         StepDecision(action='stop', scale=0.25, retries=2, status='goal_broken')
         >>> decide_step(0.85, 0.89, scale=1.0, retries=0, backoff=2, rejected=3, retry_budget=3)
         StepDecision(action='stop', scale=1.0, retries=0, status='goal_broken')
+        >>> decide_step(0.8899, 0.89, scale=1.0, retries=0, backoff=2, meets=True)  # the paired rule kept it
+        StepDecision(action='keep', scale=1.0, retries=0, status=None)
     """
-    if accuracy >= goal:
+    if (accuracy >= goal) if meets is None else meets:
         return StepDecision("keep", min(1.0, scale * 2), 0)
     if recovered < recover:
         return StepDecision("recover", scale, retries)
