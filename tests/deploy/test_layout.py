@@ -14,7 +14,7 @@ IMPORTS = ImportGraph()
 
 #: bottom to top; a module may import its own layer (without a cycle) and the ones below
 LAYERS: list[tuple[str, ...]] = [
-    ("nestflex.errors", "nestflex._io", "nestflex.deploy._registry", "nestflex.deploy._arrays",
+    ("nestflex.errors", "nestflex._io", "nestflex._lazy", "nestflex.deploy._registry", "nestflex.deploy._arrays",
      "nestflex.deploy._memory",
      "nestflex.deploy.timing", "nestflex.deploy.exits", "nestflex.deploy.codec"),
     ("nestflex.deploy.onnxgraph",),

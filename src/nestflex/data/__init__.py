@@ -39,9 +39,9 @@ Examples:
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from nestflex._lazy import lazy_exports
 from nestflex.data._dataset import ImageTensorDataset
 
 if TYPE_CHECKING:  # the lazy names below, for type checkers, IDEs and the API reference (read statically)
@@ -113,7 +113,14 @@ from nestflex.data.mnist import (
     mnist_available,
     read_idx,
 )
-from nestflex.data.svhn import SVHN, SVHN_CLASSES, SVHN_MEAN, SVHN_STD, load_svhn, svhn_available
+from nestflex.data.svhn import (
+    SVHN,
+    SVHN_CLASSES,
+    SVHN_MEAN,
+    SVHN_STD,
+    load_svhn,
+    svhn_available,
+)
 from nestflex.data.synthetic import (
     SYNTHETIC_CLASSES,
     SYNTHETIC_MEAN,
@@ -214,14 +221,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'nestflex.data' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value  # later lookups skip this function
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY))
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY)

@@ -12,10 +12,14 @@ gRPC is imported only when a :class:`TailClient` is made).
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from nestflex._lazy import lazy_exports
 
 if TYPE_CHECKING:  # the names, for type checkers and IDEs; at run time they are imported on first use
+    from nestflex.deploy.bundle.constants import SCHEMA_VERSION
+    from nestflex.deploy.bundle.errors import BundleError
+    from nestflex.deploy.bundle.loader import Bundle, load
     from nestflex.deploy.codec import (
         Codec,
         CodecError,
@@ -32,9 +36,7 @@ if TYPE_CHECKING:  # the names, for type checkers and IDEs; at run time they are
         list_codecs,
         register_codec,
     )
-    from nestflex.deploy.bundle.constants import SCHEMA_VERSION
-    from nestflex.deploy.bundle.errors import BundleError
-    from nestflex.deploy.bundle.loader import Bundle, load
+    from nestflex.deploy.engine import Engine, EngineError, FrameResult
     from nestflex.deploy.exits import (
         ExitError,
         ExitResult,
@@ -44,16 +46,9 @@ if TYPE_CHECKING:  # the names, for type checkers and IDEs; at run time they are
         list_confidences,
         register_confidence,
     )
+    from nestflex.deploy.profiler import OnlineProfiler, ProfilerError
     from nestflex.deploy.runtime.capacity import CapacityRuntime, PagingReport
     from nestflex.deploy.runtime.progressive import ProgressiveRuntime
-    from nestflex.deploy.engine import Engine, EngineError, FrameResult
-    from nestflex.deploy.split.network import NetworkProfiler
-    from nestflex.deploy.profiler import OnlineProfiler, ProfilerError
-    from nestflex.deploy.split.runtime import SERVER_ONLY, SplitRuntime
-    from nestflex.deploy.split.costs import accuracy_drops, measure_bytes, measure_costs
-    from nestflex.deploy.split.client import SplitError, TailClient
-    from nestflex.deploy.split.offload import Offloader, SplitAnswer, SplitConfig
-    from nestflex.deploy.scheduler.split import SplitCosts, SplitPlan, SplitScheduler
     from nestflex.deploy.scheduler import (
         AppProfile,
         Decision,
@@ -63,6 +58,12 @@ if TYPE_CHECKING:  # the names, for type checkers and IDEs; at run time they are
         list_schedulers,
         register_scheduler,
     )
+    from nestflex.deploy.scheduler.split import SplitCosts, SplitPlan, SplitScheduler
+    from nestflex.deploy.split.client import SplitError, TailClient
+    from nestflex.deploy.split.costs import accuracy_drops, measure_bytes, measure_costs
+    from nestflex.deploy.split.network import NetworkProfiler
+    from nestflex.deploy.split.offload import Offloader, SplitAnswer, SplitConfig
+    from nestflex.deploy.split.runtime import SERVER_ONLY, SplitRuntime
     from nestflex.errors import NestflexError
 
 __all__ = [
@@ -192,14 +193,4 @@ _HOME: dict[str, str] = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    home = _HOME.get(name)
-    if home is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(home), name)
-    globals()[name] = value  # once: later lookups are plain module attributes
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_exports(__name__, _HOME)

@@ -35,10 +35,10 @@ Examples:
 
 from __future__ import annotations
 
-import importlib
 import sys
 from typing import TYPE_CHECKING, Any
 
+from nestflex._lazy import lazy_exports
 from nestflex.deploy.exits import (
     FALLBACKS,
     ExitError,
@@ -161,16 +161,10 @@ __all__ = [
 ]
 
 
+_lazy_getattr, __dir__ = lazy_exports(__name__, _LAZY)
+
+
 def __getattr__(name: str) -> Any:
-    if name in _MOVED:
+    if name in _MOVED:  # the old module paths: nestflex.exits.search etc.
         return _MOVED[name]
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value  # later lookups are plain module attributes
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY))
+    return _lazy_getattr(name)

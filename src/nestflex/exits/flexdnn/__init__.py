@@ -40,9 +40,9 @@ Examples:
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from nestflex._lazy import lazy_exports
 from nestflex.exits.flexdnn.fine_grained import (
     CompactHead,
     FilterSubsetExit,
@@ -50,7 +50,13 @@ from nestflex.exits.flexdnn.fine_grained import (
     exit_filter_counts,
     fine_grained_exit,
 )
-from nestflex.exits.flexdnn.pipeline import FlexDNNConfig, FlexDNNResult, evaluate_flex, flexdnn, operating_points
+from nestflex.exits.flexdnn.pipeline import (
+    FlexDNNConfig,
+    FlexDNNResult,
+    evaluate_flex,
+    flexdnn,
+    operating_points,
+)
 from nestflex.exits.flexdnn.plan import InsertionPlan, insertion_plan, subset_cost
 from nestflex.exits.flexdnn.spec import build_flex_network, load_flex_network
 
@@ -85,14 +91,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value  # later lookups are plain module attributes
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY))
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY)
