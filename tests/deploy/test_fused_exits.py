@@ -10,6 +10,7 @@ import nestflex.deploy as nd
 from nestflex.deploy.backends.plan import ExecutionPlan, ExitsPlan
 from nestflex.deploy.backends.onnxruntime import _fused_call, _session, fused_exits_path
 from nestflex.deploy.backends.base import tuned_dir
+from nestflex.deploy.backends.fused_exits import weights_file
 from nestflex.deploy.exits import apply_policy, get_confidence, register_confidence
 from tests.export.bundles import write_bundle
 
@@ -38,6 +39,20 @@ def _fused(bundle, confidence, fallback):
                             [bundle.file(files[("exit", k)].file) for k in range(n - 1)],
                             [int(files[("stage", k)].extra.get("tap_output") or 0) for k in range(n - 1)])
     return path, _fused_call(_session(path, 1, tuned_dir(bundle) / f"{path.stem}.optimized.onnx"))
+
+
+def test_the_fused_graph_keeps_its_weights_in_a_file_beside_it(bundle):
+    import onnx
+
+    path, _ = _fused(bundle, "max_prob", "final")
+    weights = sum(bundle.file(o.file).stat().st_size for o in bundle.spec.onnx
+                  if o.kind in ("stage", "exit") and o.exit_set == "progressive")
+    # every weight of the stages and heads is in the data file, none in the graph (or its branches)
+    assert weights_file(path).stat().st_size > 0.8 * weights > path.stat().st_size
+    model = onnx.load(str(path), load_external_data=False)
+    inline = [t.name for g in [model.graph] + [a.g for n in model.graph.node for a in n.attribute if a.type == a.GRAPH]
+              for t in g.initializer if len(t.raw_data) >= 1024]
+    assert inline == []
 
 
 @pytest.mark.parametrize("confidence", ["max_prob", "entropy"])

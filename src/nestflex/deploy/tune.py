@@ -34,6 +34,7 @@ from nestflex.deploy.backends.base import (
     list_backends,
     tuned_dir,
 )
+from nestflex.deploy.backends.fused_exits import weights_file
 from nestflex.deploy.backends.plan import ExecutionPlan, ExitsPlan, LevelPlan
 
 __all__ = ["synthesize", "choose_active_exits", "reference_backend"]
@@ -426,7 +427,8 @@ def _drop_fused(bundle: Any, key: str, created_since: set[Path], keep: Sequence[
     keep_tag = None if keep is None else "-a" + ".".join(str(k) for k in keep)
     for f in _fused_files(bundle, key) - created_since:
         if keep_tag is None or not f.name.endswith(f"{keep_tag}.onnx"):
-            f.unlink(missing_ok=True)
+            f.unlink(missing_ok=True)  # the graph first: a graph without its weights file is never left
+            weights_file(f).unlink(missing_ok=True)
 
 
 def _accuracy(fn: Callable[[np.ndarray], np.ndarray], x: np.ndarray, y: np.ndarray, batch: int = 64) -> float:

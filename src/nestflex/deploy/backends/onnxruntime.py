@@ -15,7 +15,7 @@ import numpy as np
 from nestflex.deploy.backends.base import (Backend, ExitsContext, LevelContext, Prepared, PreparedExits, _built,
                                            tuned_dir)
 from nestflex.deploy.backends.graphs import exit_graphs, level_graph
-from nestflex.deploy.backends.fused_exits import FUSED_CONFIDENCES, fuse_exits
+from nestflex.deploy.backends.fused_exits import FUSED_CONFIDENCES, fuse_exits, weights_file
 from nestflex.deploy.backends.quantize import mixed_float_layers, pad_level, quantize_level
 from nestflex.deploy.exits import ExitResult
 from nestflex.deploy._memory import release_freed
@@ -63,6 +63,8 @@ class OnnxRuntimeBackend(Backend):
             # clashing names (its NCHWc `reorder` outputs), a file it then refuses to load
             session = _session(path, ctx.threads, tuned / f"{path.stem}.optimized.onnx" if optimized_copy else None)
             held[0] += path.stat().st_size  # counted once it is open
+            if weights_file(path).is_file():  # the fused graph's weights, beside it
+                held[0] += weights_file(path).stat().st_size
             return session
 
         def lazy(path: Path) -> Callable[[], Any]:
@@ -143,8 +145,9 @@ def fused_exits_path(bundle: Any, key: str, confidence: str, fallback: str, stag
     fraction of a second) and kept there; the temp folder when the bundle's folder cannot be written."""
     active = None if active is None else sorted(set(active))
     kept = "" if active is None or active == list(range(len(heads))) else "-a" + ".".join(str(k) for k in active)
-    # v2: every weight in the main graph (fused_exits), so a v1 file a device kept is rebuilt, not reused
-    return _built(bundle, f"{key}.fused-v2-{confidence}-{fallback}{kept}.onnx",
+    # the version tag changes whenever the file's form does, so a file a device kept from an older
+    # nestflex is rebuilt, not reused (v3: the weights in a file beside the graph)
+    return _built(bundle, f"{key}.fused-v3-{confidence}-{fallback}{kept}.onnx",
                   lambda target: fuse_exits(stages, heads, taps, bundle.spec.num_classes, confidence, fallback, target,
                                             active))
 
