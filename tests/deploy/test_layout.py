@@ -26,7 +26,9 @@ LAYERS: list[tuple[str, ...]] = [
     ("nestflex.deploy.profiler",),
     ("nestflex.deploy._engine_apps",),  # what the engine keeps per app, and measures when it joins
     ("nestflex.deploy._engine_plan",),  # the engine's decisions, pure functions of its apps
-    ("nestflex.deploy.engine", "nestflex.deploy.split"),
+    # the engine, the split runtime, and the engine's split apps and joint planner (they use both)
+    ("nestflex.deploy.engine", "nestflex.deploy.split", "nestflex.deploy._engine_split",
+     "nestflex.deploy._engine_joint"),
     ("nestflex.deploy.tune",),
     ("nestflex.deploy",),  # the package's __init__: the public API, above every part
     ("nestflex.serve",),

@@ -71,6 +71,8 @@ class App:
         "submitted": 0, "answered": 0, "dropped": 0, "failed": 0, "switches": 0, "page_in_bytes": 0,
         "page_out_bytes": 0})
     latencies: deque = field(default_factory=lambda: deque(maxlen=2048))
+    split: Any = None  # _engine_split.SplitApp of an app with a tail server
+    joint: Any = None  # (JointApp, option -> RunSpec) when the engine plans with the joint scheduler
 
     @property
     def period_ms(self) -> float:
@@ -226,5 +228,6 @@ def app_stats(a: App, now: float) -> dict[str, Any]:
         # what the scheduler plans with: bytes held at each level, the exit set's included
         "level_bytes": [a.level_bytes(k) for k in range(a.bundle.num_levels)],
         "level_ms": [round(v, 4) for v in a.level_ms], "exit_ms": [round(v, 4) for v in a.exit_ms],
+        "split": a.split.stats() if a.split is not None else None,
     }
 

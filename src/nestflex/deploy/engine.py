@@ -30,6 +30,16 @@ frame, and the scheduler's decisions are applied live, between frames:
   after the fact by demoting the lowest-priority app one level at a time (every app fits at
   level 0: a budget below that is refused when it is set).
 
+**Split apps** (issue 41): an app added with ``tail=`` (a ``nestflex serve`` address, or a tail
+client) runs its frames through the same queue with the
+:class:`~nestflex.deploy.split.offload.Offloader`: head, send and local continuation on the worker at
+the app's share, the wait for the server and the fallback on waiter threads of the app's own
+(:mod:`._engine_split`), so a failing server or link never stalls the other apps, and every frame is
+answered. With ``scheduler="joint_total"`` (or ``"joint_max"``, or a
+:class:`~nestflex.deploy.scheduler.joint.JointScheduler`) the engine plans level x exit operating
+point x split x bitwidth for all apps at once over the shared device, memory, link and server
+(:mod:`._engine_joint`); other schedulers run split apps on the device.
+
 Re-planning happens on events: an app joins or leaves, a budget changes, or the profiler's
 slowdown factor drifts by more than ``replan_drift`` from the value the last plan used (another
 process took a core). Schedulers are the registry's (:func:`~nestflex.deploy.scheduler.get_scheduler`):
@@ -42,7 +52,8 @@ needs no torch.
 
 Beside this module: :mod:`nestflex.deploy.operating_points` reads an exit set's operating points
 from the bundle; :mod:`._engine_apps` holds what the engine keeps per app and measures when it
-joins; :mod:`._engine_plan` holds the engine's decisions as pure functions of its apps.
+joins; :mod:`._engine_plan` holds the engine's decisions as pure functions of its apps;
+:mod:`._engine_split` serves split apps, :mod:`._engine_joint` builds the joint planner's options.
 
 Example::
 
@@ -70,6 +81,7 @@ import numpy as np
 from nestflex.deploy._arrays import as_numpy, is_torch
 from nestflex.deploy._engine_apps import MB, App, Frame, Measured, app_stats, measure_app, row_latency
 from nestflex.deploy._engine_plan import app_profiles, budget_message, choose_point, enforce_memory
+from nestflex.deploy._engine_split import SplitServing, close_split
 from nestflex.deploy._memory import rss_bytes
 from nestflex.deploy.backends.plan import ExecutionPlan
 from nestflex.deploy.bundle.loader import Bundle, load
@@ -78,6 +90,7 @@ from nestflex.deploy.profiler import OnlineProfiler
 from nestflex.deploy.runtime.capacity import CapacityRuntime, resolve_plan
 from nestflex.deploy.runtime.progressive import ProgressiveRuntime
 from nestflex.deploy.scheduler import Decision, Scheduler, SchedulerError, get_scheduler
+from nestflex.deploy.scheduler.joint import JointScheduler
 from nestflex.errors import NestflexError
 
 __all__ = ["EngineError", "ExitPoint", "FrameResult", "Engine", "operating_points"]
@@ -104,6 +117,9 @@ class FrameResult:
         compute_ms: time on the runtime.
         dropped: the engine dropped it (``reason`` says why).
         reason: ``"superseded"``, ``"late"``, ``"queue_full"`` or ``"closed"``.
+        where: a split app's frame: ``"device"``, ``"local"``, ``"server"`` or ``"fallback"``
+            (:class:`~nestflex.deploy.split.offload.SplitAnswer`); ``None`` for the engine's own runtimes.
+        bytes_sent: request bytes a split app's frame sent.
 
     Not frozen: one is built per frame, and a frozen dataclass's ``__init__`` costs several times
     more (``object.__setattr__`` per field); treat it as read-only.
@@ -120,18 +136,22 @@ class FrameResult:
     compute_ms: float
     dropped: bool = False
     reason: str | None = None
+    where: str | None = None
+    bytes_sent: int = 0
 
     @property
     def answered(self) -> bool:
         return not self.dropped
 
 
-class Engine:
+class Engine(SplitServing):
     """Serves several apps on one device, adapting each app's configuration as resources change.
 
     Args:
         scheduler: a registered scheduler name or a :class:`~nestflex.deploy.scheduler.Scheduler`
-            (``knee`` is the status quo: fixed knee level, equal shares, memory not planned).
+            (``knee`` is the status quo: fixed knee level, equal shares, memory not planned), or
+            ``"joint_total"`` / ``"joint_max"`` / a :class:`~nestflex.deploy.scheduler.joint.JointScheduler`
+            (levels, exits, splits and bitwidths planned together).
         memory_mb: memory budget for all apps' resident bytes (``None``: unlimited).
         cpu: share of the device the apps may use, in (0, 1].
         alpha: the scheduler's latency weight.
@@ -148,14 +168,20 @@ class Engine:
         max_delay_periods: a queued frame older than this many of its app's frame periods is dropped.
         max_pending: frames queued per app before the oldest is dropped.
         profiler: an :class:`OnlineProfiler` (a new one with a 32-frame window if ``None``).
+        link_mbps: the joint planner's uplink bandwidth until the network profiler has measured it.
+        server_capacity: server seconds per second the apps may use (the joint planner's capacity).
+        server_speedup: how much faster the server runs a segment than this device (split apps' profiles).
+        probe_every_s: while the link counts as down, or no split app sent for this long, probe it.
 
     Raises:
         EngineError: an argument out of range; SchedulerError for an unknown scheduler name.
     """
 
+    _result, _error = FrameResult, EngineError  # for SplitServing's methods
+
     def __init__(
         self,
-        scheduler: str | Scheduler = "greedy_total",
+        scheduler: str | Scheduler | JointScheduler = "greedy_total",
         *,
         memory_mb: float | None = None,
         cpu: float = 1.0,
@@ -168,13 +194,25 @@ class Engine:
         max_delay_periods: float = 2.0,
         max_pending: int = 4,
         profiler: OnlineProfiler | None = None,
+        link_mbps: float = 10.0,
+        server_capacity: float = 1.0,
+        server_speedup: float = 1.0,
+        probe_every_s: float = 1.0,
     ) -> None:
-        self.scheduler = get_scheduler(scheduler)
+        from nestflex.deploy._engine_joint import JOINT_NAMES
+
+        self.scheduler: Scheduler | JointScheduler = (
+            JointScheduler(JOINT_NAMES[scheduler]) if isinstance(scheduler, str) and scheduler in JOINT_NAMES
+            else scheduler if isinstance(scheduler, JointScheduler) else get_scheduler(scheduler))
         self._check_budget(memory_mb, cpu)
         for arg, value, ok in (("alpha", alpha, 0 <= alpha <= 1), ("unit", unit, 0 < unit <= 1),
                                ("replan_drift", replan_drift, replan_drift > 0),
                                ("min_replan_s", min_replan_s, min_replan_s >= 0),
-                               ("max_delay_periods", max_delay_periods, max_delay_periods > 0)):
+                               ("max_delay_periods", max_delay_periods, max_delay_periods > 0),
+                               ("link_mbps", link_mbps, link_mbps > 0), ("server_capacity", server_capacity,
+                                                                          server_capacity >= 0),
+                               ("server_speedup", server_speedup, server_speedup > 0),
+                               ("probe_every_s", probe_every_s, probe_every_s > 0)):
             if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value) or not ok:
                 raise EngineError(f"`{arg}` is out of range: {value!r}. HINT: see nestflex.deploy.Engine's docstring")
         if isinstance(max_pending, bool) or not isinstance(max_pending, int) or max_pending < 1:
@@ -186,6 +224,12 @@ class Engine:
         self.replan_drift, self.min_replan_s = float(replan_drift), float(min_replan_s)
         self.max_delay_periods, self.max_pending = float(max_delay_periods), max_pending
         self.profiler = profiler if profiler is not None else OnlineProfiler()
+        self.link_mbps, self.server_capacity = float(link_mbps), float(server_capacity)
+        self.server_speedup, self.probe_every_s = float(server_speedup), float(probe_every_s)
+        self.network: Any = None  # the shared link's NetworkProfiler, made when the first split app joins
+        self._link: Any = None  # _engine_split.LinkState, with it
+        self._link_event: str | None = None  # a waiter saw the link change: re-plan between frames
+        self._plan_link = (0.0, True)  # (bandwidth, up) the last plan used
         self.decision: Decision | None = None
         self.plans: deque[dict[str, Any]] = deque(maxlen=256)
         self._apps: dict[str, App] = {}
@@ -215,6 +259,10 @@ class Engine:
         exit_set: str | None = "auto",
         profile: bool = True,
         profile_repeats: int = 5,
+        tail: Any = None,
+        deadline_ms: float = 500.0,
+        depth: int = 2,
+        split_bits: tuple[int, ...] = (2, 4, 8),
     ) -> dict[str, Any]:
         """Register an app and re-plan; returns its :meth:`stats` row.
 
@@ -229,6 +277,14 @@ class Engine:
             profile: time every level and exit here, on this device, before planning (batch 1,
                 ``profile_repeats`` runs each); if false, use the bundle's ``latency_ms`` rows.
             profile_repeats: timed runs per level and exit.
+            tail: a tail server for split inference: a ``host:port`` address (``nestflex serve``)
+                or a tail client (:class:`~nestflex.deploy.split.client.TailClient`, ``RayTailClient``,
+                used and left open); ``None``: the app runs on the device only. Its exits then run in
+                the :class:`~nestflex.deploy.split.offload.Offloader` (the bundle's ``exits``), so
+                ``exit_set`` must be ``"auto"`` or ``None``.
+            deadline_ms: a split request's deadline; past it the frame is answered on the device.
+            depth: a split app's requests in flight; a frame beyond them runs on the device.
+            split_bits: bitwidths the planner considers for the tensors sent (float32 always).
 
         Raises:
             EngineError: a duplicate name, a bad goal, a bundle that fails to load or has no level
@@ -255,9 +311,22 @@ class Engine:
         if not profile and any(row_latency(r) is None for r in b.levels):
             raise EngineError(f"app {name!r}: bundle {str(b.path)!r} has no batch-1 latency per level. "
                               f"HINT: pass profile=True to time the levels on this device")
+        if tail is not None:
+            if exit_set not in ("auto", None):
+                raise EngineError(f"app {name!r}: with a `tail` the exits run in the offloader (the bundle's "
+                                  f"'exits'), got exit_set={exit_set!r}. HINT: pass exit_set='auto' or None")
+            if isinstance(depth, bool) or not isinstance(depth, int) or depth < 1:
+                raise EngineError(f"app {name!r}: `depth` must be an int >= 1 (requests in flight), got {depth!r}")
+            if not (isinstance(deadline_ms, (int, float)) and math.isfinite(deadline_ms) and deadline_ms > 0):
+                raise EngineError(f"app {name!r}: `deadline_ms` must be a number > 0, got {deadline_ms!r}")
+            if not isinstance(tail, str) and not hasattr(tail, "submit"):
+                raise EngineError(f"app {name!r}: `tail` must be a 'host:port' address or a tail client (with "
+                                  f"submit()), got {type(tail).__name__}")
+            exit_set = None
         app = App(name, b, float(fps), min_accuracy, float(priority), _choose_exit_set(name, b, exit_set),
                    [int(v) for v in b.input_spec["shape"]])
-        return self._control(lambda: self._join(app, profile, profile_repeats))
+        split = (tail, float(deadline_ms), depth, tuple(split_bits)) if tail is not None else None
+        return self._control(lambda: self._join(app, profile, profile_repeats, split))
 
     def remove_app(self, name: str) -> None:
         """Unregister ``name``: its queued frames are dropped (reason ``"closed"``), its runtimes
@@ -397,6 +466,9 @@ class Engine:
             self._closed = True
             self._cond.notify_all()
         self._worker.join()
+        for a in self._apps.values():
+            if a.split is not None:
+                close_split(a.split)
         self.profiler.close()
 
     def __enter__(self) -> "Engine":
@@ -472,6 +544,8 @@ class Engine:
                 continue
             if work is not None:
                 self._serve(*work)
+                if self._link is not None:
+                    self._link_tick()
         with self._cond:
             for a in self._apps.values():
                 while a.queue:
@@ -509,6 +583,9 @@ class Engine:
         return best, best.queue.popleft()
 
     def _serve(self, app: App, frame: Frame) -> None:
+        s = app.split
+        if s is not None and s.config is not None and s.inflight < s.depth:
+            return self._serve_split(app, frame)
         level, point = app.level, app.point
         start = time.perf_counter()
         try:
@@ -524,15 +601,21 @@ class Engine:
             return
         end = time.perf_counter()
         compute_ms = 1e3 * (end - start)
-        app.finish = self._vclock + compute_ms / max(app.share, 1e-6)
         latency = 1e3 * (end - frame.arrival)
-        app.counts["answered"] += 1
-        app.latencies.append(latency)
-        predicted = app.exit_ms[exit_k] if exit_k is not None else app.level_ms[level]
-        self.profiler.record(app.name, level, exit_k, compute_ms, predicted)
+        with self._cond:  # a split app's waiters count too
+            app.counts["answered"] += 1
+            app.latencies.append(latency)
         scores = logits.tolist()  # arg-max in Python: an array call costs more than the 10-100 values
         frame.future.set_result(FrameResult(app.name, frame.seq, frame.tag, max(range(len(scores)), key=scores.__getitem__),
                                             frame.back(logits), level, exit_k, latency, compute_ms))
+        self._after_frame(app, level, exit_k, compute_ms,
+                          app.exit_ms[exit_k] if exit_k is not None else app.level_ms[level], end)
+
+    def _after_frame(self, app: App, level: int, exit_k: int | None, compute_ms: float, predicted: float | None,
+                     end: float) -> None:
+        """The fair queue's tag, the profiler, the CPU quota and a drift re-plan after a frame's device work."""
+        app.finish = self._vclock + compute_ms / max(app.share, 1e-6)
+        self.profiler.record(app.name, level, exit_k, compute_ms, predicted)
         if self.cpu < 1.0:  # a CPU quota: idle for the rest of this frame's slice
             time.sleep(compute_ms * (1.0 / self.cpu - 1.0) / 1e3)
         slow = self.profiler.slowdown()
@@ -545,7 +628,7 @@ class Engine:
                 self.plans.append({"t": round(self._last_plan - self._t0, 4), "reason": "drift", "error": str(e)})
 
     # ------------------------------------------------------------------ joining, leaving, planning
-    def _join(self, app: App, profile: bool, repeats: int) -> dict[str, Any]:
+    def _join(self, app: App, profile: bool, repeats: int, split: tuple | None = None) -> dict[str, Any]:
         if app.name in self._apps:
             raise EngineError(f"app {app.name!r} is already registered. HINT: remove_app({app.name!r}) first, or "
                               f"choose another name")
@@ -568,6 +651,17 @@ class Engine:
         kept = measure_app(app, profile, repeats, total - others, total, self._measured.get(key))
         if kept is not None:
             self._measured[key] = kept
+        try:
+            if split is not None:
+                self._open_split(app, split, repeats)
+            if self._joint:
+                from nestflex.deploy._engine_joint import joint_app
+
+                app.joint = joint_app(app)
+        except NestflexError as e:
+            if app.split is not None:
+                close_split(app.split)
+            raise EngineError(f"app {app.name!r}: its split configurations cannot be set up: {e}") from e
         app.joined = time.perf_counter()
         with self._cond:
             self._apps[app.name] = app
@@ -576,6 +670,8 @@ class Engine:
         except BaseException:
             with self._cond:
                 del self._apps[app.name]
+            if app.split is not None:
+                close_split(app.split)
             raise
         return self._stats()["apps"][app.name]
 
@@ -592,6 +688,8 @@ class Engine:
                 self._drop(app, app.queue.popleft(), "closed")
         self.profiler.forget(name)
         app.runtime = app.progressive = None  # release the resident weights
+        if app.split is not None:
+            close_split(app.split)
         if self._apps:
             self._plan("leave")
         else:
@@ -605,14 +703,22 @@ class Engine:
         t0 = time.perf_counter()
         slow = self.profiler.slowdown()
         scale = slow / self.cpu
-        profiles = app_profiles(apps, scale)
-        memory = self.memory_mb if self.memory_mb is not None else sum(p.levels[-1].memory_mb for p in profiles) + 1
+        specs = None
         try:
-            decision = self.scheduler.schedule(profiles, memory_mb=memory, alpha=self.alpha, unit=self.unit)
+            if self._joint:
+                decision, specs, shares = self._plan_joint(apps, scale)
+                # an app that offloads runs in its offloader's own split runtime: its capacity runtime
+                # stays where it is (no session rebuilt on the worker for a configuration it does not run)
+                levels = {a.name: a.level if specs[a.name].config is not None else specs[a.name].level for a in apps}
+            else:
+                profiles = app_profiles(apps, scale)
+                memory = (self.memory_mb if self.memory_mb is not None
+                          else sum(p.levels[-1].memory_mb for p in profiles) + 1)
+                decision = self.scheduler.schedule(profiles, memory_mb=memory, alpha=self.alpha, unit=self.unit)
+                levels = {a.app: a.level for a in decision.allocations}
+                shares = {a.app: a.share for a in decision.allocations}
         except SchedulerError as e:
             raise EngineError(f"the scheduler refused the apps {[a.name for a in apps]}: {e}") from e
-        levels = {a.app: a.level for a in decision.allocations}
-        shares = {a.app: a.share for a in decision.allocations}
         if not enforce_memory(apps, levels, self.memory_mb):  # unreachable: add_app and set_budget check level 0
             raise EngineError(budget_message(self.memory_mb, apps))
         t1 = time.perf_counter()
@@ -631,17 +737,24 @@ class Engine:
             if a.level == a.top and a.exit_key is not None and a.progressive is None:
                 a.progressive = ProgressiveRuntime(a.bundle, a.runtime, exit_set=a.exit_key, plan=a.plan)
             a.point = choose_point(a, scale, self.adapt_exits) if a.progressive is not None else None
+            if specs is not None:  # the joint decision chose the point, and a split app's configuration
+                a.point = specs[a.name].point if a.progressive is not None else None
+                if a.split is not None:
+                    option = decision.allocation(a.name).option
+                    a.split.set_config(specs[a.name].config, option.device_ms if specs[a.name].config else None)
         t2 = time.perf_counter()
         self.decision, self._plan_slowdown, self._last_plan = decision, slow, t2
         self.plans.append({"t": round(t2 - self._t0, 4), "reason": reason, "slowdown": round(slow, 4),
                            "plan_ms": round(1e3 * (t1 - t0), 4), "apply_ms": round(1e3 * (t2 - t1), 4),
-                           "apps": {a.name: {"level": a.level, "point": a.point, "share": round(a.share, 4)}
-                                  for a in apps}})
+                           "apps": {a.name: {"level": a.level, "point": a.point, "share": round(a.share, 4),
+                                             **({"option": decision.allocation(a.name).option.label}
+                                                if specs is not None else {})} for a in apps}})
         return decision
 
     def _stats(self) -> dict[str, Any]:
         now = time.perf_counter()
-        apps = {a.name: app_stats(a, now) for a in self._apps.values()}
+        with self._cond:  # a split app's waiters update its counts under the lock
+            apps = {a.name: app_stats(a, now) for a in self._apps.values()}
         rss = rss_bytes()
         return {"scheduler": self.scheduler.name, "memory_mb": self.memory_mb, "cpu": self.cpu,
                 "resident_bytes": sum(a.resident_bytes for a in self._apps.values()),
@@ -651,7 +764,8 @@ class Engine:
                 "process_rss_bytes": rss,
                 "rss_growth_bytes": None if rss is None or self._rss0 is None else rss - self._rss0,
                 "slowdown": round(self.profiler.slowdown(), 4), "plans": len(self.plans),
-                "last_plan": self.plans[-1] if self.plans else None, "apps": apps}
+                "last_plan": self.plans[-1] if self.plans else None, "apps": apps,
+                "network": None if self.network is None else {**self.network.stats(), "up": self._link.up}}
 
     def __repr__(self) -> str:
         return (f"Engine(scheduler={self.scheduler.name!r}, apps={sorted(self._apps)}, memory_mb={self.memory_mb}, "

@@ -278,25 +278,30 @@ def pareto_front(options: Sequence[JointOption], accuracy_eps: float = 0.0, cost
     >>> pareto_front([a, b, c, d]), pareto_front([a, b, c, d], accuracy_eps=0.002, cost_eps=0.05)
     ([0, 1, 3], [0, 1])
     """
-    rows = np.array([[-o.accuracy, o.device_ms, o.bytes, o.server_ms, o.memory_mb] for o in options])
+    rows = np.array([[-o.accuracy, o.device_ms, o.bytes, o.server_ms, o.memory_mb] for o in options]).reshape(-1, 5)
     keep = []
-    for i in range(len(options)):
-        no_worse = (rows <= rows[i]).all(axis=1)
-        better = (rows < rows[i]).any(axis=1)
-        same = (rows == rows[i]).all(axis=1)
-        if (no_worse & better).any() or same[:i].any():
-            continue
-        keep.append(i)
+    n = len(rows)
+    cols = [rows[:, k] for k in range(5)]
+    for lo in range(0, n, 256):  # blocks of rows against all, one column at a time (2-D, contiguous)
+        blk = [c[lo:lo + 256, None] for c in cols]
+        no_worse, better, same = np.ones((len(blk[0]), n), dtype=bool), np.zeros((len(blk[0]), n), dtype=bool), None
+        for c, b in zip(cols, blk):
+            no_worse &= c[None, :] <= b
+            better |= c[None, :] < b
+        same = no_worse & ~better & (np.arange(n)[None, :] < np.arange(lo, lo + len(blk[0]))[:, None])
+        keep += [lo + int(i) for i in np.flatnonzero(~(no_worse & better).any(axis=1) & ~same.any(axis=1))]
     if accuracy_eps <= 0 and cost_eps <= 0:
         return keep
-    thinned: list[int] = []
-    for i in sorted(keep, key=lambda i: (rows[i, 0], tuple(rows[i, 1:]))):  # most accurate first
-        kept = rows[thinned]
-        if ((kept[:, 0] <= rows[i, 0] + accuracy_eps) & (kept[:, 1:] <= rows[i, 1:] * (1 + cost_eps) + 1e-12).all(axis=1)
-            ).any():
-            continue
-        thinned.append(i)
-    return sorted(thinned)
+    order = sorted(keep, key=lambda i: (rows[i, 0], tuple(rows[i, 1:])))  # most accurate first
+    r = rows[order]
+    # covers[j, i]: option j (in that order) is within the steps of option i on accuracy and every cost
+    covers = r[:, None, 0] <= r[None, :, 0] + accuracy_eps
+    for k in range(1, 5):
+        covers &= r[:, None, k] <= r[None, :, k] * (1 + cost_eps) + 1e-12
+    kept = np.zeros(len(order), dtype=bool)
+    for i in range(len(order)):
+        kept[i] = not (covers[:i, i] & kept[:i]).any()
+    return sorted(order[i] for i in np.flatnonzero(kept))
 
 
 def _rows(options: Sequence[JointOption]) -> np.ndarray:
@@ -385,7 +390,9 @@ class _Problem:
         safe = np.where(cap > 0, cap, 1.0)
         # per app and option: demand per second on each resource as a share of its capacity
         self.load = [r[:, 1:4] * app.fps / safe for app, r in zip(apps, tables)]
-        self.uses = [np.column_stack([np.ones(len(r), dtype=bool), r[:, 2] > 0, r[:, 3] > 0]) for r in tables]
+        # which shared resources an option waits on, as one of four patterns (the device always):
+        # 0 device, 1 + link, 2 + server, 3 all three; an app's slowdown is the peak load of its pattern
+        self.pattern = [((r[:, 2] > 0).astype(np.int64) + 2 * (r[:, 3] > 0)) for r in tables]
         self.deficit = [np.maximum(0.0, goal - r[:, 0]) for goal, r in zip(goals, tables)]
         self.memory = [r[:, 4] for r in tables]
         # SPINN's tie-break among equal costs: fewer bytes, then less server time
@@ -399,22 +406,21 @@ class _Problem:
                 out[v, :len(a)] = a
             return out
 
-        self.s_load, self.s_uses = stack(self.load, 0.0), stack(self.uses, False)
+        self.s_load, self.s_pattern = stack(self.load, 0.0), stack(self.pattern, 0)
         self.s_deficit, self.s_memory, self.s_tie = stack(self.deficit, 0.0), stack(self.memory, 0.0), stack(self.tie, 0.0)
         self.rows_n = np.arange(len(apps))
+        self.budget = res.memory_mb + MEMORY_TOL
 
     def costs(self, choice: Sequence[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(cost per app, slowdown per app, loads) of one assignment."""
-        rho = np.sum([self.load[v][c] for v, c in enumerate(choice)], axis=0)
-        slow = np.array([max(1.0, float(np.max(np.where(self.uses[v][c], rho, 0.0)))) for v, c in enumerate(choice)])
-        cost = np.array([self.deficit[v][c] for v, c in enumerate(choice)]) + self.alpha * (slow - 1.0)
-        return cost, slow, rho
+        """(cost per app, slowdown per app, loads) of one assignment (:func:`_evaluate` of one row)."""
+        cost, slow, rho, _, _ = _evaluate(self, np.asarray(choice, dtype=np.int64)[None, :])
+        return cost[0], slow[0], rho[0]
 
     def value(self, cost: np.ndarray) -> float:
         return float(math.fsum(cost)) if self.objective == "total" else float(np.max(cost))
 
     def fits(self, choice: Sequence[int]) -> bool:
-        return math.fsum(self.memory[v][c] for v, c in enumerate(choice)) <= self.res.memory_mb + MEMORY_TOL
+        return math.fsum(self.memory[v][c] for v, c in enumerate(choice)) <= self.budget
 
     def decision(self, name: str, choice: Sequence[int], start: float) -> JointDecision:
         cost, slow, rho = self.costs(choice)
@@ -473,8 +479,7 @@ class JointScheduler:
         best, best_key = None, None
         for choice in starts:
             choice = self._fit(p, list(choice))
-            choice = self._descend(p, choice)
-            key = _key(p, *_evaluate(p, choice, [], np.zeros((1, 0), dtype=np.int64)))[0]
+            choice, key = self._descend(p, choice)
             if best_key is None or _better(key, best_key):
                 best, best_key = choice, key
         self.last = p.decision(self.name, best, start)
@@ -489,57 +494,107 @@ class JointScheduler:
             choice[v] = int(np.argmin(p.memory[v] + p.deficit[v] * 1e-6))
         return choice
 
-    def _descend(self, p: _Problem, choice: list[int]) -> list[int]:
-        """Moves that improve the objective until none does: one app at a time over its whole front,
-        then (when that is stuck) two at a time over each one's ``pair_candidates`` best options
-        given the others, which is what trades memory or load between two apps."""
+    def _descend(self, p: _Problem, choice: list[int]) -> tuple[list[int], np.ndarray]:
+        """Moves that improve the objective until none does: one app at a time over its whole front
+        (:func:`_single_moves`, a few array operations per app), then (when that is stuck) the best
+        move of two apps at once over each one's ``pair_candidates`` best options given the others,
+        all pairs in one evaluation, which is what trades memory or load between two apps. Returns
+        the assignment and its sort key."""
         n = len(choice)
-        cur = _key(p, *_evaluate(p, choice, [], np.zeros((1, 0), dtype=np.int64)))[0]
+        cur = _keys(p, np.asarray(choice, dtype=np.int64)[None, :])[0]
         for _ in range(self.max_sweeps):
             moved, best_alone = False, []
             for v in range(n):
-                grid = np.arange(len(p.fronts[v]), dtype=np.int64)[:, None]
-                keys = _key(p, *_evaluate(p, choice, [v], grid))
+                keys = _single_moves(p, choice, v)
                 order = _order(keys)
-                if _better(keys[order[0]], cur):
+                # against the current option in the same evaluation: float noise is no improvement
+                if order[0] != choice[v] and _better(keys[order[0]], keys[choice[v]]):
                     choice[v], cur, moved = int(order[0]), keys[order[0]], True
-                best_alone.append(order[:self.pair_candidates].tolist())
+                best_alone.append(order[:self.pair_candidates])
             if moved:
                 continue
-            for u in range(n):
-                for v in range(u + 1, n):
-                    grid = np.array(list(itertools.product(best_alone[u], best_alone[v])), dtype=np.int64)
-                    keys = _key(p, *_evaluate(p, choice, [u, v], grid))
-                    best = int(_order(keys)[0])
-                    if _better(keys[best], cur):
-                        choice[u], choice[v] = int(grid[best, 0]), int(grid[best, 1])
-                        cur, moved = keys[best], True
-            if not moved:
+            if n < 2:
                 break
-        return choice
+            picks = _pair_moves(choice, best_alone)
+            keys = _keys(p, picks)
+            best = int(_order(keys)[0])
+            if best == 0 or not _better(keys[best], keys[0]):  # row 0 is the current assignment
+                break
+            choice, cur = [int(c) for c in picks[best]], keys[best]
+        return choice, cur
 
 
-def _evaluate(p: _Problem, choice: Sequence[int], group: Sequence[int], grid: np.ndarray
-              ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Cost per app (G, n), memory (G,) and tie-break (G,) of ``choice`` with the apps of ``group``
-    set to each row of ``grid`` (G, len(group)) instead."""
-    picks = np.tile(np.asarray(choice, dtype=np.int64), (grid.shape[0], 1))
-    if len(group):
-        picks[:, list(group)] = grid
+def _peaks(rho: np.ndarray) -> np.ndarray:
+    """(G, 4) slowdown of an app of each resource pattern (see ``_Problem.pattern``) under the loads
+    ``rho`` (G, 3): the peak load of the resources it waits on, at least 1."""
+    dev = np.maximum(rho[:, 0], 1.0)
+    link, server = np.maximum(dev, rho[:, 1]), np.maximum(dev, rho[:, 2])
+    return np.stack([dev, link, server, np.maximum(link, rho[:, 2])], axis=1)
+
+
+def _evaluate(p: _Problem, picks: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Cost per app (G, n), slowdown per app (G, n), loads (G, 3), memory (G,) and tie-break (G,)
+    of each assignment row of ``picks`` (G, n): the one cost model every search and the decision use."""
     rows = p.rows_n[None, :]
     rho = p.s_load[rows, picks].sum(axis=1)  # (G, 3)
-    slow = np.maximum(1.0, np.where(p.s_uses[rows, picks], rho[:, None, :], 0.0).max(axis=2))  # (G, n)
+    slow = np.take_along_axis(_peaks(rho), p.s_pattern[rows, picks], axis=1)  # (G, n)
     costs = p.s_deficit[rows, picks] + p.alpha * (slow - 1.0)
-    return costs, p.s_memory[rows, picks].sum(axis=1), p.s_tie[rows, picks].sum(axis=1)
+    return costs, slow, rho, p.s_memory[rows, picks].sum(axis=1), p.s_tie[rows, picks].sum(axis=1)
 
 
-def _key(p: _Problem, costs: np.ndarray, memory: np.ndarray, tie: np.ndarray) -> np.ndarray:
+def _single_moves(p: _Problem, choice: Sequence[int], v: int) -> np.ndarray:
+    """Sort keys of ``choice`` with app ``v`` on each option of its front, the others fixed.
+
+    The same cost model as :func:`_evaluate`, by resource pattern: every other app meets the
+    slowdown of its pattern, so the others' costs need only their deficits and how many of them
+    wait on each pattern - (M, 4) work per app instead of (M, n) gathers."""
+    c = np.asarray(choice, dtype=np.int64)
+    others = p.rows_n != v
+    on, oc = p.rows_n[others], c[others]
+    rho = p.s_load[on, oc].sum(axis=0) + p.load[v]  # (M, 3)
+    peaks = _peaks(rho)  # (M, 4)
+    own = p.deficit[v] + p.alpha * (peaks[np.arange(len(rho)), p.pattern[v]] - 1.0)
+    pat, deficit = p.s_pattern[on, oc], p.s_deficit[on, oc]
+    total = own + (float(deficit.sum()) + p.alpha * ((peaks - 1.0) @ np.bincount(pat, minlength=4)))
+    if p.objective == "total":
+        value = total
+    else:  # the worst other app of each pattern is its largest deficit there
+        worst = np.full(4, -np.inf)
+        np.maximum.at(worst, pat, deficit)
+        value = np.maximum(own, (worst + p.alpha * (peaks - 1.0)).max(axis=1)) if len(pat) else own
+    memory = float(p.s_memory[on, oc].sum()) + p.memory[v]
+    tie = float(p.s_tie[on, oc].sum()) + p.tie[v]
+    return _key_rows(p, value, total, memory, tie)
+
+
+def _pair_moves(choice: Sequence[int], best_alone: Sequence[np.ndarray]) -> np.ndarray:
+    """Assignment rows: ``choice`` itself (row 0), then every pair of apps ``u < v`` set to each
+    combination of their ``best_alone`` options."""
+    n, k = len(choice), max(len(b) for b in best_alone)
+    # each app's candidates padded to k with its best (a repeated row is harmless)
+    cand = np.array([np.concatenate([b, np.full(k - len(b), b[0])]) for b in best_alone], dtype=np.int64)
+    u, v = np.triu_indices(n, 1)  # (P,) pairs
+    i, j = np.divmod(np.arange(k * k), k)  # every combination of the two apps' candidates
+    picks = np.tile(np.asarray(choice, dtype=np.int64), (1 + len(u) * k * k, 1))
+    rows = 1 + np.arange(len(u) * k * k)
+    pu, pv = np.repeat(u, k * k), np.repeat(v, k * k)
+    picks[rows, pu] = cand[pu, np.tile(i, len(u))]
+    picks[rows, pv] = cand[pv, np.tile(j, len(u))]
+    return picks
+
+
+def _keys(p: _Problem, picks: np.ndarray) -> np.ndarray:
+    """Sort keys of the assignment rows of ``picks`` (G, n)."""
+    costs, _, _, memory, tie = _evaluate(p, picks)
+    total = costs.sum(axis=1)
+    return _key_rows(p, total if p.objective == "total" else costs.max(axis=1), total, memory, tie)
+
+
+def _key_rows(p: _Problem, value: np.ndarray, total: np.ndarray, memory: Any, tie: np.ndarray) -> np.ndarray:
     """Sort keys, one row per assignment: the objective (inf over the memory budget), then the sum of
     costs (MinMaxCost: lowers the apps below the worst one, which gets single moves off a plateau),
     then bytes and server time. Rounded so that float noise in a sum is no improvement."""
-    total = costs.sum(axis=1)
-    value = total if p.objective == "total" else costs.max(axis=1)
-    value = np.where(memory <= p.res.memory_mb + MEMORY_TOL, value, np.inf)
+    value = np.where(memory <= p.budget, value, np.inf)
     return np.stack([np.round(value, 12), np.round(total, 12), tie], axis=1)
 
 
@@ -587,7 +642,7 @@ class ExactJointScheduler:
         best_key, best_choice = None, None
         for first in range(sizes[0]):  # one block per option of the first app: memory stays ~ the rest's product
             grid = np.concatenate([np.full((len(rest), 1), first, dtype=np.int64), rest], axis=1)
-            keys = _key(p, *_evaluate(p, [0] * n, list(range(n)), grid))
+            keys = _keys(p, grid)
             i = int(_order(keys)[0])
             if best_key is None or _better(keys[i], best_key):
                 best_key, best_choice = keys[i], grid[i]

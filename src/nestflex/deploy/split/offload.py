@@ -267,14 +267,23 @@ class Offloader:
         return _InFlight(x, cfg, rt, head, call, start, ms)
 
     def _finish(self, f: _InFlight) -> SplitAnswer:
+        answer, local = self._finish_here(f)
+        return answer if answer is not None else self._finish_remote(f, local)
+
+    def _finish_here(self, f: _InFlight) -> tuple[SplitAnswer | None, Any]:
+        """The device's part of finishing a frame: the answer when it needs no server (an exit
+        before the split, device only, or a confident local continuation that cancelled the
+        request), else ``(None, the local continuation's exit or None)`` for
+        :meth:`_finish_remote`. Split in two so that a caller serving several apps (the engine)
+        runs this part on its device worker and waits for the server elsewhere."""
         rt, head, cfg = f.rt, f.head, f.config
         thr = rt._policy(cfg.thresholds, None, None)[0]
         if head.rest.size == 0 or (cfg.split is None or self.client is None):
             if head.rest.size == 0:
-                return self._answer(f, rt.combine(head, None), "device")
+                return self._answer(f, rt.combine(head, None), "device"), None
             tail, ms = self._device(rt.tail, head.crossing, cfg.thresholds)  # device only: the tail runs here
             f.device_ms += ms
-            return self._answer(f, rt.combine(head, tail), "device")
+            return self._answer(f, rt.combine(head, tail), "device"), None
         local = None
         if cfg.continue_locally and not f.call.done():
             local, ms = self._device(rt.next_local_exit, head)
@@ -282,7 +291,12 @@ class Offloader:
             if local is not None:
                 _, conf, k = local
                 if bool((conf > _cut(thr[k], conf)).all()) and f.call.cancel():
-                    return self._answer(f, rt.combine(head, _local_tail(local, passed=True)), "local")
+                    return self._answer(f, rt.combine(head, _local_tail(local, passed=True)), "local"), None
+        return None, local
+
+    def _finish_remote(self, f: _InFlight, local: Any) -> SplitAnswer:
+        """Wait for the server's answer (up to the deadline) or fall back to ``local``."""
+        rt, head, cfg = f.rt, f.head, f.config
         remaining = cfg.deadline_ms / 1000 - (time.perf_counter() - f.start)
         try:
             reply = f.call.result(timeout=max(remaining, 0.0) + 0.05)  # gRPC's own deadline fires first

@@ -1,0 +1,198 @@
+"""Split apps in the engine and the engine's joint planner (issue 41 items 1-3), over real sockets on
+127.0.0.1: the in-process tail server, a ``nestflex serve`` process killed mid-stream, and a link
+outage through the link emulator. Every frame is answered, and a failing server or link never
+stalls the other apps."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+import nestflex.deploy as nd
+from nestflex.capacity import extract_level
+from nestflex.deploy.engine import EngineError
+from nestflex.deploy.scheduler.joint import JointAllocation, JointScheduler
+from nestflex.deploy.split.client import TailClient
+from nestflex.deploy.split.offload import Offloader, SplitConfig
+from nestflex.export import export_bundle
+from nestflex.profiling import profile_split_quantization
+from nestflex.serve import TailServer
+from nestflex.testing.link import LinkModel, LinkProxy
+from tests.deploy.test_engine import CALIBRATION, _rows
+from tests.export.bundles import LEVELS, exits_on, nested_vgg
+
+SPLIT = "features.relu4"
+
+
+@pytest.fixture(scope="module")
+def path(tmp_path_factory):
+    """A 3-level nested VGG-11 x0.125 with level accuracies, calibrated SDN exits on its largest
+    level and a split quantisation profile at 2/4/8 bits."""
+    tmp = tmp_path_factory.mktemp("engine_split")
+    net = nested_vgg(tmp)
+    exits = exits_on(net)
+    g = torch.Generator().manual_seed(3)
+    batches = [(torch.randn(16, 3, 32, 32, generator=g), torch.randint(0, 10, (16,), generator=g)) for _ in range(2)]
+    profile = profile_split_quantization(extract_level(net, LEVELS - 1), batches, bitwidths=(2, 4, 8), size_samples=4)
+    info = export_bundle(tmp / "split.nfx", net, exits=exits, levels=_rows(net), calibration=CALIBRATION,
+                         onnx=False, split_profile=profile)
+    return info["bundle"]
+
+
+@pytest.fixture(scope="module")
+def bundle(path):
+    return nd.load(path)
+
+
+@pytest.fixture(scope="module")
+def server(bundle):
+    with TailServer(bundle, max_wait_ms=1.0).run_in_thread() as handle:
+        yield handle
+
+
+def _x(seed=0):
+    return np.random.default_rng(seed).standard_normal((3, 32, 32)).astype(np.float32)
+
+
+class Pinned(JointScheduler):
+    """The joint scheduler, with the split app pinned to one split configuration (the others as
+    decided): a test needs to know which configuration runs."""
+
+    def __init__(self, app: str, split: str | None, bits: int | None) -> None:
+        super().__init__("total")
+        self.app, self.split, self.bits = app, split, bits
+
+    def schedule(self, apps, resources, *, alpha=0.5):
+        d = super().schedule(apps, resources, alpha=alpha)
+        app = next(a for a in apps if a.name == self.app)
+        if resources.link_mbps == 0:  # the link is down: what the planner decided
+            return d
+        # the most accurate operating point at that split and bitwidth
+        want = max((o for o in app.options if o.split == self.split and o.bits == self.bits), key=lambda o: o.accuracy)
+        allocs = tuple(JointAllocation(a.app, want, a.cost, a.slowdown, a.fps) if a.app == self.app else a
+                       for a in d.allocations)
+        return type(d)(d.scheduler, d.objective, d.alpha, d.value, allocs, d.loads, d.memory_mb)
+
+
+def test_a_split_app_answers_through_the_engine_as_its_offloader_does(bundle, server):
+    with nd.Engine(Pinned("cam", SPLIT, None), max_pending=64, max_delay_periods=1e6) as engine:
+        engine.add_app("cam", bundle, fps=30, tail=server.address, profile_repeats=1)
+        engine.add_app("local", bundle, fps=30, profile_repeats=1)
+        stats = engine.stats()["apps"]["cam"]
+        assert stats["split"]["config"]["split"] == SPLIT and stats["split"]["config"]["bits"] is None
+        got = [engine.infer("cam", _x(i), timeout=30) for i in range(12)]
+        local = [engine.infer("local", _x(i), timeout=30) for i in range(3)]
+        thresholds = engine.stats()["apps"]["cam"]["split"]["config"]["thresholds"]
+    with TailClient(server.address, bundle) as c:
+        off = Offloader(bundle, c, SplitConfig(SPLIT, bits=None, thresholds=None if thresholds is None
+                                               else tuple(thresholds)))
+        ref = [off.infer(_x(i)[None]) for i in range(12)]
+    assert all(r.answered and r.where in ("device", "local", "server") for r in got)
+    assert [r.prediction for r in got] == [int(np.argmax(a.result.logits[0])) for a in ref]
+    for r, a in zip(got, ref):  # float32 crossing tensors: the server's answer is the offloader's
+        np.testing.assert_allclose(r.logits, a.result.logits[0], rtol=1e-5, atol=1e-5)
+    assert sum(r.bytes_sent for r in got) > 0 and any(r.where == "server" for r in got)
+    assert all(r.answered and r.where is None for r in local)
+
+
+def test_a_killed_server_every_frame_answered_and_the_planner_goes_local(path, bundle):
+    proc = subprocess.Popen([sys.executable, "-m", "nestflex", "serve", str(path), "--port", "0"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline()
+        assert "listening on" in line, proc.stderr.read()
+        address = line.split("listening on ")[1].split(" ")[0]
+        with nd.Engine(Pinned("cam", SPLIT, 8), max_pending=64, max_delay_periods=1e6) as engine:
+            engine.add_app("cam", bundle, fps=30, tail=address, deadline_ms=2000, profile_repeats=1)
+            engine.add_app("other", bundle, fps=30, profile_repeats=1)
+            got, other = [], []
+            for i in range(16):
+                if i == 6:
+                    proc.send_signal(signal.SIGKILL)
+                    proc.wait(10)
+                got.append(engine.infer("cam", _x(i), timeout=30))
+                other.append(engine.infer("other", _x(i), timeout=30))
+            stats = engine.stats()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert all(r.answered and r.prediction is not None for r in got + other)
+    assert any(r.where == "server" for r in got[:6])
+    assert any(r.where == "fallback" for r in got[6:])
+    # after three failed requests in a row the link counts as down and the planner runs it locally
+    assert stats["network"]["up"] is False and stats["apps"]["cam"]["split"]["config"] is None
+    assert any(p.get("reason") == "link" for p in engine.plans)
+    assert [r.where for r in got[-3:]] == [None] * 3
+
+
+def test_a_link_outage_never_stalls_the_other_apps(bundle, server):
+    port = int(server.address.rsplit(":", 1)[1])
+    with LinkProxy(port, LinkModel(None, delay_ms=1.0)).run_in_thread() as link, \
+            nd.Engine(Pinned("cam", SPLIT, 8), max_pending=64, max_delay_periods=1e6) as engine:
+        engine.add_app("cam", bundle, fps=30, tail=f"127.0.0.1:{link.port}", deadline_ms=1500, profile_repeats=1)
+        engine.add_app("other", bundle, fps=30, profile_repeats=1)
+        assert engine.infer("cam", _x(0), timeout=30).where in ("server", "local", "device")
+        link.proxy.set_down(True)  # a stall: nothing gets through, the request waits for its deadline
+        hanging = engine.submit("cam", _x(1))
+        other = [engine.infer("other", _x(i), timeout=30) for i in range(5)]
+        # the other app was served while the split app's request waited on the link
+        waiting = not hanging.done()
+        late = hanging.result(timeout=30)  # past its deadline: answered on the device
+        link.proxy.set_down(False)
+        after = engine.infer("cam", _x(2), timeout=30)
+    assert all(r.answered and r.where is None for r in other) and waiting
+    assert late.answered and late.where == "fallback" and late.prediction is not None
+    assert late.latency_ms >= 1400
+    assert after.answered and after.prediction is not None
+
+
+def test_the_joint_planner_offloads_only_when_the_device_is_short(bundle, server):
+    from nestflex.deploy._engine_joint import joint_app
+
+    with nd.Engine("joint_total", link_mbps=1000.0, server_speedup=50.0) as engine:
+        engine.add_app("cam", bundle, fps=30, tail=server.address, profile_repeats=1)
+        app = engine._apps["cam"]
+        opts = app.joint[0].options
+        # the app's options: every level, and the split rows of the largest (device-only ones included)
+        assert {o.level for o in opts if o.split is None} == set(range(bundle.num_levels))
+        assert any(o.split == SPLIT and o.bits == 8 for o in opts)
+
+        def slow_device(factor):
+            # a device this much slower at the levels and the device-only rows than at a split's head
+            # (the tiny test model's split heads cost more than its levels on this CPU)
+            app.level_ms = [v * factor for v in app.level_ms]
+            app.split.rows = [{**r, "device_ms": r["device_ms"] * (factor if r["split"] is None else 1.0)}
+                              for r in app.split.rows]
+            app.joint = joint_app(app)
+
+        engine._control(lambda: slow_device(2000.0))
+        engine.replan()
+        chosen = engine.decision.allocation("cam").option
+        assert chosen.split is not None and chosen.bytes > 0, chosen
+        assert engine.stats()["apps"]["cam"]["split"]["config"]["split"] == chosen.split
+        engine._link.up = False  # what three failed requests in a row do
+        engine.replan()
+        assert engine.decision.allocation("cam").option.split is None
+        assert engine.stats()["apps"]["cam"]["split"]["config"] is None
+    with nd.Engine("joint_total") as engine:  # no tail: levels and exit points only
+        engine.add_app("cam", bundle, fps=1, profile_repeats=1)
+        assert engine.decision.allocation("cam").option.split is None
+        assert engine.stats()["apps"]["cam"]["split"] is None
+        assert engine.plans[-1]["apps"]["cam"]["option"] == engine.decision.allocation("cam").option.label
+
+
+def test_bad_split_arguments_are_refused_naming_them(bundle, server):
+    with nd.Engine("joint_total") as engine:
+        with pytest.raises(EngineError, match=r"app 'cam': with a `tail` the exits run in the offloader"):
+            engine.add_app("cam", bundle, tail=server.address, exit_set="flex_exits")
+        with pytest.raises(EngineError, match=r"app 'cam': `depth` must be an int >= 1"):
+            engine.add_app("cam", bundle, tail=server.address, depth=0)
+        with pytest.raises(EngineError, match=r"app 'cam': `tail` must be a 'host:port' address or a tail client"):
+            engine.add_app("cam", bundle, tail=5)
+    with pytest.raises(EngineError, match=r"`server_capacity` is out of range"):
+        nd.Engine("joint_total", server_capacity=-1)
