@@ -3,16 +3,31 @@
 For each model (random weights, one process per model so a crash or a hang costs one row):
 build it, ``trace`` it at ``--size`` x ``--size``, count its groups and split points, compare
 its MACs with ``torch.utils.flop_counter`` (FLOPs / 2 of convolutions and matrix products),
-prune ``--ratio`` of every prunable group (random channels), and check
+check the split points, count the exits placed, prune ``--ratio`` of every prunable group
+(random channels), and check
 
+- **split points**: at least one, and at the first, middle and last ``split_model``'s head then
+  tail gives the model's output bit for bit (issue 40);
+- **exits placed**: how many exits ``nestflex.exits`` places by default (SPINN's positions, or
+  one per place when fewer fit); 0 with the reason when none (reported, not a pass condition);
 - **pruned = masked**: in float64, the pruned model's output equals the unpruned model's with
   every consumer of a dropped channel ignoring it (its input rows zeroed, at their offset in a
   concatenation), within 1e-8 of the output's scale;
 - **MACs as predicted**: a re-trace of the pruned model has exactly the MACs ``graph.macs``
   predicted from the widths.
 
+Then, on a copy of the unpruned model, the same prune with ``trace(..., approximate=True)``
+(Torch-Pruning's behaviour on LayerNorm streams, GRN and weight-standardised convs): the row's
+``approx`` says how many groups it adds, the MACs left, whether a re-trace has the MACs predicted,
+and the measured output change ``|pruned - masked| / |masked|`` (L2 over the logits; 0 when no
+group is approximate). It is reported; it counts towards passing only for a model with no group
+that prunes exactly (NF-ResNet, ConvNeXt-V2), and then only its MACs as predicted.
+
     python benchmarks/zoo/zoo_coverage.py --zoo torchvision --out runs/zoo_torchvision
     python benchmarks/zoo/zoo_coverage.py --zoo torchvision --models densenet121,googlenet --out /tmp/z
+    # issue 40's approximate goal: ViT-S, DeiT-S and ConvNeXt-T against Torch-Pruning
+    python benchmarks/zoo/zoo_coverage.py --zoo timm --torch-pruning \
+        --models vit_small_patch16_224,deit_small_patch16_224,convnext_tiny --out docs/results/zoo_coverage/timm_approximate
 
 With ``--torch-pruning`` (``pip install torch-pruning==1.6.1``; not a nestflex dependency) each
 model is also pruned by Torch-Pruning's ``MetaPruner`` in its own process, with the settings of
@@ -95,9 +110,11 @@ def build(zoo: str, name: str, size: int):
 
 def check_one(zoo: str, name: str, size: int, ratio: float) -> dict[str, Any]:
     """Every step for one model; the row says how far it got and what failed."""
+    import copy
+
     import torch
 
-    from nestflex.graph import prune_channels, trace
+    from nestflex.graph import trace
 
     torch.manual_seed(0)
     row: dict[str, Any] = {"model": name, "step": "build"}
@@ -111,11 +128,38 @@ def check_one(zoo: str, name: str, size: int, ratio: float) -> dict[str, Any]:
     row.update(groups=len(graph.groups), prunable=len(graph.prunable_groups), split_points=len(graph.split_points),
                macs=graph.macs(), unsupported=sorted(set(graph.unsupported))[:8])
     row["macs_vs_flop_counter"] = round(graph.macs() / max(1, _flop_macs(model, x[:1])), 4)
+    row["step"] = "split"
+    row.update(check_splits(model, graph, x))
+    row["exits"] = exits_placed(graph)
+    original = copy.deepcopy(model)  # the approximate prune starts from the same weights
     if not graph.prunable_groups:
         row.update(step="done", pruned=False, macs_left=1.0)
-        return row
-    row["step"] = "prune"
-    keep = {g.id: torch.randperm(g.width)[: max(1, round(g.width * (1 - ratio)))] for g in graph.prunable_groups}
+    else:
+        row["step"] = "prune"
+        found = prune_and_compare(model, graph, x, ratio, torch.Generator().manual_seed(0))
+        row.update(max_abs_diff=found["max_abs_diff"], pruned_equals_masked=found["max_abs_diff"] <= 1e-8 * found["scale"])
+        row["step"] = "retrace"
+        again = trace(model.float(), shape)
+        row.update(macs_as_predicted=again.macs() == found["predicted"],
+                   macs_left=round(found["predicted"] / graph.macs(), 4), pruned=True, step="done")
+    del model, graph  # the largest models (RegNet-Y-128GF in float64) need the memory for the copy's prune
+    try:  # reported beside the row; its failure never fails the exact steps
+        row["approx"] = check_approximate(original, shape, x, ratio, row)
+    except Exception as e:
+        row["approx"] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
+    return row
+
+
+def prune_and_compare(model, graph, x, ratio: float, gen) -> dict[str, float]:
+    """Prune ``ratio`` of every prunable group of ``graph`` (random channels from ``gen``) in
+    float64, after running the masked model (every consumer of a dropped channel ignores it: its
+    input rows zeroed); the outputs' largest difference and scale, and the MACs predicted."""
+    import torch
+
+    from nestflex.graph import prune_channels
+
+    keep = {g.id: torch.randperm(g.width, generator=gen)[: max(1, round(g.width * (1 - ratio)))]
+            for g in graph.prunable_groups}
     predicted = graph.macs({gid: len(k) for gid, k in keep.items()})
     model, x = model.double(), x.double()
     with torch.no_grad():
@@ -130,14 +174,66 @@ def check_one(zoo: str, name: str, size: int, ratio: float) -> dict[str, Any]:
         for g in graph.prunable_groups:
             prune_channels(model, g, keep[g.id])
         pruned = model(x)
-    scale = max(1.0, masked.abs().max().item())
-    row["max_abs_diff"] = (pruned - masked).abs().max().item()
-    row["pruned_equals_masked"] = row["max_abs_diff"] <= 1e-8 * scale
-    row["step"] = "retrace"
-    again = trace(model.float(), shape)
-    row.update(macs_as_predicted=again.macs() == predicted, macs_left=round(predicted / graph.macs(), 4),
-               pruned=True, step="done")
-    return row
+    return {"max_abs_diff": (pruned - masked).abs().max().item(), "scale": max(1.0, masked.abs().max().item()),
+            "relative_change": ((pruned - masked).norm() / masked.norm().clamp_min(1e-30)).item(),
+            "predicted": predicted}
+
+
+def check_splits(model, graph, x) -> dict[str, Any]:
+    """Head then tail = model, bit for bit, at the first, middle and last split point."""
+    import torch
+
+    from nestflex.graph import split_model
+
+    points = graph.split_points
+    picked = sorted({0, len(points) // 2, len(points) - 1}) if points else []
+    out: dict[str, Any] = {"split_checked": len(picked), "split_at": [points[i].name for i in picked]}
+    exact = []
+    with torch.no_grad():
+        want = model(x)
+        for i in picked:
+            try:  # a cut that fails is this step failing, not the row: pruning is still checked
+                head, tail = split_model(graph, points[i])
+                exact.append(torch.equal(tail(*head(x)), want))
+            except Exception as e:
+                exact.append(False)
+                out.setdefault("split_error", f"at `{points[i].name}`: {type(e).__name__}: {str(e)[:200]}")
+    out["split_exact"] = bool(picked) and all(exact)
+    return out
+
+
+def exits_placed(graph) -> int | str:
+    """How many exits nestflex places by default on this backbone, or why none."""
+    import warnings
+
+    from nestflex.exits.placement import default_positions, resolve_positions
+
+    try:
+        with warnings.catch_warnings():  # fewer places than SPINN's six: the count says so
+            warnings.simplefilter("ignore")
+            return len(resolve_positions(graph, default_positions(graph)))
+    except Exception as e:
+        return f"0: {type(e).__name__}: {str(e)[:160]}"
+
+
+def check_approximate(model, shape, x, ratio: float, row: dict[str, Any]) -> dict[str, Any]:
+    """The same prune with ``approximate=True``: groups added, MACs left, the output change."""
+    import torch
+
+    from nestflex.graph import trace
+
+    graph = trace(model, shape, approximate=True)
+    added = sum(not g.exact for g in graph.prunable_groups)
+    out: dict[str, Any] = {"prunable": len(graph.prunable_groups), "approximate_groups": added}
+    if not added:  # nothing more to prune: the exact row's figures hold
+        out.update(macs_left=row.get("macs_left", 1.0), output_change=0.0, macs_as_predicted=row.get("macs_as_predicted"))
+        return out
+    found = prune_and_compare(model, graph, x, ratio, torch.Generator().manual_seed(0))
+    again = trace(model.float(), shape, approximate=True)
+    out.update(macs_left=round(found["predicted"] / graph.macs(), 4), output_change=round(found["relative_change"], 4),
+               macs_as_predicted=again.macs() == found["predicted"],
+               examples=sorted({g.approximation.split(":")[0] for g in graph.prunable_groups if not g.exact})[:3])
+    return out
 
 
 def cifar_stem(name: str) -> bool | str:
@@ -213,9 +309,13 @@ def check_torch_pruning(zoo: str, name: str, size: int, ratio: float) -> dict[st
     return {"model": name, "tp_macs_left": round(_flop_macs(model, x) / base, 4)}
 
 
-#: the issue's goals: models passing every step per zoo, and how close the MACs must be
-GOAL_PASSED = {"torchvision": 76 / 80, "timm": 50 / 55}
+#: the issue's goals: models passing every step per zoo (issue 40: split points included), and
+#: how close the MACs must be
+GOAL_PASSED = {"torchvision": 79 / 80, "timm": 52 / 55}
 GOAL_MEDIAN_GAP = 0.05
+#: issue 40: with approximate=True, the median MACs left on these models within GOAL_MEDIAN_GAP of
+#: Torch-Pruning's (a run with ``--models`` naming them and ``--torch-pruning`` measures it)
+APPROX_GOAL_MODELS = ("vit_small_patch16_224", "deit_small_patch16_224", "convnext_tiny")
 GOAL_MACS_TOLERANCE = 0.01
 #: a model pruned to more than this share of its MACs passes, and its goal note names it
 BARELY_PRUNED = 0.99
@@ -268,6 +368,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             row = {"model": a.one, "ok": False, "error": f"{type(e).__name__}: {str(e)[:300]}"}
         ok = row.get("step") == "done" and row.get("pruned_equals_masked", True) and row.get("macs_as_predicted", True)
         row["ok"] = bool(row["ok"] and ok)
+        # issue 40: every step includes a split point at which head then tail is the model; a model
+        # with no group that prunes exactly (NF-ResNet, ConvNeXt-V2) passes the prune step with
+        # approximate=True when that prune runs and its MACs are as predicted (row["approx"])
+        ap = row.get("approx") or {}
+        approx_only = not row.get("pruned") and ap.get("macs_as_predicted") is True and ap.get("macs_left", 1) < 1
+        row["passes"] = bool(row["ok"] and (row.get("pruned") or approx_only) and row.get("split_exact"))
         print(json.dumps(row))
         return row
     if a.one_tp:
@@ -315,8 +421,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         with lock:
             with log.open("a") as f:
                 f.write(json.dumps(r) + "\n")
-            print(f"{name:32s} {'ok ' if r['ok'] else 'FAIL'} prunable {r.get('prunable', '-')}/{r.get('groups', '-')} "
-                  f"macs left {r.get('macs_left', '-')} macs/ref {r.get('macs_vs_flop_counter', '-')} "
+            print(f"{name:32s} {'ok ' if r['ok'] else 'FAIL'} {'passes' if r.get('passes') else 'partial'} "
+                  f"splits {r.get('split_points', '-')} exits {str(r.get('exits', '-'))[:12]} "
+                  f"prunable {r.get('prunable', '-')}/{r.get('groups', '-')} "
+                  f"macs left {r.get('macs_left', '-')} approx {(r.get('approx') or {}).get('macs_left', '-')} "
+                  f"macs/ref {r.get('macs_vs_flop_counter', '-')} "
                   f"{'tp ' + ('ok' if r['tp_ok'] else 'FAIL') + ' ' + str(r['tp_macs_left']) if a.torch_pruning else ''} "
                   f"{r.get('error', '')}", flush=True)
         return r
@@ -331,10 +440,20 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     pruned = [r for r in rows if r["ok"] and r.get("pruned")]
     exact = [r for r in rows if r.get("macs_vs_flop_counter") is not None and abs(r["macs_vs_flop_counter"] - 1) <= 0.01]
+    approx = [r for r in rows if r["ok"] and isinstance(r.get("approx"), dict) and r["approx"].get("macs_left") is not None
+              and r["approx"]["macs_left"] < 1]
     summary = {
         "benchmark": "zoo_coverage", "zoo": a.zoo, "size": a.size, "ratio": a.ratio, "machine": machine(),
         "models": len(rows), "passed": sum(r["ok"] for r in rows), "pruned": len(pruned),
+        "passed_every_step": sum(bool(r.get("passes")) for r in rows),
+        "with_split_points": sum(bool(r.get("split_exact")) for r in rows),
         "median_macs_left": statistics.median(r["macs_left"] for r in pruned) if pruned else None,
+        "approximate": {
+            "pruned": len(approx),
+            "only_with_approximate": [r["model"] for r in approx if not r.get("pruned")],
+            "median_macs_left": statistics.median(r["approx"]["macs_left"] for r in approx) if approx else None,
+            "median_output_change": statistics.median(r["approx"]["output_change"] for r in approx) if approx else None,
+        },
         "macs_within_1pct_of_flop_counter": len(exact), "rows": rows,
     }
     if a.zoo == "timm":
@@ -354,9 +473,34 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     write_json(a.out / "summary.json", summary)
     write_table(summary, a.out / "table.md")
     write_run(a.out, __file__, argv)
-    print(f"passed {summary['passed']}/{len(rows)}, pruned {len(pruned)}, median MACs left "
+    print(f"passed every step {summary['passed_every_step']}/{len(rows)}, pruned {len(pruned)}, median MACs left "
           f"{summary['median_macs_left']}, MACs within 1% of the flop counter on {len(exact)}")
     return summary
+
+
+def approximate_goal(goal_rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Issue 40: with approximate=True, the median MACs left on ViT-S/DeiT-S/ConvNeXt-T within
+    GOAL_MEDIAN_GAP of Torch-Pruning's (per model figures in the measured object)."""
+    ours = {r["model"]: (r.get("approx") or {}).get("macs_left") for r in goal_rows}
+    theirs = {r["model"]: r.get("tp_macs_left") if r.get("tp_ok") else None for r in goal_rows}
+    missing = [m for m in APPROX_GOAL_MODELS if ours.get(m) is None or theirs.get(m) is None]
+    measured: dict[str, Any] = {"per_model": {m: {"nestflex_approximate": ours.get(m), "torch_pruning": theirs.get(m),
+                                                  "output_change": ((next(r for r in goal_rows if r["model"] == m)
+                                                                     .get("approx") or {}).get("output_change")
+                                                                    if m in ours else None)}
+                                              for m in APPROX_GOAL_MODELS}}
+    met = False
+    if not missing:
+        a = statistics.median(ours[m] for m in APPROX_GOAL_MODELS)
+        b = statistics.median(theirs[m] for m in APPROX_GOAL_MODELS)
+        measured.update(nestflex_approximate=a, torch_pruning=b, gap=round(a - b, 4))
+        met = abs(a - b) <= GOAL_MEDIAN_GAP
+    return {"target": f"with approximate=True, median MACs left at a 30% prune on {', '.join(APPROX_GOAL_MODELS)} "
+                      f"within {GOAL_MEDIAN_GAP} of Torch-Pruning's", "measured": measured, "met": met,
+            "note": (f"not measured on {missing} (not in this run, or a tool failed)" if missing else
+                     "nestflex prunes whole attention heads (ViT-S/DeiT-S: 4 of their 6 kept at 30%), Torch-Pruning "
+                     "head dims; "
+                     "output_change is |pruned - masked| / |masked| of the approximate prune")}
 
 
 def goals(summary: dict[str, Any], rows: list[dict[str, Any]], zoo: str) -> dict[str, Any]:
@@ -364,16 +508,37 @@ def goals(summary: dict[str, Any], rows: list[dict[str, Any]], zoo: str) -> dict
     n = len(rows)
     need = round(GOAL_PASSED[zoo] * n) if n else 0
     # A model with no prunable group traces and checks, but no pruning step ran on it, so it does not
-    # pass "every step" (issue 42): the count is the models pruned and checked, summary["pruned"].
+    # pass "every step" (issue 42); nor does one without a split point where head then tail is the
+    # model (issue 40): the count is summary["passed_every_step"].
     unpruned = [r["model"] for r in rows if r["ok"] and not r.get("pruned")]
+    only_approx = {r["model"] for r in rows if r["ok"] and not r.get("pruned")
+                   and ((r.get("approx") or {}).get("macs_left") or 1) < 1}
+    unsplit = [r["model"] for r in rows if r["ok"] and not r.get("split_exact")]
     barely = [f"{r['model']} ({r['macs_left']} of the MACs left)" for r in rows
               if r["ok"] and r.get("pruned") and r["macs_left"] > BARELY_PRUNED]
-    note = [f"traced and checked, nothing prunable, not counted: {', '.join(unpruned)}"] if unpruned else []
+    failed = [r["model"] for r in rows if not r["ok"]]
+    none = [m for m in unpruned if m not in only_approx]
+    note = [f"traced and checked, nothing prunable even with approximate=True, not counted: {', '.join(none)}"
+            ] if none else []
+    note += [f"prune only with approximate=True: {', '.join(m for m in unpruned if m in only_approx)}"] \
+        if only_approx & set(unpruned) else []
+    note += [f"no split point with head + tail = model, not counted: {', '.join(unsplit)}"] if unsplit else []
+    note += [f"failed a step: {', '.join(failed)}"] if failed else []
     note += [f"counted, barely pruned: {', '.join(barely)}"] if barely else []
+    measured = sum(bool(r.get("passes")) for r in rows)
+    strict = sum(bool(r.get("passes") and r.get("pruned")) for r in rows)
+    note += [f"{strict} pass with an exact prune; the others prune only with approximate=True"] if strict < measured else []
     out: dict[str, Any] = {"passed": {
-        "target": f">= {need}/{n} models pass every step, pruning included ({GOAL_PASSED[zoo]:.0%} of the list, "
-                  "the issue's share)",
-        "measured": summary["pruned"], "met": summary["pruned"] >= need, "note": "; ".join(note)}}
+        "target": f">= {need}/{n} models pass every step, pruning (pruned = masked, or approximate=True where no group "
+                  f"prunes exactly, MACs as predicted) and split points (head + tail = model) included "
+                  f"({GOAL_PASSED[zoo]:.0%} of the list, the issue's share)",
+        "measured": measured, "met": measured >= need, "note": "; ".join(note)}}
+    pruned = [r for r in rows if r.get("pruned")]
+    inexact = [r["model"] for r in pruned if not r.get("pruned_equals_masked")]
+    out["exact_by_default"] = {
+        "target": "without approximate, pruned = masked on every model pruned", "measured":
+        f"{len(pruned) - len(inexact)}/{len(pruned)}", "met": not inexact,
+        "note": f"pruned != masked: {inexact}" if inexact else ""}
     tp = summary.get("torch_pruning")
     if tp:
         # like with like: models each tool pruned (MACs left below 1) and that passed its own check
@@ -385,6 +550,9 @@ def goals(summary: dict[str, Any], rows: list[dict[str, Any]], zoo: str) -> dict
             "met": summary["pruned"] > tp_pruned,
             "note": "Torch-Pruning passes when its pruned model runs with logits of the same shape; nestflex's "
                     "check is stricter (pruned = masked, MACs as predicted)"}
+        goal_rows = [r for r in rows if r["model"] in APPROX_GOAL_MODELS]
+        if goal_rows:
+            out["approximate_vs_torch_pruning"] = approximate_goal(goal_rows)
         both = tp["median_macs_left_both"]
         if both:
             gap = both["nestflex"] - both["torch_pruning"]
@@ -403,17 +571,28 @@ def goals(summary: dict[str, Any], rows: list[dict[str, Any]], zoo: str) -> dict
 def write_table(summary: dict[str, Any], path: Path) -> None:
     """The per-model table in Markdown, one row per model of ``summary``."""
     tp = "torch_pruning" in summary
-    head = ["model", "passes", "prunable / groups", "MACs left", "MACs / flop counter"]
+    head = ["model", "passes", "split points (checked exact)", "exits", "prunable / groups", "MACs left",
+            "approximate: prunable, MACs left, output change", "MACs / flop counter"]
     head += ["Torch-Pruning MACs left"] if tp else []
     head += ["CIFAR stem"] if summary["zoo"] == "timm" else []
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in summary["rows"]:
         if not r["ok"]:
             passes = f"no: {(r.get('error') or '')[:90]}"
-        else:  # a model with nothing prunable was never pruned, so it does not pass the prune step
-            passes = "yes" if r.get("pruned") else "no: traced and checked, nothing prunable"
+        elif not r.get("split_exact"):
+            passes = "no: no split point where head + tail = model"
+        elif r.get("passes"):
+            passes = "yes" if r.get("pruned") else "yes, pruned with approximate=True"
+        else:  # a model with nothing prunable was never pruned: it fails the prune step
+            passes = "no: traced and checked, nothing prunable"
+        ap = r.get("approx") or {}
+        approx = (f"{ap['prunable']}, {ap['macs_left']}, {ap['output_change']}" if "macs_left" in ap
+                  else f"fails: {(ap.get('error') or '-')[:60]}")
+        exits = r.get("exits", "-")
         cells = [f"`{r['model']}`", passes,
-                 f"{r.get('prunable', '-')} / {r.get('groups', '-')}", str(r.get("macs_left", "-")),
+                 f"{r.get('split_points', '-')} ({'yes' if r.get('split_exact') else 'no'})",
+                 str(exits if isinstance(exits, int) else "0"),
+                 f"{r.get('prunable', '-')} / {r.get('groups', '-')}", str(r.get("macs_left", "-")), approx,
                  str(r.get("macs_vs_flop_counter", "-"))]
         if tp:
             cells.append(str(r["tp_macs_left"]) if r.get("tp_ok") else f"fails: {(r.get('tp_error') or '')[:60]}")

@@ -488,9 +488,9 @@ def test_a_pass_through_input_and_a_stage_without_an_input_node():
 
 def test_misuse_is_explained():
     relu = _node("r", "relu")
-    with pytest.raises(OnnxGraphError, match=r"node 'g' \(gelu\): op 'gelu' has no ONNX conversion; supported ops: "
-                                             r"input, output, param, conv2d"):
-        program_to_onnx([_node("g", "gelu")], {}, {"x": (None, 4)}, ["g"])
+    with pytest.raises(OnnxGraphError, match=r"node 'g' \(hardswish\): op 'hardswish' has no ONNX conversion; "
+                                             r"supported ops: input, output, param, conv2d"):
+        program_to_onnx([_node("g", "hardswish")], {}, {"x": (None, 4)}, ["g"])
     with pytest.raises(OnnxGraphError, match=r"node 'fc' \(linear\): its 'weight' is tensor 'w', which `tensors` "
                                              r"does not hold. HINT: pass every tensor the level reads \(level 2\)"):
         program_to_onnx([_node("fc", "linear", params={"weight": "w"})], {}, {"x": (None, 4)}, ["fc"], level=2)

@@ -169,7 +169,7 @@ def test_nan_and_infinity_are_refused_anywhere(m, header):
 
 def test_every_problem_is_reported_at_once(m, header):
     m["levels"][0]["params"] = -1
-    m["capacity"]["program"][1]["op"] = "gelu"
+    m["capacity"]["program"][1]["op"] = "hardswish"
     m["exit_sets"][1]["heads"][0]["filters"][0] = 999
     m["classes"].pop()
     e = refused(m, header, r"\(4 problems\)")
@@ -189,9 +189,9 @@ def test_many_problems_are_capped_in_the_message_but_all_listed(m, header):
 
 
 def test_an_unknown_op_is_refused(m, header):
-    m["capacity"]["program"][1]["op"] = "gelu"
-    refused(m, header, r"`capacity.program\[1\].op` names op 'gelu' \(string\), which this runtime does not know; "
-                       r"known: adaptive_avg_pool2d, .*, relu6, sub. HINT: a newer nestflex may know it; upgrade")
+    m["capacity"]["program"][1]["op"] = "hardswish"
+    refused(m, header, r"`capacity.program\[1\].op` names op 'hardswish' \(string\), which this runtime does not know; "
+                       r"known: adaptive_avg_pool2d, .*, relu6, reshape, softmax, sub, transpose. HINT: a newer nestflex may know it; upgrade")
 
 
 def test_an_argument_naming_an_unknown_or_later_node_is_refused(m, header):

@@ -11,7 +11,9 @@ from nestflex.models import create_model
 @pytest.mark.parametrize("name", list_heads())
 @pytest.mark.parametrize("in_shape", [(16, 32, 32), (8, 7, 5), (32, 2, 2), (4, 1, 1)])
 def test_every_registered_head_maps_features_to_logits(name, in_shape):
-    head = create_head(name, in_shape, num_classes=7)
+    # the token head reads a transformer's channels-last maps (issue 40), the others channels-first ones
+    layout = "channels_last" if name == "token" else "channels_first"
+    head = create_head(name, in_shape, num_classes=7, layout=layout)
     out = head(torch.randn(3, *in_shape))
     assert out.shape == (3, 7)
     out.sum().backward()  # trainable end to end

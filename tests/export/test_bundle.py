@@ -143,8 +143,8 @@ def test_bad_exports_are_explained(tmp_path):
         export_bundle(tmp_path / "x.nfx", net, confidence="nope")
     with pytest.raises(ExportError, match=r"`fallback` must be one of most_confident, final, got 'first'"):
         export_bundle(tmp_path / "x.nfx", net, fallback="first")
-    gelu = nn.Sequential(nn.Conv2d(3, 4, 3), nn.GELU(), nn.Flatten(), nn.Linear(4 * 30 * 30, 10)).eval()
-    with pytest.raises(ExportError, match=r"layer `1` \(GELU\) has no bundle op. HINT: the bundle runtime supports"):
+    gelu = nn.Sequential(nn.Conv2d(3, 4, 3), nn.Hardswish(), nn.Flatten(), nn.Linear(4 * 30 * 30, 10)).eval()
+    with pytest.raises(ExportError, match=r"layer `1` \(Hardswish\) has no bundle op. HINT: the bundle runtime supports"):
         export_bundle(tmp_path / "g.nfx", gelu, onnx=False)
     with pytest.raises(ExportError, match=r"`levels` must hold one profile row per level 0..0"):
         export_bundle(tmp_path / "l.nfx", net, levels=[{"level": 0}, {"level": 1}], onnx=False)

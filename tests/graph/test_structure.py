@@ -113,11 +113,19 @@ class _ScaledByParams(nn.Module):
         return self.fc((y * self.gain).mean((2, 3)))
 
 
-def test_zero_dim_scale_passes_and_per_channel_gain_locks_the_group():
-    g = trace(_ScaledByParams(), input_shape=(3, 16, 16))
+def test_zero_dim_scale_passes_and_per_channel_gain_prunes_with_the_group():
+    model = _ScaledByParams().double().eval()
+    g = trace(model, input_shape=(3, 16, 16))
     group = g.group("conv")
-    # the 0-d scale carries no channels; the (8, 1, 1) gain does, and the graph cannot slice it
-    assert "mul" in group.nodes and not group.prunable and "mul_1" in group.reason
+    # the 0-d scale carries no channels; the (8, 1, 1) gain does: its dim 0 follows the channels
+    assert "mul" in group.nodes and group.prunable and group.exact
+    assert [(m.module, m.attr, m.dim, m.role) for m in group.members if m.role == "param"] == [("", "gain", 0, "param")]
+    x, keep = torch.randn(2, 3, 16, 16, dtype=torch.float64), torch.tensor([0, 3, 4, 7])
+    with torch.no_grad():
+        model.fc.weight[:, [1, 2, 5, 6]] = 0  # masked: the classifier ignores the channels about to go
+        want = model(x)
+        prune_channels(model, group, keep)
+        assert model.gain.shape == (4, 1, 1) and torch.allclose(model(x), want, rtol=0, atol=1e-12)
 
 
 def test_flatten_of_spatial_map_maps_channels_to_feature_blocks():

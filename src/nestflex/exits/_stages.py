@@ -12,6 +12,7 @@ from __future__ import annotations
 from torch import fx
 
 from nestflex.graph import SplitPoint, StructureGraph
+from nestflex.graph._sizes import rebuild, recomputable
 
 __all__ = ["build_stages"]
 
@@ -26,14 +27,24 @@ def build_stages(graph: StructureGraph, points: list[SplitPoint]) -> list[fx.Gra
         if k > 0:
             for name, _ in points[k - 1].tensors:
                 env[by_name[name]] = g.placeholder(name)
+            for node in nodes[: bounds[k] + 1]:
+                if node.op == "placeholder" and node.args and node not in env:
+                    # a forward argument left at its default (timm's `attn_mask=None`) never
+                    # crosses: each stage takes it with the same default
+                    env[node] = g.placeholder(node.name, default_value=node.args[0])
 
-        def lookup(n: fx.Node, g=g, env=env) -> fx.Node:
+        cut = env[by_name[points[k - 1].node]] if k > 0 else None
+
+        def lookup(n: fx.Node, g=g, env=env, cut=cut) -> fx.Node:
             if n not in env:
-                # parameters/buffers read with get_attr never "cross" a cut: copy them where used
-                assert (
-                    n.op == "get_attr"
-                ), f"internal: {n.name} crosses a cut but is not in SplitPoint.tensors"
-                env[n] = g.node_copy(n)
+                # parameters/buffers read with get_attr never "cross" a cut: copy them where used;
+                # sizes read from shapes before the cut are rebuilt from its batch (graph._sizes)
+                if n.op == "get_attr":
+                    env[n] = g.node_copy(n)
+                else:
+                    assert cut is not None and recomputable(n), \
+                        f"internal: {n.name} crosses a cut but is not in SplitPoint.tensors"
+                    env[n] = rebuild(g, n, cut)
             return env[n]
 
         for node in nodes[bounds[k] + 1 : bounds[k + 1] + 1]:

@@ -50,7 +50,8 @@ class MultiExitClassifier(pl.LightningModule):
             with a warning (:func:`~nestflex.exits.placement.default_positions`); positions
             given explicitly must fit (an ``ExitError`` says where exits can go).
         head: exit head name (:func:`~nestflex.exits.heads.list_heads`); register custom heads by
-            name so checkpoints can rebuild them.
+            name so checkpoints can rebuild them. ``None`` (default): chosen by each exit's layout
+            (``sdn`` on feature maps, ``token`` on a transformer's token stream).
         head_kwargs: extra head arguments.
         mode: ``joint`` or ``exits_only``.
         lr: peak learning rate (linear warm-up over the first epoch, then cosine to 0), as
@@ -96,7 +97,7 @@ class MultiExitClassifier(pl.LightningModule):
         num_classes: int = 10,
         width: float = 1.0,
         positions: Sequence[Position] | None = None,
-        head: str = "sdn",
+        head: str | None = None,
         head_kwargs: Mapping[str, Any] | None = None,
         mode: str = "joint",
         lr: float = 0.05,
@@ -123,7 +124,7 @@ class MultiExitClassifier(pl.LightningModule):
                 f"`mode` must be one of {', '.join(MODES)}, got {mode!r}. HINT: `exits_only` trains heads on a "
                 f"frozen pre-trained backbone, `joint` trains everything"
             )
-        if not isinstance(head, str):
+        if head is not None and not isinstance(head, str):
             raise ExitError(
                 f"`head` must be a registered head name, got {type(head).__name__}. "
                 f"HINT: register it with `nestflex.exits.register_head(name)` so checkpoints can rebuild it"

@@ -27,7 +27,7 @@ from torch import fx, nn
 
 from nestflex.deploy.exits import ConfidenceFn, ExitError, ExitResult, early_exit
 from nestflex.exits._stages import build_stages
-from nestflex.exits.heads import HeadFactory, create_head, get_head
+from nestflex.exits.heads import HeadFactory, create_head, default_head, get_head
 from nestflex.exits.placement import Position, _tap_shape, resolve_positions
 from nestflex.graph import SplitPoint, input_shape_of, trace
 
@@ -47,7 +47,9 @@ class MultiExitNetwork(nn.Module):
             each, with a warning (:func:`~nestflex.exits.placement.default_positions`); positions
             given explicitly must fit.
         head: a head name from :func:`~nestflex.exits.heads.list_heads` or a factory
-            ``(in_shape, num_classes, **kw) -> nn.Module``.
+            ``(in_shape, num_classes, **kw) -> nn.Module``; ``None`` (default): by the layout of
+            each exit's point (:func:`~nestflex.exits.heads.default_head`): ``sdn`` on feature
+            maps, ``token`` on a transformer's token stream.
         head_kwargs: extra arguments for the head factory.
         input_shape: per-sample input shape used for tracing; default: the backbone's own
             (:func:`nestflex.graph.input_shape_of`: its ``input_shape`` attribute, else
@@ -81,12 +83,13 @@ class MultiExitNetwork(nn.Module):
         self,
         backbone: nn.Module,
         positions: Sequence[Position] | None = None,
-        head: str | HeadFactory = "sdn",
+        head: str | HeadFactory | None = None,
         head_kwargs: Mapping[str, Any] | None = None,
         input_shape: Sequence[int] | None = None,
     ) -> None:
         super().__init__()
-        get_head(head)  # an unknown name fails before the (slower) trace
+        if head is not None:
+            get_head(head)  # an unknown name fails before the (slower) trace
         self.backbone = backbone
         self.input_shape = input_shape_of(backbone, input_shape)
         graph = trace(backbone, input_shape=self.input_shape)
@@ -99,7 +102,9 @@ class MultiExitNetwork(nn.Module):
         self.num_classes = int(out_shape[0])
         self.points: list[SplitPoint] = resolve_positions(graph, positions)
         self.exits = nn.ModuleList(
-            create_head(head, _tap_shape(p), self.num_classes, **dict(head_kwargs or {})) for p in self.points
+            create_head(default_head(p.layout) if head is None else head, _tap_shape(p), self.num_classes,
+                        layout=p.layout, **dict(head_kwargs or {}))
+            for p in self.points
         )
         self._taps = [[name for name, _ in p.tensors].index(p.node) for p in self.points]
         self.exit_names = [p.name for p in self.points] + ["final"]

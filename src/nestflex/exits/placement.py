@@ -1,7 +1,7 @@
 """Where exits go: fractions of the backbone's MACs (SPINN's equal spacing) or named layers.
 
 Exits attach at the backbone's split points (:attr:`StructureGraph.split_points`: ReLU outputs,
-found by tracing). A fraction ``f`` picks the split point whose ``macs_fraction`` (MACs up to and
+found by tracing; on transformers the residual token stream after each block). A fraction ``f`` picks the split point whose ``macs_fraction`` (MACs up to and
 including it / all MACs) is closest to ``f``; a name picks that split point. Split points sit
 after every conv (or residual add) followed by a ReLU, so the chosen point is at most one layer
 away from the requested fraction. Where two fractions would share a split point (backbones with
@@ -90,13 +90,22 @@ def parse_positions(text: str) -> list[Position]:
     return check_positions(out)
 
 
+def _is_place(point: SplitPoint) -> bool:
+    """An exit can read the point's tensor: a ``(C, H, W)`` map, or a transformer's stream after a
+    block (``(T, C)`` tokens, ``(H, W, C)`` channels-last), as its layout says."""
+    shape = _tap_shape(point)
+    layout = getattr(point, "layout", "channels_first")
+    return shape is not None and len(shape) == (2 if layout == "tokens" else 3)
+
+
 def _places(graph: StructureGraph) -> list[SplitPoint]:
-    """The split points an exit can attach to: those whose activation is a ``(C, H, W)`` map."""
-    candidates = [p for p in graph.split_points if _tap_shape(p) is not None and len(_tap_shape(p)) == 3]
+    """The split points an exit can attach to: feature maps and token streams (:func:`_is_place`)."""
+    candidates = [p for p in graph.split_points if _is_place(p)]
     if not candidates:
         raise ExitError(
-            f"the backbone has no split point with a (C, H, W) feature map to attach exits to "
-            f"(split points: {[p.name for p in graph.split_points]}). HINT: exits attach at ReLU outputs"
+            f"the backbone has no split point with a (C, H, W) feature map or a token stream to attach exits to "
+            f"(split points: {[p.name for p in graph.split_points]}). HINT: exits attach at activation outputs of "
+            f"convolutions and after transformer blocks"
         )
     return candidates
 
@@ -156,7 +165,7 @@ def resolve_positions(graph: StructureGraph, positions: Sequence[Position] | Non
 
     Raises:
         ExitError: invalid positions (see :func:`check_positions`), an unknown name, a split
-            point whose activation is not a ``(C, H, W)`` feature map, positions out of execution
+            point whose activation is neither a ``(C, H, W)`` feature map nor a token stream, positions out of execution
             order, or more positions than the backbone has places for.
 
     Examples:
@@ -186,7 +195,8 @@ def resolve_positions(graph: StructureGraph, positions: Sequence[Position] | Non
         if point not in candidates:
             raise ExitError(
                 f"`positions[{i}]`: split point `{pos}` has per-sample shape {_tap_shape(point)}, "
-                f"not a (C, H, W) feature map. HINT: choose a convolutional activation"
+                f"not a (C, H, W) feature map or a transformer's token stream. HINT: choose a convolutional "
+                f"activation or a transformer block's end"
             )
         fixed[i] = candidates.index(point)
     # requested order must be execution order: names among themselves, fractions among themselves,

@@ -41,12 +41,54 @@ _FUNCTIONS: dict[Any, str] = {
     operator.add: "add", torch.add: "add", operator.sub: "sub", torch.sub: "sub",
     operator.mul: "mul", torch.mul: "mul", operator.iadd: "add", operator.imul: "mul",
     F.relu: "relu", torch.relu: "relu", torch.flatten: "flatten", torch.index_select: "index_select",
+    # transformers (issue 40): attention products, token layouts, pooling over tokens
+    operator.matmul: "matmul", torch.matmul: "matmul", torch.transpose: "transpose", torch.reshape: "reshape",
+    torch.softmax: "softmax", F.softmax: "softmax", torch.mean: "mean", F.gelu: "gelu",
 }
 _METHODS = {"flatten": "flatten", "relu": "relu", "add": "add", "mul": "mul", "sub": "sub",
-            "index_select": "index_select"}
+            "index_select": "index_select", "matmul": "matmul", "transpose": "transpose", "reshape": "reshape",
+            "view": "reshape", "softmax": "softmax", "mean": "mean"}
 _SIMPLE_MODULES: dict[type, str] = {
     nn.ReLU: "relu", nn.ReLU6: "relu6", nn.Identity: "identity", nn.Dropout: "identity", nn.Dropout2d: "identity",
 }
+
+
+def _arg_of(node: fx.Node, i: int, key: str, default: Any = None) -> Any:
+    """Argument ``i`` of a call, passed by position or as ``key=``."""
+    return node.kwargs.get(key, node.args[i] if len(node.args) > i else default)
+
+
+def _literal_int(v: Any, what: str, where: str) -> int:
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise ExportError(f"{where}: `{what}` must be a number written in the model, got {v!r}. HINT: a size read "
+                          f"from a tensor (x.shape) cannot be stored in the program; use the model's own constants")
+    return v
+
+
+def _token_entry(op: str, node: fx.Node, where: str) -> dict[str, Any] | None:
+    """The program node of a transformer op (issue 40), ``None`` for the other ops."""
+    x = [_ref(node.args[0] if node.args else node.kwargs.get("input"), where)]
+    if op == "transpose":
+        return {"op": op, "args": x, "attrs": {"dim0": _literal_int(_arg_of(node, 1, "dim0"), "dim0", where),
+                                               "dim1": _literal_int(_arg_of(node, 2, "dim1"), "dim1", where)}}
+    if op == "reshape":
+        shape = node.args[1:] if len(node.args) > 2 or not isinstance(_arg_of(node, 1, "shape"), (tuple, list)) \
+            else _arg_of(node, 1, "shape")
+        shape = [_literal_int(d, "shape", where) for d in shape]
+        if not shape or shape[0] != -1:
+            raise ExportError(f"{where}: reshape to {tuple(shape)}: the program reshapes each sample, so the target "
+                              f"must start with -1 (the batch). HINT: write x.reshape(-1, ...) with the sample's sizes")
+        return {"op": op, "args": x, "attrs": {"shape": shape}}
+    if op in ("softmax", "mean"):
+        dim = _literal_int(_arg_of(node, 1, "dim"), "dim", where)
+        attrs = {"dim": dim} if op == "softmax" else {"dim": dim, "keepdim": bool(_arg_of(node, 2, "keepdim", False))}
+        return {"op": op, "args": x, "attrs": attrs}
+    if op == "gelu":
+        if node.kwargs.get("approximate", "none") != "none":
+            raise ExportError(f"{where}: gelu with approximate={node.kwargs['approximate']!r}; the bundle has the "
+                              f"exact form only. HINT: use approximate='none'")
+        return {"op": op, "args": x, "attrs": {}}
+    return None
 
 
 def _pair(v: Any) -> Any:
@@ -113,6 +155,10 @@ def build_program(
         elif node.op == "call_module":
             entry.update(_module_entry(gm.get_submodule(node.target), node, where, tensor,
                                        nested.get_submodule(node.target) if nested is not None else None, num_levels))
+        elif node.op in ("call_function", "call_method") and node.target in (getattr, "size", "dim"):
+            raise ExportError(f"{where}: reads a tensor's shape (x.shape, x.size()); the bundle program holds no "
+                              f"sizes computed at run time. HINT: write the model's sizes as its own constants "
+                              f"(x.reshape(-1, tokens, heads, head_dim)), as nestflex's exportable ViT does")
         elif node.op == "call_function":
             op = _FUNCTIONS.get(node.target)
             if op is None:
@@ -131,6 +177,9 @@ def build_program(
 
 
 def _call_entry(op: str, node: fx.Node, where: str) -> dict[str, Any]:
+    token = _token_entry(op, node, where)
+    if token is not None:
+        return token
     if op == "flatten":
         start = node.kwargs.get("start_dim", node.args[1] if len(node.args) > 1 else 0)
         end = node.kwargs.get("end_dim", node.args[2] if len(node.args) > 2 else -1)
@@ -198,12 +247,27 @@ def _module_entry(module: nn.Module, node: fx.Node, where: str, tensor, nested_m
             raise ExportError(f"{where}: AdaptiveMaxPool2d `{target}` returns indices; not supported")
         op = "adaptive_avg_pool2d" if type(module) is nn.AdaptiveAvgPool2d else "adaptive_max_pool2d"
         return {"op": op, "args": args, "attrs": {"output_size": _pair(module.output_size)}}
+    if type(module) is nn.LayerNorm:
+        if len(module.normalized_shape) != 1:
+            raise ExportError(f"{where}: LayerNorm `{target}` normalises over {tuple(module.normalized_shape)}; the "
+                              f"bundle normalises the last dim only (a transformer's channels)")
+        params = {} if module.weight is None else {"weight": tensor(f"{target}.weight")}
+        if module.bias is not None:
+            params["bias"] = tensor(f"{target}.bias")
+        return {"op": "layer_norm", "args": args, "attrs": {"eps": module.eps, "channels": module.normalized_shape[0]},
+                "params": params}
+    if type(module) is nn.GELU:
+        if module.approximate != "none":
+            raise ExportError(f"{where}: GELU `{target}` uses approximate={module.approximate!r}; the bundle has the "
+                              f"exact form only. HINT: nn.GELU() (approximate='none')")
+        return {"op": "gelu", "args": args, "attrs": {}}
     if type(module) is nn.Flatten:
         return {"op": "flatten", "args": args, "attrs": {"start_dim": module.start_dim, "end_dim": module.end_dim}}
     raise ExportError(
         f"{where}: layer `{target}` ({type(module).__name__}) has no bundle op. HINT: the bundle runtime supports "
         f"Conv2d, Linear, BatchNorm1d/2d, ReLU, ReLU6, Identity, Dropout, (Adaptive)Max/AvgPool2d, Flatten, add/sub/mul, "
-        f"index_select (channel selection)"
+        f"index_select (channel selection), and for transformers LayerNorm, GELU, matmul, softmax, reshape, transpose, "
+        f"mean"
     )
 
 

@@ -19,7 +19,7 @@ from torch.nn.modules.batchnorm import _BatchNorm
 
 from nestflex.errors import GraphError
 
-__all__ = ["LEAF_TYPES", "trace_module", "flop_counter"]
+__all__ = ["LEAF_TYPES", "LEAF_NAMES", "trace_module", "flop_counter"]
 
 #: Module types always kept whole (never traced into). ``_BatchNorm`` covers timm's
 #: ``BatchNormAct2d``, whose forward would otherwise be traced into functional calls.
@@ -51,13 +51,20 @@ LEAF_TYPES: tuple[type[nn.Module], ...] = (
 )
 
 
+#: Module classes of other libraries kept whole, by class name (the library need not be imported):
+#: timm's ConvNeXt-V2 ``GlobalResponseNorm``, so the channel analysis sees one norm with a
+#: ``weight``/``bias`` per channel (``nestflex.graph.groups.CHANNEL_STATISTIC_NORMS``) rather than its
+#: reductions and views one by one.
+LEAF_NAMES: frozenset[str] = frozenset({"GlobalResponseNorm"})
+
+
 class _Tracer(fx.Tracer):
     def __init__(self, opaque: frozenset[str]) -> None:
         super().__init__()
         self.opaque = opaque
 
     def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
-        if module_qualified_name in self.opaque or isinstance(m, LEAF_TYPES):
+        if module_qualified_name in self.opaque or isinstance(m, LEAF_TYPES) or type(m).__name__ in LEAF_NAMES:
             return True
         return super().is_leaf_module(m, module_qualified_name)
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from torch import fx
 
+from nestflex.graph._sizes import rebuild, recomputable
 from nestflex.graph.structure import CutPoint, StructureGraph
 
 __all__ = ["cut_model", "split_model"]
@@ -61,11 +62,28 @@ def cut_model(graph: StructureGraph, point: CutPoint | str) -> tuple[fx.GraphMod
     tail_graph, tenv = fx.Graph(), {}
     for name, _ in point.tensors:
         tenv[by_name[name]] = tail_graph.placeholder(name)
+    cut = tenv[by_name[point.node]]
+    for node in nodes[: point.index + 1]:
+        if node.op == "placeholder" and node.args and node not in tenv:
+            # a forward argument with a default (timm's `attn_mask=None`): the tail takes it too,
+            # after the crossing tensors, with the same default, so `tail(*head(x))` still holds
+            tenv[node] = tail_graph.placeholder(node.name, default_value=node.args[0])
     for node in nodes[point.index + 1:]:
         # a KeyError here would mean a crossing tensor was missed: CutPoint.tensors is exact
-        tenv[node] = tail_graph.node_copy(node, lambda n: tenv[n])
+        tenv[node] = tail_graph.node_copy(node, lambda n: _before_cut(tail_graph, tenv, n, cut))
     root = graph.gm
     return fx.GraphModule(root, head_graph, "Head"), fx.GraphModule(root, tail_graph, "Tail")
+
+
+def _before_cut(graph: fx.Graph, env: dict, node: fx.Node, cut: fx.Node) -> object:
+    """A value from before the cut, in the graph after it: what crosses, a parameter read again,
+    or a size rebuilt from the split tensor's batch (``graph._sizes``)."""
+    if node not in env:
+        if node.op == "get_attr":
+            env[node] = graph.node_copy(node)
+        elif node.meta.get("shape") is None and recomputable(node):
+            env[node] = rebuild(graph, node, cut)
+    return env[node]
 
 
 #: :func:`cut_model` by its name before issue 39

@@ -18,6 +18,8 @@ from torch import fx, nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from nestflex.errors import GraphError
+from nestflex.graph._sizes import recomputable
+from nestflex.graph._tokens import channels_last, input_dependent, stream_ends
 from nestflex.graph._tracer import propagate_shapes, trace_module
 from nestflex.graph.groups import ChannelGroup, find_groups
 
@@ -78,8 +80,10 @@ class Layer:
 @dataclass(frozen=True)
 class CutPoint:
     """A place to cut the model in two: after a block's activation (ReLU outputs are sparse; other
-    activations count when a conv or a batch norm feeds them), or after a residual add of two
-    spatial maps that no activation follows (ConvNeXt's and PoolFormer's blocks end there).
+    activations count when a conv or a batch norm feeds them), after a residual add of two
+    spatial maps that no activation follows (ConvNeXt's and PoolFormer's blocks end there), or on
+    a transformer's residual stream after each block: tokens ``(N, T, C)`` in ViT, DeiT, Mixer and
+    ResMLP, channels-last maps in Swin (``nestflex.graph._tokens``).
 
     Early exits attach at cut points, and split inference cuts the model at one
     (:func:`~nestflex.graph.cut.cut_model`); a bundle ships the ones it offers for split inference
@@ -94,6 +98,9 @@ class CutPoint:
         numel: elements per sample that cross the cut.
         macs_before: MACs per sample up to and including this point.
         macs_fraction: ``macs_before / total MACs``.
+        layout: how the cut tensor holds its channels: ``channels_first`` (a ``(C, H, W)`` map),
+            ``tokens`` (``(T, C)``, a transformer's residual stream) or ``channels_last``
+            (``(H, W, C)``, Swin's); exit heads are chosen by it.
     """
 
     name: str
@@ -103,6 +110,7 @@ class CutPoint:
     numel: int
     macs_before: int
     macs_fraction: float
+    layout: str = "channels_first"
 
 
 #: the name of :class:`CutPoint` before issue 39 (the bundle's split inference record is
@@ -334,7 +342,8 @@ def checked_batches(batches: Iterable[Any], input_shape: Sequence[int], owner: s
         yield batch
 
 
-def trace(model: nn.Module, input_shape: Sequence[int] | None = None, strict: bool = False) -> StructureGraph:
+def trace(model: nn.Module, input_shape: Sequence[int] | None = None, strict: bool = False,
+          approximate: bool = False) -> StructureGraph:
     """Trace ``model`` and derive layers, channel groups and cut points.
 
     Args:
@@ -342,6 +351,12 @@ def trace(model: nn.Module, input_shape: Sequence[int] | None = None, strict: bo
         input_shape: per-sample input shape (no batch dimension); default: the model's own
             (:func:`input_shape_of`: its ``input_shape`` attribute, else ``(3, 32, 32)``).
         strict: raise on submodules fx cannot trace instead of keeping them opaque.
+        approximate: ``True`` also offers the groups that prune only approximately (Torch-Pruning's
+            behaviour): the residual stream of a ViT or ConvNeXt through its LayerNorms, ConvNeXt-V2's
+            GRN channels, the inputs of NF-ResNet's weight-standardised convs. Pruning them changes
+            those statistics, so the pruned model no longer equals the masked one; each such group
+            says what changes in :attr:`~nestflex.graph.groups.ChannelGroup.approximation`.
+            ``False`` (default) locks them, so pruned = masked on every prunable group.
 
     Returns:
         the model's :class:`StructureGraph`. The model is not modified and its train/eval flags
@@ -356,6 +371,9 @@ def trace(model: nn.Module, input_shape: Sequence[int] | None = None, strict: bo
         >>> round(g.macs() / 1e8, 2)
         3.13
     """
+    if not isinstance(approximate, bool):
+        raise GraphError(f"`approximate` must be True or False, got {approximate!r}. HINT: True also prunes "
+                         "LayerNorm-normalised streams, GRN channels and weight-standardised inputs, approximately")
     input_shape = input_shape_of(model, input_shape)
     gm, opaque = trace_module(model, strict=strict)
     param = next(model.parameters(), None)
@@ -370,7 +388,7 @@ def trace(model: nn.Module, input_shape: Sequence[int] | None = None, strict: bo
             f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}. "
             f"HINT: pass the model's per-sample `input_shape`"
         ) from e
-    groups, unsupported = find_groups(gm, model)
+    groups, unsupported = find_groups(gm, model, approximate=approximate)
     layers = _layers(gm)
     op_macs = _op_macs(gm, layers)
     return StructureGraph(
@@ -472,33 +490,61 @@ def _is_block_end(gm: fx.GraphModule, node: fx.Node) -> bool:
     return not (len(node.users) == 1 and _is_cut_activation(gm, next(iter(node.users))))
 
 
+def _stream_name(node: fx.Node) -> str:
+    """The block a residual stream end closes (its innermost module), else the node's name."""
+    stack = node.meta.get("nn_module_stack") or {}
+    return next(reversed(stack)) if stack else node.name
+
+
+def _defaulted_argument(node: fx.Node) -> bool:
+    """A forward argument the trace left at its non-tensor default (``None``, a flag)."""
+    return node.op == "placeholder" and bool(node.args) and node.meta.get("shape") is None
+
+
 def _cut_points(gm: fx.GraphModule, layers: list[Layer], op_macs: dict[str, int]) -> list[CutPoint]:
     nodes = list(gm.graph.nodes)
     pos = {n: i for i, n in enumerate(nodes)}
     layer_macs = {layer.name: layer.macs for layer in layers}
     total = max(1, sum(layer_macs.values()) + sum(op_macs.values()))
     points, running = [], 0
+    streams = stream_ends(gm)  # transformers: the residual token stream after each block
+    from_input = input_dependent(gm)
     for i, node in enumerate(nodes):
         if node.op == "call_module":
             running += layer_macs.get(node.target, 0)
         running += op_macs.get(node.name, 0)
-        if not (_is_cut_activation(gm, node) or _is_block_end(gm, node)) or node.meta.get("shape") is None:
+        if node not in from_input:
+            continue  # computed from parameters alone (Swin V2's position bias MLP): not the data's path
+        # a channels-last add is a stream's (or nothing): never a channels-first block end
+        block_end = _is_block_end(gm, node) and not channels_last(gm, node)
+        if not (_is_cut_activation(gm, node) or block_end or node in streams) or node.meta.get("shape") is None:
             continue
-        crossing = [n for n in nodes[: i + 1] if n.op != "get_attr" and any(pos[u] > i for u in n.users)]
+        # an extra forward argument left at its default (timm's `attn_mask=None`) does not cross:
+        # the tail takes it with the same default (graph.cut.cut_model)
+        crossing = [n for n in nodes[: i + 1] if n.op != "get_attr" and any(pos[u] > i for u in n.users)
+                    and not _defaulted_argument(n)]
         if node not in crossing:
             crossing.append(node)  # the split tensor itself, even when the model ends right after
+        # sizes read from shapes (`B, C, H, W = x.shape` before the cut) are rebuilt after it
+        # from the split tensor's batch (graph._sizes), not sent
+        batch_first = node.meta["shape"][0] == 1
+        crossing = [n for n in crossing
+                    if n is node or n.meta.get("shape") is not None or not (batch_first and recomputable(n))]
         if any(n.meta.get("shape") is None for n in crossing):
             continue  # a non-tensor value would have to cross: not a clean cut
         tensors = tuple((n.name, tuple(n.meta["shape"][1:])) for n in crossing)
         points.append(
             CutPoint(
-                name=node.target if node.op == "call_module" else node.name,
+                # a transformer block's stream is named after the block (`blocks.3`), not its add
+                name=_stream_name(node) if node in streams else node.target if node.op == "call_module" else node.name,
                 node=node.name,
                 index=i,
                 tensors=tensors,
                 numel=sum(math.prod(s) for _, s in tensors),
                 macs_before=running,
                 macs_fraction=running / total,
+                layout=("tokens" if len(node.meta["shape"]) == 3 else "channels_last") if node in streams
+                else "channels_first",
             )
         )
     return points

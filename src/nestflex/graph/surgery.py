@@ -117,6 +117,10 @@ def _sync_attributes(module: nn.Module) -> None:
     elif isinstance(module, nn.modules.batchnorm._BatchNorm):
         ref = module.weight if module.weight is not None else module.running_mean
         module.num_features = ref.shape[0]
+    elif isinstance(module, nn.LayerNorm) and module.weight is not None and len(module.normalized_shape) == 1:
+        module.normalized_shape = (module.weight.shape[0],)  # pruned with approximate=True
+    elif isinstance(module, nn.GroupNorm) and module.weight is not None:
+        module.num_channels = module.weight.shape[0]
 
 
 def prune_channels(model: nn.Module, group: ChannelGroup, keep: Indices) -> None:

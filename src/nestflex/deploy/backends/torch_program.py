@@ -62,10 +62,18 @@ OPS: dict[str, Callable[..., torch.Tensor]] = {
     "adaptive_avg_pool2d": lambda node, x, w: F.adaptive_avg_pool2d(x, _size(node.attrs["output_size"])),
     "adaptive_max_pool2d": lambda node, x, w: F.adaptive_max_pool2d(x, _size(node.attrs["output_size"])),
     "flatten": lambda node, x, w: torch.flatten(x, node.attrs["start_dim"], node.attrs["end_dim"]),
+    # transformers (issue 40)
+    "layer_norm": lambda node, x, w: F.layer_norm(x, (node.attrs["channels"],), w.get("weight"), w.get("bias"),
+                                                  node.attrs["eps"]),
+    "gelu": lambda node, x, w: F.gelu(x),
+    "softmax": lambda node, x, w: torch.softmax(x, node.attrs["dim"]),
+    "mean": lambda node, x, w: torch.mean(x, node.attrs["dim"], keepdim=node.attrs["keepdim"]),
+    "transpose": lambda node, x, w: torch.transpose(x, node.attrs["dim0"], node.attrs["dim1"]),
+    "reshape": lambda node, x, w: torch.reshape(x, tuple(node.attrs["shape"])),
 }
 
 
-_BINARY = {"add": operator.add, "sub": operator.sub, "mul": operator.mul}
+_BINARY = {"add": operator.add, "sub": operator.sub, "mul": operator.mul, "matmul": operator.matmul}
 
 
 #: ops run_program handles itself; with OPS and _BINARY exactly the schema's PROGRAM_OPS (tested)

@@ -55,6 +55,15 @@ PROGRAM_OPS: dict[str, _Op] = {
     "sub": _Op(2, literals=True),
     "mul": _Op(2, literals=True),
     "index_select": _Op(2, attrs={"dim": ("int", True)}),
+    # transformers (issue 40): token tensors (N, T, C), attention over heads
+    "layer_norm": _Op(1, attrs={"eps": ("eps", True), "channels": ("pos_int", True)},
+                      optional_params=("weight", "bias")),
+    "gelu": _UNARY,
+    "softmax": _Op(1, attrs={"dim": ("int", True)}),
+    "mean": _Op(1, attrs={"dim": ("int", True), "keepdim": ("bool", True)}),
+    "transpose": _Op(1, attrs={"dim0": ("int", True), "dim1": ("int", True)}),
+    "reshape": _Op(1, attrs={"shape": ("shape", True)}),
+    "matmul": _Op(2),
 }
 
 
@@ -116,6 +125,11 @@ def _read_attr(r: _Reader, kind: str, v: Any, path: str) -> Any:
         return r.bool_(v, path)
     if kind == "eps":
         return r.num(v, path, lo=0, lo_open=True)
+    if kind == "shape":  # a reshape's target: -1 (the batch) first, then positive sizes
+        if (isinstance(v, (list, tuple)) and len(v) >= 2 and v[0] == -1 and not isinstance(v[0], bool)
+                and all(isinstance(x, int) and not isinstance(x, bool) and x >= 1 for x in v[1:])):
+            return list(v)
+        return r.fail(path, f"must be [-1, sizes >= 1...] (the batch, then a sample's shape), got {_show(v)}")
     lo = 1 if kind in ("pos_pair", "output_size") else 0
     null_ok = kind == "output_size"  # adaptive pools: None keeps that dimension
     if isinstance(v, (list, tuple)) and len(v) == 2 and all(

@@ -37,7 +37,9 @@ How each op maps, and why:
   per output row, then per column (a max or mean over a rectangle is one over its rows, then its
   columns), joined by ``Concat``.
 * ``flatten`` -> ``Flatten(axis=1)`` for ``(start_dim, end_dim) = (1, -1)``, ``Reshape``
-  otherwise; ``index_select`` -> ``Gather``; ``add``/``sub``/``mul`` -> ``Add``/``Sub``/``Mul``
+  otherwise; ``index_select`` -> ``Gather``; ``matmul`` -> ``MatMul``; a transformer's
+  ``layer_norm``, ``gelu``, ``softmax``, ``reshape``, ``transpose`` and ``mean`` as
+  :mod:`._tokens` writes them; ``add``/``sub``/``mul`` -> ``Add``/``Sub``/``Mul``
   (numbers become scalar constants); ``param`` -> an initializer.
 
 The static shapes that adaptive pools, reshapes and ceil-mode pools need come from a shape walk
@@ -69,7 +71,8 @@ from typing import Any
 import numpy as np
 
 from nestflex.deploy.onnxgraph import _proto as P
-from nestflex.errors import NestflexError
+from nestflex.deploy.onnxgraph._errors import OnnxGraphError
+from nestflex.deploy.onnxgraph._tokens import TOKEN_EMIT, TOKEN_SHAPES, matmul_shape
 
 __all__ = ["BATCH", "SUPPORTED_OPS", "OnnxGraphError", "infer_shapes", "program_to_onnx", "stages_to_onnx"]
 
@@ -79,11 +82,6 @@ BATCH = "batch"
 Shape = tuple  # of int, and None for the batch dimension
 _FLOAT = np.dtype(np.float32)
 _INDEX_DTYPES = (np.dtype(np.int64), np.dtype(np.int32))
-
-
-class OnnxGraphError(NestflexError, ValueError):
-    """A program cannot be written as an ONNX graph: an op ONNX cannot express, a missing weight
-    or input shape, a shape that does not fit its node."""
 
 
 @dataclass(frozen=True)
@@ -281,11 +279,12 @@ _SHAPES: dict[str, Callable[[Any, _Value, Mapping[str, Any]], Shape]] = {
     "adaptive_avg_pool2d": lambda node, x, w: _adaptive_shape(node, x),
     "adaptive_max_pool2d": lambda node, x, w: _adaptive_shape(node, x),
     "flatten": lambda node, x, w: _flatten_shape(node, x),
+    **TOKEN_SHAPES,  # transformers: layer_norm, gelu, softmax, reshape, transpose, mean (._tokens)
 }
 _BINARY = {"add": "Add", "sub": "Sub", "mul": "Mul"}
 _FOLD = {"add": lambda a, b: a + b, "sub": lambda a, b: a - b, "mul": lambda a, b: a * b}
 #: every op :func:`program_to_onnx` converts (the bundle schema's PROGRAM_OPS; a test keeps them in step)
-SUPPORTED_OPS: tuple[str, ...] = ("input", "output", "param", *_SHAPES, *_BINARY, "index_select")
+SUPPORTED_OPS: tuple[str, ...] = ("input", "output", "param", *_SHAPES, *_BINARY, "index_select", "matmul")
 
 
 def _array_dtype(node: Any, array: Any) -> np.dtype:
@@ -352,6 +351,9 @@ def _walk(nodes: Sequence[Any], tensors: Mapping[str, Any], inputs: Mapping[str,
                                   f"{_show(index.shape)}")
             d = _dim(node, int(_attrs(node)["dim"]), len(x.shape), "dim")
             env[node.name] = _Value((*x.shape[:d], index.shape[0], *x.shape[d + 1:]), x.dtype)
+        elif op == "matmul":
+            a, b = (arg(node, x) for x in node.args)
+            env[node.name] = _Value(matmul_shape(node, a.shape, b.shape), a.dtype)
         else:
             x = arg(node, node.args[0])
             env[node.name] = _Value(_SHAPES[op](node, x, _weights(node, tensors, level)), x.dtype)
@@ -593,6 +595,7 @@ _EMIT: dict[str, Callable[..., None]] = {
     "adaptive_avg_pool2d": _emit_adaptive("Average"),
     "adaptive_max_pool2d": _emit_adaptive("Max"),
     "flatten": _emit_flatten,
+    **TOKEN_EMIT,
 }
 assert set(_EMIT) == set(_SHAPES)
 
@@ -635,6 +638,8 @@ def _convert(nodes: Sequence[Any], tensors: Mapping[str, Any], inputs: Mapping[s
             data, index = node.args
             g.add("Gather", [env[data], env[index]], node.name, node.name,
                   P.attr_int("axis", int(_attrs(node)["dim"])))
+        elif op == "matmul":
+            g.add("MatMul", [env[a] for a in node.args], node.name, node.name)
         else:
             params = _params(node, level)
             names = {role: initializer(node, t) for role, t in params.items()}

@@ -33,7 +33,7 @@ import torch
 from torch import nn
 
 from nestflex.deploy.exits import ExitError
-from nestflex.exits.heads import HeadFactory, create_head
+from nestflex.exits.heads import HeadFactory, create_head, default_head
 
 __all__ = ["FilterSubsetExit", "RankedDropout", "CompactHead", "exit_filter_counts", "fine_grained_exit"]
 
@@ -172,9 +172,13 @@ class FilterSubsetExit(nn.Module):
         index: channel indices (the top-k of a ranking), in ranked order.
         head: the head applied to the selected channels.
         dropout: optional :class:`RankedDropout` (training only) between selection and head.
+        dim: the channel dimension of the batched tapped tensor: 1 for ``(N, C, H, W)`` maps
+            (default), 2 for a transformer's tokens ``(N, T, C)``, 3 for channels-last maps
+            ``(N, H, W, C)`` (a number, not -1: the bundle program stores it as one).
 
     Raises:
-        ExitError: ``index`` empty, negative or with a repeated channel.
+        ExitError: ``index`` empty, negative or with a repeated channel; ``dim`` not a positive
+            int, or other than 1 with a ``dropout`` (ranked dropout drops channels of dim 1).
 
     Examples:
         >>> import torch
@@ -183,11 +187,19 @@ class FilterSubsetExit(nn.Module):
         (torch.Size([5, 10]), 2)
     """
 
-    def __init__(self, index: torch.Tensor | Sequence[int], head: nn.Module, dropout: nn.Module | None = None) -> None:
+    def __init__(self, index: torch.Tensor | Sequence[int], head: nn.Module, dropout: nn.Module | None = None,
+                 dim: int = 1) -> None:
         super().__init__()
         index = torch.as_tensor(index, dtype=torch.long).flatten()
         if index.numel() == 0 or len(set(index.tolist())) != index.numel() or int(index.min()) < 0:
             raise ExitError(f"`index` must list distinct, non-negative channel indices, got {index.tolist()}")
+        if isinstance(dim, bool) or not isinstance(dim, int) or dim < 1:
+            raise ExitError(f"`dim` must be a positive int (1: channels-first maps, 2: tokens, 3: channels-last "
+                            f"maps), got {dim!r}")
+        if dim != 1 and dropout is not None:
+            raise ExitError(f"`dropout` (RankedDropout) drops channels of dim 1, so it cannot run with dim={dim}. "
+                            f"HINT: leave dropout=None on token exits")
+        self.dim = dim
         self.register_buffer("index", index)
         self.dropout = dropout
         self.head = head
@@ -197,7 +209,7 @@ class FilterSubsetExit(nn.Module):
         return int(self.index.numel())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x.index_select(1, self.index)
+        x = x.index_select(self.dim, self.index)
         if self.dropout is not None:
             x = self.dropout(x)
         return self.head(x)
@@ -210,33 +222,48 @@ def fine_grained_exit(
     in_shape: tuple[int, int, int],
     index: torch.Tensor | Sequence[int],
     num_classes: int,
-    head: str | HeadFactory = "sdn",
+    head: str | HeadFactory | None = None,
+    *,
+    layout: str = "channels_first",
     **head_kwargs: Any,
 ) -> FilterSubsetExit:
-    """An exit on the top-k filters ``index`` of a ``(C, H, W)`` map, with a registry head.
+    """An exit on the top-k filters ``index`` of a tapped tensor, with a registry head.
 
     Args:
-        in_shape: per-sample ``(C, H, W)`` of the tapped feature map.
+        in_shape: per-sample shape of the tapped tensor: ``(C, H, W)``, or ``(T, C)`` /
+            ``(H, W, C)`` for a transformer's stream.
         index: the channels the exit reads (the top-k of a ranking), in ranked order.
         num_classes: logits it returns.
-        head: a registered head name (:func:`~nestflex.exits.list_heads`) or a factory.
+        head: a registered head name (:func:`~nestflex.exits.list_heads`) or a factory; ``None``
+            (default): ``sdn`` on maps, ``token`` on the token layouts.
+        layout: the tapped tensor's layout (:attr:`nestflex.graph.CutPoint.layout`):
+            ``channels_first`` (default), ``tokens`` or ``channels_last``; the channels are dim 1
+            of the first, the last dim of the others.
         **head_kwargs: the head factory's own arguments.
 
     Returns:
-        a :class:`FilterSubsetExit` with the head built for ``(len(index), H, W)``.
+        a :class:`FilterSubsetExit` with the head built for the selected channels
+        (``(len(index), H, W)``, or ``(T, len(index))`` on tokens).
 
     Raises:
-        ExitError: an index outside ``[0, C)``, an unknown head.
+        ExitError: an index outside the tapped tensor's channels, an unknown head or layout.
 
     Examples:
         >>> ex = fine_grained_exit((32, 8, 8), [5, 1, 7], num_classes=10)
         >>> ex(torch.randn(2, 32, 8, 8)).shape
         torch.Size([2, 10])
+        >>> fine_grained_exit((17, 48), [5, 1, 7], 10, layout="tokens")(torch.randn(2, 17, 48)).shape
+        torch.Size([2, 10])
     """
+    head = default_head(layout) if head is None else head  # an unknown layout fails here
+    first = layout == "channels_first"
+    channels = in_shape[0] if first else in_shape[-1]
     index = torch.as_tensor(index, dtype=torch.long).flatten()
-    if index.numel() and (int(index.max()) >= in_shape[0] or int(index.min()) < 0):
+    if index.numel() and (int(index.max()) >= channels or int(index.min()) < 0):
         raise ExitError(
-            f"`index` {index.tolist()} selects channels outside the tapped map's {in_shape[0]} channels"
+            f"`index` {index.tolist()} selects channels outside the tapped {'map' if first else 'tensor'}'s "
+            f"{channels} channels"
         )
-    sub = (int(index.numel()), *in_shape[1:])
-    return FilterSubsetExit(index, create_head(head, sub, num_classes, **head_kwargs))
+    sub = (int(index.numel()), *in_shape[1:]) if first else (*in_shape[:-1], int(index.numel()))
+    return FilterSubsetExit(index, create_head(head, sub, num_classes, layout=layout, **head_kwargs),
+                            dim=1 if first else len(in_shape))

@@ -28,7 +28,17 @@ Channels need not be dim 1. Each tensor's channel dim is followed through ``perm
 a channels-last map ``(N, H, W, C)``, windows folded into the batch included), so a ``Linear`` on
 the last dim consumes and produces channels like a 1x1 conv: a transformer's MLP hidden
 channels (``fc1`` -> GELU -> ``fc2``) form a group. ``LayerNorm`` and ``GroupNorm`` normalise over
-the channels (removing one changes every other's statistics), so they lock theirs.
+the channels (removing one changes every other's statistics), so they lock theirs, as do
+ConvNeXt-V2's GRN (each channel divided by a mean over the channels) and the inputs of a
+weight-standardised conv (each output's weight row standardised over its inputs; its outputs
+prune exactly, its per-output ``gain`` with them). With ``approximate=True`` these groups prune
+anyway (Torch-Pruning's behaviour): the norms' ``weight``/``bias`` are members, the statistics
+change, and :attr:`ChannelGroup.approximation` says which layers do so. A LayerNorm over more than
+the channels, or a GroupNorm of several groups, stays locked.
+
+A parameter or buffer the forward reads (a class token, a position embedding, a layer scale
+``gamma``, a ``(C, 1, 1)`` gain) joins the channels it is combined with elementwise, its matching
+dim a member (role ``param``), so it is sliced with them.
 
 ``torch.stack`` of tensors that carry the same channels ties them (like an add) and moves the
 channel dim right; ``sum``/``mean`` over other dims move it back. A layer whose output is read
@@ -61,7 +71,7 @@ concatenations, slices, stacks) and :mod:`._attention` (heads); :mod:`._spaces` 
 union-find over channel spaces.
 """
 
-from nestflex.graph.groups.finder import WEIGHT_STANDARDISING_CONVS, find_groups
+from nestflex.graph.groups.finder import CHANNEL_STATISTIC_NORMS, WEIGHT_STANDARDISING_CONVS, find_groups
 from nestflex.graph.groups.records import ChannelGroup, Layout, Member
 
-__all__ = ["Member", "Layout", "ChannelGroup", "find_groups", "WEIGHT_STANDARDISING_CONVS"]
+__all__ = ["Member", "Layout", "ChannelGroup", "find_groups", "WEIGHT_STANDARDISING_CONVS", "CHANNEL_STATISTIC_NORMS"]

@@ -38,10 +38,19 @@ def joined(node: fx.Node, info: dict, uf: UnionFind, shape: tuple[int, ...], com
     full = [a for a in srcs if len(a.meta["shape"]) == len(shape) and info[a].dim == d and a.meta["shape"][d] == shape[d]]
     if not full or any(info[a].factor != info[full[0]].factor for a in full):
         return None
+    aligned = []  # parameters of lower rank whose channels broadcasting aligns: ``x * gamma`` on tokens
     for a in srcs:
-        if a not in full and broadcast_channels(a.meta["shape"], shape, d) != 1:
+        n = broadcast_channels(a.meta["shape"], shape, d) if a not in full else 1
+        if n == 1:
+            continue
+        i = info[a]
+        if not (i.constant and n == shape[d] and len(a.meta["shape"]) - len(shape) + d == i.dim and i.factor == 1
+                and i.parts is None and not i.heads):
             return None
+        aligned.append(a)
     first = info[full[0]]
+    if aligned and (first.parts is not None or first.heads or first.factor != 1):
+        return None
     if first.parts is not None or any(info[a].parts is not None for a in full):
         widths = [tuple(w for _, w in info[a].parts) if info[a].parts else None for a in full]
         if any(w != widths[0] for w in widths):
@@ -53,10 +62,11 @@ def joined(node: fx.Node, info: dict, uf: UnionFind, shape: tuple[int, ...], com
     if any((info[a].head, info[a].attention) != (first.head, first.attention) for a in full):
         return None  # heads and plain channels, or two attentions' heads
     space = first.space
-    for a in full[1:]:
+    for a in full[1:] + aligned:
         space = uf.union(space, info[a].space)
-    # broadcast operands with a channel dim of 1 (e.g. per-sample scales) carry no channels
-    return replace(first, space=space, dim=d)
+    # broadcast operands with a channel dim of 1 (e.g. per-sample scales) carry no channels; the
+    # result is a constant only when every operand with channels is one
+    return replace(first, space=space, dim=d, constant=all(info[a].constant for a in full + aligned))
 
 
 CAT_FUNCTIONS = {torch.cat, torch.concat, torch.concatenate}

@@ -41,6 +41,19 @@ def reshaped(node: fx.Node, src: fx.Node, src_info: ChannelInfo, shape: tuple[in
         return None
     if src_info.heads:  # (dropout, softmax over keys, identity q/k norms): the same shape only
         return src_info if tuple(shape) == tuple(in_shape) else None
+    if src_info.constant:
+        # a parameter viewed for broadcasting (``gamma.reshape(1, -1, 1, 1)``): the channels are
+        # its one dim of more than one entry before and after (it has no batch dim to confuse)
+        before = [i for i, n in enumerate(in_shape) if n != 1]
+        after = [i for i, n in enumerate(shape) if n != 1]
+        if before == [src_info.dim] and len(after) == 1 and shape[after[0]] == in_shape[src_info.dim]:
+            return src_info.at(after[0])
+        if tuple(shape) == tuple(in_shape):
+            return src_info
+        last = len(in_shape) - 1
+        if src_info.dim == last and len(shape) >= 2 and shape[-1] == in_shape[-1]:
+            return src_info.at(len(shape) - 1)  # ``cls_token.expand(B, -1, -1)``
+        return None
     if src_info.dim != 1 and tuple(shape) == tuple(in_shape):
         return src_info  # elementwise, or a softmax over another dim (selective kernels' paths)
     if src_info.dim != 1 and src_info.factor == 1 and src_info.parts is None:
@@ -108,7 +121,7 @@ def sizes_follow(node: fx.Node, out: ChannelInfo, info: dict, uf: UnionFind) -> 
     does; another tensor's size (``c`` of ``n, c, h, w = x.shape``) does when the two share their
     channels, so the spaces are tied (like an add); a constant does not (False: the caller locks)."""
     name = node.target if node.op == "call_method" else getattr(node.target, "__name__", "")
-    if name not in ("view", "reshape") or out.parts is not None or out.factor != 1:
+    if name not in ("view", "reshape", "expand") or out.parts is not None or out.factor != 1:
         return True
     sizes = list(node.args[1:])
     if len(sizes) == 1 and isinstance(sizes[0], (list, tuple)):
@@ -142,11 +155,51 @@ def reduces_channels(node: fx.Node, src_info: ChannelInfo, ndim: int) -> bool:
     return any(not isinstance(x, int) or x % ndim == src_info.dim for x in dims)
 
 
+#: LayerNorm subclasses that normalise a channels-first map over its channels (dim 1) by permuting
+#: it to channels-last around the norm: timm's and torchvision's ConvNeXt ``LayerNorm2d``
+CHANNELS_FIRST_LAYER_NORMS = frozenset({"LayerNorm2d"})
+
+
 def normalises_channels(mod: nn.Module, src_info: ChannelInfo, shape: tuple[int, ...]) -> bool:
-    """A LayerNorm whose normalised dims include the channels, or a GroupNorm on dim 1 channels."""
+    """A LayerNorm whose normalised dims include the channels (a ``LayerNorm2d`` on dim 1
+    channels included), or a GroupNorm on dim 1 channels."""
     if isinstance(mod, nn.GroupNorm):
         return src_info.dim == 1
+    if type(mod).__name__ in CHANNELS_FIRST_LAYER_NORMS and src_info.dim == 1:
+        return True
     return src_info.dim >= len(shape) - len(mod.normalized_shape)
+
+
+def normalised_channel_dim(mod: nn.Module, src_info: ChannelInfo, shape: tuple[int, ...]) -> bool:
+    """Whether a norm over the channels keeps one ``weight``/``bias`` entry per channel and one
+    statistic per sample (or per position) over exactly these channels, so that pruning a channel
+    removes its entries and changes the statistic, nothing else (``approximate=True``): a LayerNorm
+    over the channels alone (the last dim, or dim 1 for a ``LayerNorm2d``), ``GroupNorm(1, C)``, or
+    a module of ``CHANNEL_STATISTIC_NORMS`` whose ``channel_dim`` is the channels (timm's GRN).
+    Anything else (a LayerNorm over ``(C, H, W)``, GroupNorm with several groups) stays locked."""
+    if src_info.factor != 1 or src_info.heads:
+        return False
+    width = shape[src_info.dim]
+    if isinstance(mod, nn.GroupNorm):
+        return src_info.dim == 1 and mod.num_groups == 1 and mod.num_channels == width
+    if isinstance(mod, nn.LayerNorm):
+        if tuple(mod.normalized_shape) != (width,):
+            return False
+        first = type(mod).__name__ in CHANNELS_FIRST_LAYER_NORMS
+        return src_info.dim == (1 if first else len(shape) - 1)
+    dim = getattr(mod, "channel_dim", None)
+    weight = getattr(mod, "weight", None)
+    return (isinstance(dim, int) and dim % len(shape) == src_info.dim and isinstance(weight, torch.Tensor)
+            and tuple(weight.shape) == (width,))
+
+
+def constant_dim(shape: tuple[int, ...]) -> int:
+    """The channel dim of a parameter or buffer read by the forward (a layer scale ``(C,)``, a
+    class token ``(1, 1, C)``, a position embedding ``(1, T, C)``): its only dim of more than one
+    entry, else its last (tokens and channels-last maps keep the channels last). Only a guess until
+    an elementwise op aligns it with a tensor's channels (:func:`~._joins.joined` checks that)."""
+    big = [i for i, n in enumerate(shape) if n != 1]
+    return big[0] if len(big) == 1 else len(shape) - 1
 
 #: permute / transpose, as methods or functions: they move the channel dim
 PERMUTES = {"permute", "transpose", "swapaxes", "swapdims"}

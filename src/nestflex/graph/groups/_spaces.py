@@ -50,6 +50,7 @@ class ChannelInfo:
     head: tuple[int, int] | None = None  # heads: (where the head dim d is, d); None if the dim is gone
     unbound: int | None = None  # a tuple from unbind(dim): its items drop that dim
     attention: str | None = None  # heads: the attention module (owner of num_heads, head_dim, proj)
+    constant: bool = False  # a parameter or buffer (no batch dim), or a view of one
 
     @property
     def spaces(self) -> list[int]:

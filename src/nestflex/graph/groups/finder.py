@@ -15,29 +15,43 @@ from torch.nn.modules.batchnorm import _BatchNorm
 from nestflex.graph.groups._attention import attention_product, is_attention_product, merge_heads, split_heads
 from nestflex.graph.groups._joins import CAT_FUNCTIONS, concatenated, joined, sliced, stacked
 from nestflex.graph.groups._shapes import (
+    constant_dim,
     drop_dim,
     is_size_query,
     is_unbind,
     is_view,
     moved_dim,
+    normalised_channel_dim,
     normalises_channels,
     op_name,
     qualname,
     read_as_blocks,
     reshaped,
+    size_source,
     sizes_follow,
     unbind_dim,
+    view_sizes,
 )
 from nestflex.graph.groups._spaces import ChannelInfo, UnionFind
 from nestflex.graph.groups.records import ChannelGroup, Layout, Member
 
-__all__ = ["find_groups", "WEIGHT_STANDARDISING_CONVS"]
+__all__ = ["find_groups", "WEIGHT_STANDARDISING_CONVS", "CHANNEL_STATISTIC_NORMS"]
 
 
 #: conv classes whose forward standardises the weight over its input channels (timm's weight
-#: standardisation): removing an input channel changes every kept weight, so their inputs are
-#: locked; their outputs prune (per-output statistics, and the per-output ``gain`` joins the group)
+#: standardisation, NF-ResNet's ``ScaledStdConv2d``): each output channel's weight is centred and
+#: scaled by its own mean and variance over (inputs x kernel), so its outputs prune exactly (the
+#: per-output ``gain`` joins the group); removing an input channel changes the mean and variance of
+#: every kept weight, so their inputs prune only with ``approximate=True``
 WEIGHT_STANDARDISING_CONVS = frozenset({"StdConv2d", "StdConv2dSame", "ScaledStdConv2d", "ScaledStdConv2dSame"})
+
+#: modules that normalise over the channels with one statistic per sample and scale each channel
+#: by its own ``weight``/``bias``, matched by class name (the library need not be imported): timm's
+#: ConvNeXt-V2 ``GlobalResponseNorm`` divides each channel by the mean over channels of the
+#: response norms. LayerNorm (and timm's/torchvision's channels-first ``LayerNorm2d``) and
+#: ``GroupNorm(1, C)`` are recognised by type. Pruning such channels changes the statistic:
+#: with ``approximate=True`` only
+CHANNEL_STATISTIC_NORMS = frozenset({"GlobalResponseNorm"})
 
 
 _ACT_MODULES = (
@@ -53,7 +67,7 @@ _PASS_FUNCTIONS = {
 }
 _PASS_METHODS = {
     "relu", "relu_", "sigmoid", "tanh", "contiguous", "clone", "float", "to", "flatten", "view",
-    "reshape", "mean", "sum", "amax", "softmax",
+    "reshape", "mean", "sum", "amax", "softmax", "expand",
 }
 #: functions of other libraries that scale whole samples (or the whole batch) and keep every
 #: channel where it is, matched by qualified name so the library need not be imported:
@@ -63,7 +77,8 @@ _JOIN_FUNCTIONS = {operator.add, operator.iadd, operator.mul, operator.imul, ope
 _JOIN_METHODS = {"add", "add_", "mul", "mul_", "sub", "sub_"}
 
 
-def find_groups(gm: fx.GraphModule, root: nn.Module | None = None) -> tuple[list[ChannelGroup], list[str]]:
+def find_groups(gm: fx.GraphModule, root: nn.Module | None = None,
+                approximate: bool = False) -> tuple[list[ChannelGroup], list[str]]:
     """Derive coupled channel groups from a shape-annotated GraphModule.
 
     Args:
@@ -72,6 +87,11 @@ def find_groups(gm: fx.GraphModule, root: nn.Module | None = None) -> tuple[list
         root: the model ``gm`` was traced from: the graph module keeps only the modules it
             calls, so the attributes of the others (an attention's ``num_heads``) are read from
             it. ``None`` reads them from ``gm``.
+        approximate: also make prunable the groups that are locked only because pruning them
+            changes a statistic over the channels (a LayerNorm over them, ``GroupNorm(1, C)``,
+            ConvNeXt-V2's GRN, a weight-standardised conv's inputs): their
+            :attr:`ChannelGroup.approximation` says what changes, and pruned no longer equals
+            masked for them. ``False`` (default): such groups are locked, with that reason.
 
     Returns:
         ``(groups, unsupported)``: every group that has a producer, in trace order, and the ops
@@ -81,6 +101,7 @@ def find_groups(gm: fx.GraphModule, root: nn.Module | None = None) -> tuple[list
     info: dict[fx.Node, ChannelInfo | None] = {}
     members: list[tuple[int, Member]] = []
     locked: dict[int, str] = {}
+    inexact: list[tuple[int, str]] = []  # spaces that prune only approximately, and why
     unsupported: list[str] = []
     layouts: list[Layout] = []
     interleaved: list[tuple[int, int, str]] = []  # (space, blocks, grouped conv) of grouped convs
@@ -92,6 +113,24 @@ def find_groups(gm: fx.GraphModule, root: nn.Module | None = None) -> tuple[list
     def lock(space: int | ChannelInfo, reason: str) -> None:
         for sp in space.spaces if isinstance(space, ChannelInfo) else [space]:
             locked.setdefault(sp, reason)
+
+    def changes_statistic(space: ChannelInfo, reason: str) -> None:
+        inexact.extend((sp, reason) for sp in space.spaces)
+
+    def attribute(node: fx.Node, shape) -> ChannelInfo | None:
+        """A parameter or buffer the forward reads (a class token, a position embedding, a layer
+        scale): a space of its own that an elementwise op may tie to a tensor's channels, its
+        entries along :func:`constant_dim` a member. Anything else fx keeps (its tensor
+        constants) is locked."""
+        if shape is None:
+            return None
+        owner, _, attr = node.target.rpartition(".")
+        mod = owners.get(owner)
+        if not shape or mod is None or (attr not in mod._parameters and attr not in mod._buffers):
+            return fresh(f"attribute `{node.target}`")
+        out = replace(fresh(), dim=constant_dim(shape), constant=True)
+        members.append((out.space, Member(owner, attr, out.dim, role="param")))
+        return out
 
     def add(src: ChannelInfo, name: str, attr: str, dim: int, role: str) -> None:
         """Members of a consumer of ``src``: one, or one per part of a concatenated tensor."""
@@ -144,7 +183,7 @@ def find_groups(gm: fx.GraphModule, root: nn.Module | None = None) -> tuple[list
                 lock(info[a], "model output")
             continue
         if node.op == "get_attr":
-            info[node] = fresh(f"attribute `{node.target}`") if shape is not None else None
+            info[node] = attribute(node, shape)
             continue
         if is_unbind(node) and isinstance(node.args[0], fx.Node) and info.get(node.args[0]) is not None \
                 and info[node.args[0]].heads:
@@ -169,10 +208,11 @@ def find_groups(gm: fx.GraphModule, root: nn.Module | None = None) -> tuple[list
             name = node.target
             if isinstance(mod, nn.Conv2d) and src_info is not None and src_info.factor == 1 and src_info.dim == 1:
                 if mod.groups == 1:
+                    add(src_info, name, "weight", 1, "in")
                     if type(mod).__name__ in WEIGHT_STANDARDISING_CONVS:
-                        lock(src_info, f"`{name}` ({type(mod).__name__}) standardises its weight over its inputs")
-                    else:
-                        add(src_info, name, "weight", 1, "in")
+                        changes_statistic(src_info, f"`{name}` ({type(mod).__name__}) standardises its weight over its "
+                                                    "inputs: removing one changes the mean and variance of every kept "
+                                                    "weight")
                     info[node] = produce(name, mod)
                 elif mod.groups == mod.in_channels == mod.out_channels:
                     add(src_info, name, "weight", 0, "depthwise")
@@ -205,6 +245,15 @@ def find_groups(gm: fx.GraphModule, root: nn.Module | None = None) -> tuple[list
                 # unknown): the source's channels stay a fixed dim of the output, its own are last
                 lock(src_info, f"`{name}` (Linear) mixes a dim other than their channels")
                 info[node] = produce(name, mod).at(len(shape) - 1)
+            elif (isinstance(mod, (nn.LayerNorm, nn.GroupNorm)) or type(mod).__name__ in CHANNEL_STATISTIC_NORMS) \
+                    and src_info is not None and normalised_channel_dim(mod, src_info, shape):
+                # one statistic over the channels, then a weight and bias per channel
+                for attr in ("weight", "bias"):
+                    if isinstance(getattr(mod, attr, None), torch.Tensor):
+                        add(src_info, name, attr, 0, "norm")
+                changes_statistic(src_info, f"`{name}` ({type(mod).__name__}) normalises over the channels: "
+                                            "removing one changes its statistics")
+                info[node] = src_info
             elif isinstance(mod, (nn.LayerNorm, nn.GroupNorm)) and src_info is not None and normalises_channels(
                     mod, src_info, shape):
                 lock(src_info, f"`{name}` ({type(mod).__name__}) normalises over the channels")
@@ -297,13 +346,49 @@ def find_groups(gm: fx.GraphModule, root: nn.Module | None = None) -> tuple[list
 
     node_spaces = []
     for n, i in info.items():
-        if i is not None and i.factor == 1 and i.parts is None and n.op != "placeholder" and i.unbound is None:
+        # a parameter is no response of the channels (criteria read responses from these nodes)
+        if i is not None and i.factor == 1 and i.parts is None and n.op != "placeholder" and i.unbound is None \
+                and not i.constant:
             node_spaces.append((n.name, i.space))
             n.meta["channel_dim"] = i.dim  # criteria read a response's channels here
-    return _collect(gm, uf, members, locked, node_spaces, layouts, interleaved, retyped, scaled), unsupported
+    if approximate:
+        _lock_stale_sizes(gm, info, uf, {uf.find(sp) for sp, _ in inexact}, lock)
+    reasons: dict[int, list[str]] = {}
+    for space, reason in inexact:
+        if approximate:
+            reasons.setdefault(uf.find(space), []).append(reason)
+        else:
+            lock(space, f"{reason} (pruned would not equal masked; `approximate=True` prunes it anyway)")
+    # a residual stream passes through a norm per block: the first reason, and how many more
+    approximations = {root: rs[0] + (f" (and {len(set(rs)) - 1} more such layers)" if len(set(rs)) > 1 else "")
+                      for root, rs in reasons.items()}
+    groups = _collect(gm, uf, members, locked, node_spaces, layouts, interleaved, retyped, scaled, approximations)
+    return groups, unsupported
 
 
-def _collect(gm, uf, members, locked, node_spaces, layouts, interleaved, retyped, scaled) -> list[ChannelGroup]:
+def _lock_stale_sizes(gm: fx.GraphModule, info: dict, uf: UnionFind, roots: set[int], lock) -> None:
+    """Channels that prune only approximately are new to pruning: a forward may read their width
+    (``B, N, C = x.shape``) and use it for other channels (CoaT's ``qkv.reshape(B, N, 3, h, C // h)``),
+    which would go stale once the stream shrinks. Their width may only state the same channels'
+    size in a view (tied to them, :func:`sizes_follow`); any other use locks them."""
+    for n in gm.graph.nodes:
+        source = size_source(n)
+        t_info = info.get(source[0]) if source is not None else None
+        if t_info is None or t_info.parts is not None or t_info.factor != 1:
+            continue
+        t, k = source
+        if k % len(t.meta["shape"]) != t_info.dim or uf.find(t_info.space) not in roots:
+            continue
+        for u in n.users:
+            u_info = info.get(u)
+            sizes = view_sizes(u) if is_view(u) or (u.op == "call_method" and u.target == "expand") else []
+            if not (u_info is not None and u_info.dim < len(sizes) and sizes[u_info.dim] is n
+                    and uf.find(u_info.space) == uf.find(t_info.space)):
+                lock(t_info, f"their width, read at `{n.name}`, sizes other channels at `{u.name}`")
+
+
+def _collect(gm, uf, members, locked, node_spaces, layouts, interleaved, retyped, scaled,
+             approximations) -> list[ChannelGroup]:
     locked_roots: dict[int, str] = {}
     for space, reason in locked.items():
         locked_roots.setdefault(uf.find(space), reason)
@@ -353,6 +438,7 @@ def _collect(gm, uf, members, locked, node_spaces, layouts, interleaved, retyped
                 id=len(groups), name=first.module, width=width, members=ms, prunable=not reason, reason=reason,
                 nodes=nodes_by_root.get(root, []),
                 copies=blocks[root][0] if root in blocks and root not in locked_roots else 1,
+                approximation="" if reason else approximations.get(root, ""),
             )
         )
         group_of[root] = groups[-1]

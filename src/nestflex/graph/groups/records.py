@@ -21,8 +21,10 @@ class Member:
         factor: consecutive entries per channel along ``dim`` (``H*W`` for a linear fed by a
             flatten of ``(C, H, W)``, else 1).
         role: ``out`` (produces the channels), ``in`` (consumes them), ``norm`` (per-channel
-            statistics/affine), ``depthwise`` (a depthwise conv, which is both) or ``count`` (an
-            int attribute of the module equal to ``width * factor``: an attention's ``num_heads``).
+            statistics/affine), ``depthwise`` (a depthwise conv, which is both), ``param`` (a
+            parameter or buffer the forward combines elementwise with the channels: a layer scale,
+            a class token, a position embedding) or ``count`` (an int attribute of the module equal
+            to ``width * factor``: an attention's ``num_heads``).
         layout: for a tensor fed by a concatenation, the parts of ``dim`` in order (this group is
             one or more of them); ``None`` when the group owns the whole dim.
         copies: blocks of an interleaved group (a grouped conv's ``G``): channel ``j`` is entry
@@ -115,6 +117,9 @@ class ChannelGroup:
             order. Importance criteria read the group's responses from them.
         copies: blocks of an interleaved group (see :mod:`nestflex.graph.groups`): its nodes carry
             ``width * copies`` channels on dim 1, channel ``j`` of the group at ``b * width + j``.
+        approximation: for a group made prunable by ``trace(..., approximate=True)``, what pruning
+            it changes beyond removing the channels (the statistics of a norm over them, a
+            weight standardisation): pruned does not equal masked. Empty for an exact group.
     """
 
     id: int
@@ -125,6 +130,12 @@ class ChannelGroup:
     reason: str = ""
     nodes: list[str] = field(default_factory=list)
     copies: int = 1
+    approximation: str = ""
+
+    @property
+    def exact(self) -> bool:
+        """Pruning this group gives the masked model's outputs exactly (no :attr:`approximation`)."""
+        return not self.approximation
 
     def blocks(self, t: torch.Tensor, dim: int = 1) -> torch.Tensor:
         """View ``t``'s ``width * copies`` entries on ``dim`` as ``(copies, width)``: a response's
