@@ -91,7 +91,9 @@ def run_prune(run: Run) -> dict[str, Any]:
     c, p, base = run.cfg, run.cfg.prune, run.baseline()
     budget = None if p.retry_budget < 0 else p.retry_budget
     # as runs before --prune-round-to and --prune-target: their defaults leave the stage's config as it was
-    options = {k: v for k, v in asdict(p).items() if (k, v) not in (("round_to", 1), ("target", None))}
+    options = {k: v for k, v in asdict(p).items()
+               if (k, v) not in (("round_to", 1), ("target", None), ("cost", "macs"), ("latency_table", None),
+                                 ("latency_threads", 1))}
     st = run.stage("prune", {"baseline": run.config("baseline"), **options, "retry_budget": budget})
     # room for every step to be recovered and retried twice (the back-off), then the seed's fine-tuning;
     # the callback stops the Trainer when done
@@ -107,9 +109,10 @@ def run_prune(run: Run) -> dict[str, Any]:
     kwargs = {"seed": c.seed} if p.criterion == "random" else kwargs
     # the accuracy-goal mode (NestDNN's) unless --prune-target asks for a MACs budget
     mode = {"max_drop": p.max_drop / 100} if p.target is None else {"target_macs": p.target}
+    cost = latency_table(run, st.dir) if p.cost == "latency" else None
     pruner = FilterPruning(p.criterion, **mode, step=p.step, epochs_per_step=p.epochs_per_step,
                            max_steps=p.max_steps, recover_epochs=p.recover_epochs, finetune_epochs=p.finetune_epochs,
-                           retry_budget=budget, round_to=p.round_to, dirpath=st.dir, criterion_kwargs=kwargs)
+                           retry_budget=budget, round_to=p.round_to, dirpath=st.dir, criterion_kwargs=kwargs, cost=cost)
     trainer = st.trainer(c, [pruner], epochs, resume, num_sanity_val_steps=0)
     start = time.perf_counter()
     trainer.fit(module, datamodule=run.dm, ckpt_path=resume)
@@ -118,9 +121,31 @@ def run_prune(run: Run) -> dict[str, Any]:
     road = Roadmap.load(st.dir / "roadmap.json")
     test = trainer.test(module, datamodule=run.dm, verbose=False)[0]
     result = prune_summary(road, test["test_acc"], seconds) | {"mode": road.mode, "target_macs": road.target_macs}
+    if road.cost is not None:  # the seed's and the vanilla model's time as the table prices them
+        result["cost"] = {k: road.cost[k] for k in road.cost if k != "widths"} | {
+            "seed": road.seed.cost, "vanilla": road.footprints[0].cost, "table": "prune/latency_table.json"}
     st.write("result.json", result)
     plot_roadmap(road, run.out / "prune_roadmap.png", run.data["synthetic"])
     return {"summary": result}
+
+
+def latency_table(run: Run, where: Path) -> Any:
+    """The latency table the prune stage plans with: ``--latency-table`` (built on the device), else
+    measured here on the baseline's layers; a copy is kept in the stage's folder either way."""
+    from nestflex.profiling import LatencyTable
+    from nestflex.pruning import build_latency_table
+
+    p, path = run.cfg.prune, where / "latency_table.json"
+    if p.latency_table is not None:
+        table = LatencyTable.load(p.latency_table)
+    elif path.is_file():  # a resumed stage measures nothing twice
+        table = LatencyTable.load(path)
+    else:
+        net = run.baseline().model
+        table = build_latency_table(net, net.input_shape, threads=p.latency_threads)
+        print(f"prune: latency table of {len(table.entries)} layer shapes measured in {table.meta['seconds']} s")
+    table.save(path)
+    return table
 
 
 def run_grow(run: Run) -> dict[str, Any]:

@@ -6,7 +6,7 @@ Each field is a command-line flag (``prune.max_drop`` is ``--prune-max-drop``) a
     model: vgg11
     width: 0.5
     data: {kind: mnist, dir: ~/mnist}
-    prune: {max_drop: 2.0, round_to: 8}     # or prune: {target: 0.3}, the budget mode
+    prune: {max_drop: 2.0, round_to: 8}     # or prune: {target: 0.3}, the budget mode; {cost: latency}
 
 ``python recipes/vgg_cifar.py --print-config`` prints every option with its value.
 """
@@ -46,6 +46,14 @@ class PruneConfig:
                                   "--prune-max-drop; docs/pruning.md#budget-mode)",
                                   check=Check(lambda v: 0 < v < 1, "is a share of the baseline's MACs in (0, 1)",
                                               "0.3 keeps 30% of the MACs; leave it out for the accuracy-goal mode"))
+    cost: str = option("macs", "what a step saves: macs (NestDNN's allocation) or latency (a per-layer onnxruntime "
+                       "table: steps by time saved per accuracy risked, measured fast widths, levels spaced in "
+                       "time; docs/pruning.md#cost)", choices=("macs", "latency"))
+    latency_table: str | None = option(None, "the latency table to plan with (`nestflex latency-table` on the "
+                                       "device); none: measured here, at --prune-latency-threads, batch 1",
+                                       flag="--latency-table")
+    latency_threads: int = option(1, "onnxruntime threads the table is measured with when built here",
+                                  check=at_least(1))
     step: float = option(0.25, "share of channels the most tolerant layer loses per step")
     epochs_per_step: int = option(1, "retraining epochs per step", check=at_least(1))
     max_steps: int = option(10, "at most this many kept steps (docs/pruning.md#noise says why 10)",

@@ -5,6 +5,7 @@
     nestflex run a.nfx b.nfx --fps 30 --memory-mb 8 --seconds 20   # live: the engine serves both
     nestflex serve runs/vgg_cifar/bundle.nfx --port 50051          # split inference: the tail server
     nestflex tune runs/vgg_cifar/bundle.nfx                         # fastest backend x threads per level
+    nestflex latency-table specs.json --threads 1 --batch 1 --out table.json   # per-layer times, for pruning
     python -m nestflex inspect ...               # the same without the console script
 
 Light on purpose: it imports the deploy runtime only (DESIGN invariant 6), so every verb runs on
@@ -335,6 +336,24 @@ def _cmd_tune(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_latency_table(args: argparse.Namespace) -> int:
+    """Measure the per-layer latency table of a model's layer specs here; write it atomically.
+
+    A verb of its own, not a ``tune`` option: ``tune`` times a trained bundle's levels, while the
+    table is needed before any pruning (to plan the roadmap), from the layer specs the training
+    machine wrote (``nestflex.pruning.write_model_specs``); no bundle exists yet.
+    """
+    from nestflex.profiling.latency import measure_table, read_layer_specs
+
+    specs = read_layer_specs(args.specs)
+    table = measure_table(specs, threads=args.threads, batch=args.batch, repeats=args.repeats,
+                          log=None if args.quiet else print)
+    path = table.save(args.out)
+    print(f"latency table: {len(table.entries)} layers at {args.threads} thread(s), batch {args.batch}, "
+          f"{table.meta['seconds']} s: {path}")
+    return 0
+
+
 def _cmd_run(args: argparse.Namespace) -> int:
     for arg, value in (("--fps", args.fps), ("--seconds", args.seconds), ("--interval", args.interval)):
         if not value > 0:
@@ -382,6 +401,14 @@ def main(argv: list[str] | None = None) -> int:
                    help="accuracy points an int8 level may lose on the bundle's check samples")
     p.add_argument("--out", default=None, help="where to write the plan (default: BUNDLE.plan.json beside it)")
     p.add_argument("--quiet", action="store_true")
+    p = sub.add_parser("latency-table", help="per-layer onnxruntime times of a model's layers here, to plan pruning "
+                       "in time (specs from nestflex.pruning.write_model_specs)")
+    p.add_argument("specs", help="the layer-spec JSON the training machine wrote")
+    p.add_argument("--threads", type=int, default=1, help="onnxruntime intra-op threads (the tuned plan's)")
+    p.add_argument("--batch", type=int, default=1, help="batch size (the plan's); times are per batch")
+    p.add_argument("--repeats", type=int, default=7, help="timed samples per measured point")
+    p.add_argument("--out", default="latency_table.json", help="the table's JSON, written atomically")
+    p.add_argument("--quiet", action="store_true")
     p = sub.add_parser("serve", help="split inference: serve the bundle's tail (any split point) over gRPC")
     p.add_argument("bundle")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)")
@@ -396,7 +423,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         return {"inspect": _cmd_inspect, "bench": _cmd_bench, "run": _cmd_run, "serve": _cmd_serve,
-                "tune": _cmd_tune}[args.command](args)
+                "tune": _cmd_tune, "latency-table": _cmd_latency_table}[args.command](args)
     except NestflexError as e:
         # one line, whatever the message quotes (a file name or a value may hold a newline)
         print("error: " + " ".join(str(e).splitlines()), file=sys.stderr)

@@ -9,7 +9,7 @@ page-in/page-out cost of switching levels. docs/capacity.md is the user guide.
 
 from nestflex.capacity.callback import FreezeAndGrow, level_of_epoch
 from nestflex.capacity.freeze import LevelFreezer, trainable_masks
-from nestflex.capacity.levels import LevelPlan, choose_levels, plan_levels
+from nestflex.capacity.levels import LevelPlan, choose_levels, footprint_costs, plan_levels
 from nestflex.capacity.model import INITS, MultiCapacityModel, check_roadmap, nest_from_roadmap, read_state
 from nestflex.capacity.nested import (
     NestedConv2d,
@@ -34,6 +34,7 @@ __all__ = [
     "trainable_masks",
     "LevelPlan",
     "choose_levels",
+    "footprint_costs",
     "plan_levels",
     "INITS",
     "MultiCapacityModel",

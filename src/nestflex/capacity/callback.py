@@ -28,9 +28,11 @@ from nestflex.capacity.freeze import LevelFreezer
 from nestflex.capacity.levels import LevelPlan, choose_levels, plan_levels
 from nestflex.capacity.model import INITS, check_roadmap, roadmap_sources
 from nestflex.capacity.nested import extract_level, is_nested, nest_, set_level
-from nestflex.errors import CapacityError
+from nestflex.errors import CapacityError, PruningError
 from nestflex.graph import checked_batches, input_shape_of, trace
-from nestflex.pruning.callback import _rng_state, _set_rng_state
+from nestflex.pruning._rng import _rng_state, _set_rng_state
+from nestflex.profiling.latency import LatencyTable
+from nestflex.pruning.cost import CostModel, get_cost
 from nestflex.pruning.evaluate import accuracy, trainer_eval_loader
 from nestflex.pruning.roadmap import Roadmap, roadmap_network
 
@@ -57,7 +59,8 @@ class FreezeAndGrow(Callback):
         roadmap: path of the pruning run's ``roadmap.json`` (its footprint checkpoints are read
             from the same directory).
         levels: number of descendants K, seed and vanilla model included, chosen evenly spaced
-            in MACs (:func:`~nestflex.capacity.levels.choose_levels`).
+            in cost (:func:`~nestflex.capacity.levels.choose_levels`): MACs, the footprints'
+            recorded cost when the roadmap was planned with one, or ``cost``.
         steps: or: the roadmap steps of the levels, seed first, ending with 0.
         epochs_per_level: training epochs of each grown level; give the trainer
             ``max_epochs = (levels - 1) * epochs_per_level``.
@@ -72,6 +75,11 @@ class FreezeAndGrow(Callback):
             roadmap was traced at, else the Trainer's data
             (:func:`nestflex._trainer.infer_input_shape`). Evaluation batches of another shape
             raise ``GraphError``.
+        cost: price the footprints with this cost model and space the levels in it:
+            ``"macs"``, a :class:`~nestflex.pruning.CostModel` or a
+            :class:`~nestflex.profiling.LatencyTable` (the measured time of each footprint on a
+            target device, which need not be the one the roadmap was planned for). ``None``: the
+            roadmap's recorded costs, else MACs.
 
     Example::
 
@@ -91,6 +99,7 @@ class FreezeAndGrow(Callback):
         dirpath: str | os.PathLike | None = None,
         eval_dataloader: Any = None,
         input_shape: Sequence[int] | None = None,
+        cost: str | CostModel | LatencyTable | None = None,
     ) -> None:
         if not isinstance(levels, int) or isinstance(levels, bool) or levels < 2:
             raise CapacityError(f"`levels` must be an int >= 2 (the seed and the vanilla model at least), got {levels!r}")
@@ -105,6 +114,10 @@ class FreezeAndGrow(Callback):
         self.epochs_per_level, self.init, self.eval_batches = epochs_per_level, init, eval_batches
         self.dirpath = Path(dirpath) if dirpath is not None else None
         self.eval_dataloader = eval_dataloader
+        try:
+            self.cost = get_cost(cost) if cost is not None else None
+        except PruningError as e:
+            raise CapacityError(str(e)) from None
         # validated now; None: the module's own, at use
         self.input_shape = input_shape_of(torch.nn.Module(), input_shape) if input_shape is not None else None
         self.plan: LevelPlan | None = None
@@ -134,17 +147,24 @@ class FreezeAndGrow(Callback):
         road = Roadmap.load(self.roadmap_path)
         self._shape = self._resolve_shape(module, road, trainer)
         check_roadmap(module, road, self._shape)
-        steps = self.steps if self.steps is not None else choose_levels(road, self.levels)
+        net = roadmap_network(module, road)
+        costs = self._costs(net, road) if self.cost is not None else None
+        steps = self.steps if self.steps is not None else choose_levels(road, self.levels, costs)
         if len(steps) != self.levels:
             raise CapacityError(f"`steps` has {len(steps)} entries but `levels`={self.levels}")
-        plan = plan_levels(road, steps)
-        net = roadmap_network(module, road)
+        plan = plan_levels(road, steps, costs)
         nest_(net, plan, roadmap_sources(net, road, self.roadmap_path.parent, plan, self.init), self._shape)
         if getattr(net, "input_shape", None) is None:
             net.input_shape = self._shape  # extracted levels carry it: exits and export trace at the real shape
         rank_zero_info(f"freeze-&-grow: {plan.num_levels} levels at roadmap steps {list(plan.steps)}, "
-                       f"MACs {list(plan.macs)}")
+                       f"MACs {list(plan.macs)}" + (f", costs {list(plan.costs)}" if plan.costs else ""))
         return plan
+
+    def _costs(self, net: torch.nn.Module, road: Roadmap) -> dict[int, float]:
+        """Each footprint's cost under ``cost``, priced on the unpruned network at its widths."""
+        graph = trace(net, self._shape)
+        ids = {g.name: g.id for g in graph.groups}
+        return {f.step: self.cost(graph, {ids[n]: w for n, w in f.widths.items()}) for f in road.footprints}
 
     def _resolve_shape(self, module: torch.nn.Module, road: Roadmap, trainer: pl.Trainer | None) -> tuple[int, ...]:
         """The argument, the module's own, the shape the roadmap was traced at, else the data's."""
@@ -267,4 +287,5 @@ class FreezeAndGrow(Callback):
 
 
 def plan_to_dict(plan: LevelPlan) -> dict[str, Any]:
-    return {"steps": list(plan.steps), "macs": list(plan.macs), "order": plan.order, "widths": list(plan.widths)}
+    d = {"steps": list(plan.steps), "macs": list(plan.macs), "order": plan.order, "widths": list(plan.widths)}
+    return d | ({"costs": list(plan.costs)} if plan.costs is not None else {})

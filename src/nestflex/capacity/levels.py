@@ -1,7 +1,8 @@
 """Which footprints of a roadmap become the levels of a multi-capacity model, in which order.
 
 Level 0 is the seed, level ``K-1`` the vanilla (unpruned) model; the levels between are
-footprints chosen evenly spaced in MACs. Because the roadmap prunes iteratively, the channels
+footprints chosen evenly spaced in cost: MACs, or the footprints' measured time when the roadmap
+was planned with a latency cost (:mod:`nestflex.pruning.cost`) or the caller prices them. Because the roadmap prunes iteratively, the channels
 kept at a smaller footprint are a subset of those kept at a larger one, so every group can be
 put in *nested order*: the seed's channels first, then the channels each larger level adds back.
 Level ``k`` then uses a width prefix of every group.
@@ -10,11 +11,12 @@ Level ``k`` then uses a width prefix of every group.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Mapping
 
 from nestflex.errors import CapacityError
 from nestflex.pruning.roadmap import Roadmap
 
-__all__ = ["LevelPlan", "choose_levels", "plan_levels"]
+__all__ = ["LevelPlan", "choose_levels", "footprint_costs", "plan_levels"]
 
 
 @dataclass(frozen=True)
@@ -26,32 +28,61 @@ class LevelPlan:
         order: per group name, original channel indices in nested order.
         widths: per level, the width of every group (a prefix of ``order``).
         macs: roadmap MACs of each level's footprint.
+        costs: each level's cost the levels were spaced in (e.g. milliseconds), ``None`` when
+            spaced in MACs.
     """
 
     steps: tuple[int, ...]
     order: dict[str, list[int]]
     widths: tuple[dict[str, int], ...]
     macs: tuple[int, ...]
+    costs: tuple[float, ...] | None = None
 
     @property
     def num_levels(self) -> int:
         return len(self.steps)
 
 
-def choose_levels(roadmap: Roadmap, levels: int) -> list[int]:
-    """Roadmap steps of ``levels`` descendants, seed first, vanilla last, evenly spaced in MACs.
+def footprint_costs(roadmap: Roadmap, costs: Mapping[int, float] | None = None) -> dict[int, float]:
+    """What the levels are spaced in, per roadmap step: ``costs`` when given, else each
+    footprint's recorded cost when every footprint has one (a roadmap planned with a cost
+    model), else its MACs.
 
-    Level ``i`` (0 < i < levels - 1) takes the footprint nearest in MACs to
+    Args:
+        roadmap: the pruning roadmap.
+        costs: a cost per roadmap step (every footprint's), or ``None``.
+
+    Raises:
+        CapacityError: ``costs`` misses a footprint.
+    """
+    if costs is not None:
+        missing = [f.step for f in roadmap.footprints if f.step not in costs]
+        if missing:
+            raise CapacityError(f"`costs` has no cost for roadmap steps {missing}. HINT: price every footprint")
+        return {f.step: float(costs[f.step]) for f in roadmap.footprints}
+    if roadmap.footprints and all(f.cost is not None for f in roadmap.footprints):
+        return {f.step: float(f.cost) for f in roadmap.footprints}
+    return {f.step: float(f.macs) for f in roadmap.footprints}
+
+
+def choose_levels(roadmap: Roadmap, levels: int, costs: Mapping[int, float] | None = None) -> list[int]:
+    """Roadmap steps of ``levels`` descendants, seed first, vanilla last, evenly spaced in cost.
+
+    Level ``i`` (0 < i < levels - 1) takes the footprint nearest in cost to
     ``seed + i * (vanilla - seed) / (levels - 1)`` among those that still leave room for the
-    levels after it, so the choice is always ``levels`` distinct footprints in MACs order.
+    levels after it, so the choice is always ``levels`` distinct footprints in nesting order (the
+    roadmap's steps, which MACs follow; a measured time may not, step by step). The cost is MACs
+    unless the footprints record another (:func:`footprint_costs`).
 
     Args:
         roadmap: the pruning roadmap whose footprints are chosen from.
         levels: number of descendants K, seed and vanilla model included (``2 <= levels <=``
             the roadmap's number of footprints).
+        costs: the cost of each footprint by roadmap step (e.g. milliseconds on the target
+            device: :class:`~nestflex.pruning.LatencyCost`); ``None``: :func:`footprint_costs`.
 
     Returns:
-        The roadmap steps of the chosen footprints, seed (fewest MACs) first, vanilla last.
+        The roadmap steps of the chosen footprints, seed (the last step) first, vanilla last.
 
     Raises:
         CapacityError: ``levels`` < 2, or more levels than the roadmap has footprints.
@@ -64,30 +95,35 @@ def choose_levels(roadmap: Roadmap, levels: int) -> list[int]:
     """
     if not isinstance(levels, int) or isinstance(levels, bool) or levels < 2:
         raise CapacityError(f"`levels` must be an int >= 2 (the seed and the vanilla model at least), got {levels!r}")
-    fps = sorted(roadmap.footprints, key=lambda f: (f.macs, -f.step))
+    value = footprint_costs(roadmap, costs)
+    # nesting order (the seed, the highest step, first): a measured time need not fall at every
+    # step (noise, a width between two fast ones), and the levels must stay nested whatever it says
+    fps = sorted(roadmap.footprints, key=lambda f: -f.step)
     if levels > len(fps):
         raise CapacityError(
             f"`levels`={levels} but the roadmap has only {len(fps)} footprints (steps "
             f"{[f.step for f in roadmap.footprints]}). HINT: use levels <= {len(fps)}, or prune with a smaller "
             "`step` / more `max_steps` to get more footprints"
         )
-    lo_macs, hi_macs = fps[0].macs, fps[-1].macs
+    low, high = value[fps[0].step], value[fps[-1].step]
     chosen = [0]
     for i in range(1, levels - 1):
-        target = lo_macs + i * (hi_macs - lo_macs) / (levels - 1)
+        target = low + i * (high - low) / (levels - 1)
         lo, hi = chosen[-1] + 1, len(fps) - 1 - (levels - 1 - i)
-        chosen.append(min(range(lo, hi + 1), key=lambda j: (abs(fps[j].macs - target), j)))
+        chosen.append(min(range(lo, hi + 1), key=lambda j: (abs(value[fps[j].step] - target), j)))
     chosen.append(len(fps) - 1)
     return [fps[j].step for j in chosen]
 
 
-def plan_levels(roadmap: Roadmap, steps: list[int]) -> LevelPlan:
+def plan_levels(roadmap: Roadmap, steps: list[int], costs: Mapping[int, float] | None = None) -> LevelPlan:
     """The nested channel order and per-level widths for the given roadmap steps.
 
     Args:
         roadmap: the pruning roadmap.
         steps: one roadmap step per level, smallest model first (see :func:`choose_levels`);
             the last must be step 0 (the vanilla model, every channel kept).
+        costs: the cost of each footprint by roadmap step, recorded as the plan's ``costs``;
+            ``None``: the footprints' recorded costs when they have them (else no costs).
 
     Raises:
         CapacityError: an unknown step, steps not from small to large, or footprints that are
@@ -121,4 +157,7 @@ def plan_levels(roadmap: Roadmap, steps: list[int]) -> LevelPlan:
         order[g] = seq
     widths = tuple({g: len(level[g]) for g in roadmap.groups} for level in kept)
     macs = tuple(roadmap.footprint(s).macs for s in steps)
-    return LevelPlan(steps=tuple(steps), order=order, widths=widths, macs=macs)
+    if costs is None and all(roadmap.footprint(s).cost is not None for s in steps):
+        costs = {s: roadmap.footprint(s).cost for s in steps}
+    spent = tuple(round(float(costs[s]), 6) for s in steps) if costs is not None else None
+    return LevelPlan(steps=tuple(steps), order=order, widths=widths, macs=macs, costs=spent)

@@ -11,6 +11,17 @@ from nestflex.pruning.collective import (
     pooled_activations,
     pooled_responses,
 )
+from nestflex.pruning.cost import (
+    COSTS,
+    CostModel,
+    LatencyCost,
+    MacsCost,
+    build_latency_table,
+    cost_allocation,
+    get_cost,
+    latency_specs,
+    write_model_specs,
+)
 from nestflex.pruning.decision import PairedDecision, paired_decision
 from nestflex.pruning.evaluate import accuracy
 from nestflex.pruning.importance import (
@@ -73,4 +84,13 @@ __all__ = [
     "budget_reached",
     "budget_scale",
     "StepDecision",
+    "COSTS",
+    "CostModel",
+    "MacsCost",
+    "LatencyCost",
+    "get_cost",
+    "cost_allocation",
+    "latency_specs",
+    "write_model_specs",
+    "build_latency_table",
 ]

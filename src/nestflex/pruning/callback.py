@@ -19,13 +19,11 @@ RNG, which the callback saves and restores with its state.
 from __future__ import annotations
 
 import os
-import random
 import shutil
 import warnings
 from pathlib import Path
 from typing import Any, Sequence
 
-import numpy as np
 import pytorch_lightning as pl
 import torch
 from pytorch_lightning.callbacks import Callback
@@ -38,7 +36,10 @@ from nestflex._trainer import infer_input_shape
 from nestflex.errors import PruningError
 from nestflex.graph import StructureGraph, checked_batches, input_shape_of, trace
 from nestflex.graph.surgery import resize_like, state_for
+from nestflex.profiling.latency import LatencyTable
 from nestflex.pruning._optim import prune_with_optimizers
+from nestflex.pruning._rng import _rng_state, _set_rng_state
+from nestflex.pruning.cost import CostModel, cost_allocation, get_cost
 from nestflex.pruning.decision import PairedDecision, paired_decision
 from nestflex.pruning.evaluate import accuracy, trainer_eval_loader
 from nestflex.pruning.importance import Importance, get_importance
@@ -159,6 +160,14 @@ class FilterPruning(Callback):
             The budget mode judges no step, so takes only ``threshold``.
         confidence: the paired rule's one-sided confidence, in (0.5, 1): a step whose true
             accuracy is exactly at the goal is rejected about ``1 - confidence`` of the time.
+        cost: what a step saves: ``None`` (NestDNN's allocation, MACs), ``"macs"``, a
+            :class:`~nestflex.pruning.CostModel` or a :class:`~nestflex.profiling.LatencyTable`; with
+            one, steps go by cost saved per accuracy risked, at the widths it says are worth having
+            (:func:`~nestflex.pruning.cost_allocation`; not with ``round_to`` > 1; docs/pruning.md#cost).
+        approximate: also prune the groups :func:`~nestflex.graph.trace` offers with ``approximate=True``
+            (a LayerNorm-normalised residual stream, GRN channels, weight-standardised inputs): their
+            statistics change, so pruned no longer equals masked; steps are still judged on accuracy
+            and the roadmap replays with it (docs/pruning.md#approximate). ``False`` (default): locked.
 
     Example::
 
@@ -196,6 +205,8 @@ class FilterPruning(Callback):
         network: str | None = None,
         decision: str = "threshold",
         confidence: float = 0.9,
+        cost: str | CostModel | LatencyTable | None = None,
+        approximate: bool = False,
     ) -> None:
         given = {"goal": goal, "max_drop": max_drop, "target_macs": target_macs}
         if sum(v is not None for v in given.values()) != 1:
@@ -240,7 +251,15 @@ class FilterPruning(Callback):
         if not (isinstance(confidence, (int, float)) and not isinstance(confidence, bool) and 0.5 < confidence < 1.0):
             raise PruningError(f"`confidence` must be in (0.5, 1), got {confidence!r}. HINT: 0.9 rejects a step whose "
                                f"true accuracy is exactly at the goal about 10% of the time")
+        if not isinstance(approximate, bool):
+            raise PruningError(f"`approximate` must be True or False, got {approximate!r}. HINT: True also prunes "
+                               f"LayerNorm-normalised streams (ViT, ConvNeXt), approximately")
+        self.approximate = approximate
         self.decision, self.confidence = decision, float(confidence)
+        self.cost = get_cost(cost) if cost is not None else None
+        if self.cost is not None and round_to > 1:
+            raise PruningError(f"`cost`={self.cost.name!r} chooses each group's widths; `round_to`={round_to} would "
+                               f"too. HINT: leave `round_to` at 1 with a cost model")
         self.criterion = get_importance(criterion, **(criterion_kwargs or {}))
         self.goal, self.max_drop = goal, max_drop
         self.target_macs = float(target_macs) if target_macs is not None else None
@@ -411,7 +430,7 @@ class FilterPruning(Callback):
                 f"`goal`={goal:.4f} is above the starting accuracy {start:.4f}; no footprint could meet it. "
                 "HINT: lower `goal`, or train the model first"
             )
-        graph = trace(pl_module, self._shape(trainer, pl_module))
+        graph = self._trace(trainer, pl_module)
         groups = graph.prunable_groups
         if not groups:
             raise PruningError(
@@ -423,7 +442,7 @@ class FilterPruning(Callback):
             model=type(pl_module).__name__, criterion=self.criterion.name, goal=round(goal, 6),
             start_accuracy=round(start, 6), groups={self._name(g): g.width for g in groups}, network=network,
             input_shape=list(self._shape(trainer, pl_module)), eval_samples=self._eval_samples or None,
-            mode=self.mode, target_macs=self.target_macs,
+            mode=self.mode, target_macs=self.target_macs, approximate=self.approximate,
         )
         noise = self.roadmap.noise()
         if noise and noise["warning"] and trainer.is_global_zero:
@@ -442,6 +461,12 @@ class FilterPruning(Callback):
             self._weights = {ids[k]: w for k, w in allocation_weights(profile, self.sensitivity_drop).items()}
         else:
             self._weights = {self._name(g): 1.0 for g in groups}
+        if self.cost is not None:  # cost saved per accuracy risked, at the widths the cost says are worth it
+            ids = {g.id: self._name(g) for g in groups}
+            weights, allowed = cost_allocation(graph, {i: self._weights[n] for i, n in ids.items()}, self.cost,
+                                               self.step, self.min_channels)
+            self._weights = {ids[i]: w for i, w in weights.items()}
+            self.roadmap.cost = self.cost.describe() | {"widths": {ids[i]: w for i, w in allowed.items()}}
         self.roadmap.allocation = {k: round(v, 4) for k, v in self._weights.items()}
         self._record(trainer, pl_module, graph, start, trainer.current_epoch)
         if self.mode == "macs":
@@ -452,7 +477,7 @@ class FilterPruning(Callback):
             rank_zero_info(f"pruning: start accuracy {start:.4f}, goal {goal:.4f}, {graph.macs():,} MACs")
 
     def _prune(self, trainer: pl.Trainer, pl_module: pl.LightningModule, completed: int) -> None:
-        graph = trace(pl_module, self._shape(trainer, pl_module))
+        graph = self._trace(trainer, pl_module)
         scores = self._scores if self._scores is not None else self._rank(trainer, pl_module, graph)
         self._scores = None
         names = {g.id: self._name(g) for g in graph.prunable_groups if self._name(g) in self._kept}
@@ -460,8 +485,10 @@ class FilterPruning(Callback):
         weights = {i: self._weights[n] for i, n in names.items()}
         targets = {i: self._targets[n] for i, n in names.items()}
 
+        allowed = {i: self.roadmap.cost["widths"].get(n) for i, n in names.items()} if self.roadmap.cost else None
+
         def plan_at(step: float) -> dict[int, torch.Tensor]:
-            return plan_step(graph, group_scores, weights, step, self.min_channels, self.round_to, targets)
+            return plan_step(graph, group_scores, weights, step, self.min_channels, self.round_to, targets, allowed)
 
         step = self.step * self._scale
         if self.mode == "macs":
@@ -487,12 +514,12 @@ class FilterPruning(Callback):
         self._step_start = completed
         self._pending = True
         rank_zero_info(f"pruning: step {self._step_index} pruned to "
-                       f"{trace(pl_module, self._shape(trainer, pl_module)).macs():,} MACs; retraining")
+                       f"{self._trace(trainer, pl_module).macs():,} MACs; retraining")
 
     def _finish_step(self, trainer: pl.Trainer, pl_module: pl.LightningModule, completed: int) -> None:
         self._pending = False
         acc = self._evaluate(trainer, pl_module, self.eval_batches)
-        graph = trace(pl_module, self._shape(trainer, pl_module))
+        graph = self._trace(trainer, pl_module)
         if self.mode == "macs":  # the budget mode keeps every step; its accuracy is only recorded
             self._record(trainer, pl_module, graph, acc, completed)
             rank_zero_info(f"pruning: step {self._step_index} kept (budget mode), accuracy {acc:.4f}, "
@@ -598,7 +625,7 @@ class FilterPruning(Callback):
         if kept:
             self._step_index = seed.step
             self.roadmap.footprints.pop()
-            self._record(trainer, pl_module, trace(pl_module, self._shape(trainer, pl_module)), acc, completed)
+            self._record(trainer, pl_module, self._trace(trainer, pl_module), acc, completed)
         else:
             self._rollback(trainer, pl_module)
             self._save_roadmap(trainer)
@@ -634,7 +661,8 @@ class FilterPruning(Callback):
         return Footprint(
             step=self._step_index, accuracy=round(acc, 6), params=graph.params(), macs=graph.macs(),
             widths={n: len(k) for n, k in self._kept.items()}, removed=removed, epoch=epoch, checkpoint=checkpoint,
-            targets=dict(self._targets) if self.round_to > 1 else None, decision=decision,
+            targets=dict(self._targets) if self.round_to > 1 or self.cost else None, decision=decision,
+            cost=round(self.cost(graph), 6) if self.cost else None,
         )
 
     def _record(self, trainer, pl_module, graph, acc: float, epoch: int, decision: dict[str, Any] | None = None) -> None:
@@ -675,6 +703,9 @@ class FilterPruning(Callback):
             data = self.ranking_data if self.ranking_data is not None else _train_dataset(trainer)
         groups = [g for g in graph.prunable_groups if self._name(g) in self._kept]
         return self.criterion(pl_module, graph, groups, data, **self._dist(trainer))
+
+    def _trace(self, trainer: pl.Trainer, module: torch.nn.Module) -> StructureGraph:  # as this run prunes
+        return trace(module, self._shape(trainer, module), approximate=self.approximate)
 
     def _shape(self, trainer: pl.Trainer, module: torch.nn.Module) -> tuple[int, ...]:
         if self._traced_shape is None:  # the same sources give the same shape after a resume
@@ -753,20 +784,3 @@ def _train_dataset(trainer: pl.Trainer):
             "HINT: pass `ranking_data=` to FilterPruning"
         )
     return dataset
-
-
-def _rng_state() -> dict[str, Any]:
-    np_state = np.random.get_state()
-    return {
-        "torch": torch.get_rng_state(),
-        "python": [random.getstate()[0], list(random.getstate()[1]), random.getstate()[2]],
-        "numpy": [np_state[0], np_state[1].tolist(), int(np_state[2]), int(np_state[3]), float(np_state[4])],
-    }
-
-
-def _set_rng_state(state: dict[str, Any]) -> None:
-    torch.set_rng_state(state["torch"])
-    version, internal, gauss = state["python"]
-    random.setstate((version, tuple(internal), gauss))
-    name, keys, pos, has_gauss, cached = state["numpy"]
-    np.random.set_state((name, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached))

@@ -51,6 +51,8 @@ class Footprint:
         decision: with ``decision="paired"``, the statistics of the verdict on this step
             (:meth:`~nestflex.pruning.PairedDecision.to_dict`: ``estimate``, ``bound``, ``se``,
             ``n``, ``max_drop``, ``confidence``, ``broken``); ``None`` otherwise.
+        cost: the footprint's cost under the roadmap's cost model (:attr:`Roadmap.cost`: its
+            unit, e.g. milliseconds per batch for ``latency``); ``None`` without one.
     """
 
     step: int
@@ -63,6 +65,7 @@ class Footprint:
     checkpoint: str | None = None
     targets: dict[str, int] | None = None
     decision: dict[str, Any] | None = None
+    cost: float | None = None
 
 
 @dataclass
@@ -96,6 +99,13 @@ class Roadmap:
             MACs, keeping every step and recording its accuracy).
         target_macs: the budget mode's target, a fraction of the starting model's MACs;
             ``None`` in the accuracy mode (and in files written before the budget mode).
+        cost: the cost model the steps were planned with (:class:`~nestflex.pruning.CostModel`):
+            ``model`` (``macs`` or ``latency``), ``unit``, for latency the backend, threads and
+            batch measured, and ``widths``: per group name, the widths it could take (``None``:
+            any); each footprint's ``cost`` is in that unit. ``None``: NestDNN's allocation, MACs.
+        approximate: the groups were traced with ``approximate=True`` (``FilterPruning``'s
+            ``approximate``): streams normalised by a LayerNorm were pruned too, so replaying
+            the roadmap traces the same way; ``False`` in files written before it.
         schema_version: version of the JSON layout (:data:`SCHEMA_VERSION`; files of older
             readable versions are read as this one).
     """
@@ -115,6 +125,8 @@ class Roadmap:
     finetune: dict[str, Any] | None = None
     mode: str = "accuracy"
     target_macs: float | None = None
+    cost: dict[str, Any] | None = None
+    approximate: bool = False
     schema_version: int = SCHEMA_VERSION
 
     @property
@@ -255,7 +267,7 @@ def apply_footprint(model: nn.Module, roadmap: Roadmap, step: int | None = None,
             or the roadmap has no footprint ``step``.
     """
     net = roadmap_network(model, roadmap)
-    graph = trace(net, input_shape if input_shape is not None else roadmap.input_shape)
+    graph = trace(net, input_shape if input_shape is not None else roadmap.input_shape, approximate=roadmap.approximate)
     kept = roadmap.kept(roadmap.seed.step if step is None else step)
     for name, idx in kept.items():
         try:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable, Mapping
+from typing import Callable, Mapping, Sequence
 
 import torch
 
@@ -27,6 +27,7 @@ def plan_step(
     min_channels: int = 1,
     round_to: int = 1,
     targets: Mapping[int, int] | None = None,
+    allowed: Mapping[int, Sequence[int] | None] | None = None,
 ) -> dict[int, torch.Tensor]:
     """Channels to keep per group (current indexing) after one step.
 
@@ -54,14 +55,20 @@ def plan_step(
         round_to: kept widths are multiples of this (1: no rounding; 8 or 16 for SIMD-friendly
             widths).
         targets: each group's unrounded width by group id, kept by the caller across steps
-            (used only with ``round_to`` > 1; default: the current width).
+            (used only with ``round_to`` > 1 or ``allowed``; default: the current width).
+        allowed: the widths each group may take by group id, ascending (a cost model's
+            :meth:`~nestflex.pruning.CostModel.widths_for`: the measured fast widths); the kept
+            count is the allowed width nearest to the target, as with ``round_to`` (ties: the
+            smaller; a group with no allowed width in ``[min_channels, width)`` waits;
+            never above the current width). A group not listed, or listed as ``None``, is not
+            restricted. Not together with ``round_to`` > 1.
 
     Returns:
         The indices of the channels to keep (ascending, current indexing), by group id, for the
         groups that lose at least one channel.
 
     Raises:
-        PruningError: ``round_to`` is not an int ``>= 1``.
+        PruningError: ``round_to`` is not an int ``>= 1``, or ``round_to`` > 1 with ``allowed``.
 
     Examples:
         >>> from nestflex.models import create_model
@@ -77,17 +84,24 @@ def plan_step(
     """
     if not isinstance(round_to, int) or round_to < 1:
         raise PruningError(f"`round_to` must be an int >= 1, got {round_to!r}. HINT: 8 or 16 for SIMD-friendly widths")
+    if allowed is not None and round_to > 1:
+        raise PruningError(f"pass `allowed` widths (a cost model's) or `round_to`={round_to}, not both. HINT: the "
+                           f"measured widths already say which widths are fast")
     floor = -(-min_channels // round_to) * round_to  # the smallest multiple >= min_channels
     plan = {}
     for gid, s in scores.items():
         width = graph.group(gid).width
+        widths = (allowed or {}).get(gid)
         # the target may sit above the width (the last multiple was the lower one): never grows
-        target = width if targets is None or round_to == 1 else targets.get(gid, width)
+        target = width if targets is None or (round_to == 1 and widths is None) else targets.get(gid, width)
         keep = min(shrink(target, weights.get(gid, 0.0), step, min_channels), width)
         if round_to > 1 and keep < width:
             lower = (keep // round_to) * round_to
             keep = lower if keep - lower <= round_to - (keep - lower) else lower + round_to
             keep = min(max(keep, floor), width)
+        elif widths is not None and keep < width:
+            options = [w for w in widths if min_channels <= w <= width] or [width]
+            keep = min(options, key=lambda w: (abs(w - keep), w))
         if keep < width:
             plan[gid] = keep_top(s, keep)
     return plan

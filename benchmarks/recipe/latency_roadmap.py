@@ -1,0 +1,119 @@
+"""The default recipe planned in measured time against MACs (issue 38 item 3), over seeds.
+
+For each seed the recipe runs twice with the same accuracy goal (``--prune-max-drop``, the
+recipe's default unless given after ``--``): ``--prune-cost macs`` (NestDNN's allocation, the
+default) and ``--prune-cost latency`` (a per-layer onnxruntime table measured by the prune stage:
+steps by time saved per accuracy risked, the measured fast widths, levels spaced in time). Both
+runs share the seed's baseline (trained once, copied). Stages ``baseline,prune,grow,export``; then
+each bundle is tuned here with the synthesized plan's onnxruntime backend at 1 thread, batch 1
+(:func:`nestflex.deploy.tune.synthesize`), the two runs of a seed side by side.
+
+Reported per seed and run: the seed model's time (the plan's level 0) and test accuracy, every
+level's time and accuracy, whether every level is strictly faster than the next larger one, the
+table's build time. ``summary.json``'s ``goals`` are issue 38's: the latency-driven seed >= 1.2x
+faster than the MACs-driven one at a test accuracy within 0.5 points (medians over seeds), every
+level strictly ordered in time, the table built in <= 2 minutes.
+
+    python benchmarks/recipe/latency_roadmap.py --run-name mine            # 3 seeds, ~2.5-3 h on 2 cores
+    python benchmarks/recipe/latency_roadmap.py --seeds 0 --out /tmp/lr -- --epochs 1 --prune-max-steps 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run by path: the repository root, for benchmarks.*
+from benchmarks._common import add_out_args, machine, resolve_out, write_run  # noqa: E402
+from benchmarks.recipe.recipe_seeds import run_seed  # noqa: E402
+from nestflex._io import read_json, write_json  # noqa: E402
+
+STAGES = "baseline,prune,grow,export"
+COSTS = ("macs", "latency")
+#: issue 38's acceptance on the default recipe
+SPEEDUP, ACCURACY_POINTS, TABLE_SECONDS = 1.2, 0.5, 120.0
+
+
+def time_bundles(bundles: dict[str, Path], repeats: int) -> dict[str, list[float]]:
+    """Per run, each level's batch-1 time in the plan ``synthesize`` makes with onnxruntime at 1 thread;
+    the runs are tuned one after the other, level by level, in the same minute of the machine."""
+    from nestflex.deploy import load
+    from nestflex.deploy.tune import synthesize
+
+    plans = {k: synthesize(load(p), backends=["onnxruntime"], threads=[1], repeats=repeats) for k, p in bundles.items()}
+    return {k: [lp.latency_ms for lp in plan.levels] for k, plan in plans.items()}
+
+
+def run_pair(seed: int, root: Path, extra: list[str], repeats: int) -> dict[str, Any]:
+    rows: dict[str, Any] = {}
+    for cost in COSTS:
+        out = root / f"seed{seed}" / cost
+        base = root / f"seed{seed}" / COSTS[0] / "baseline"
+        if cost != COSTS[0] and base.is_dir() and not (out / "baseline").exists():
+            shutil.copytree(base, out / "baseline")  # the same baseline: its stage config matches, it is reused
+        ran = run_seed(seed, out, STAGES, ["--prune-cost", cost, *extra])
+        s = ran["summary"]
+        levels = s["grow"]["levels"]
+        table = out / "prune" / "latency_table.json"
+        rows[cost] = {"seconds": ran["seconds"], "seed_accuracy": s["pruning"]["accuracy"],
+                      "seed_macs": s["pruning"]["macs"], "baseline_accuracy": s["baseline"]["accuracy"],
+                      "level_accuracy": [r.get("accuracy") for r in levels], "level_macs": [r.get("macs") for r in levels],
+                      "steps": s["grow"]["steps"], "bundle": str(out / "bundle.nfx"),
+                      "table_seconds": read_json(table)["meta"]["seconds"] if table.is_file() else None}
+    times = time_bundles({c: Path(rows[c]["bundle"]) for c in COSTS}, repeats)
+    for cost in COSTS:
+        ms = times[cost]
+        rows[cost] |= {"level_ms": ms, "seed_ms": ms[0], "ordered": all(a < b for a, b in zip(ms, ms[1:]))}
+    return {"seed": seed, **rows, "seed_speedup": round(rows["macs"]["seed_ms"] / rows["latency"]["seed_ms"], 3),
+            "accuracy_difference_points": round(100 * (rows["latency"]["seed_accuracy"]
+                                                       - rows["macs"]["seed_accuracy"]), 2)}
+
+
+def goals(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    speedup = statistics.median(r["seed_speedup"] for r in rows)
+    accuracy = statistics.median(r["accuracy_difference_points"] for r in rows)
+    tables = [r["latency"]["table_seconds"] for r in rows if r["latency"]["table_seconds"] is not None]
+    return {
+        "seed_speedup": {"target": f"latency-driven seed >= {SPEEDUP}x faster than the MACs-driven one in the "
+                                   f"synthesized plan (median over seeds)",
+                         "measured": speedup, "met": speedup >= SPEEDUP},
+        "seed_accuracy": {"target": f"latency-driven seed's test accuracy within {ACCURACY_POINTS} points of the "
+                                    f"MACs-driven one (median over seeds)",
+                          "measured": accuracy, "met": accuracy >= -ACCURACY_POINTS},
+        "levels_ordered": {"target": "every latency-driven level strictly faster than the next larger one",
+                           "measured": {r["seed"]: r["latency"]["level_ms"] for r in rows},
+                           "met": all(r["latency"]["ordered"] for r in rows)},
+        "latency_table_seconds": {"target": f"the table built in <= {TABLE_SECONDS:g} s",
+                                  "measured": max(tables) if tables else None,
+                                  "met": bool(tables) and max(tables) <= TABLE_SECONDS},
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    extra = argv[argv.index("--") + 1:] if "--" in argv else []
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--seeds", default="0,1,2", help="comma list of recipe seeds")
+    p.add_argument("--repeats", type=int, default=30, help="timed calls per level when tuning (median)")
+    p.add_argument("--runs", type=Path, default=None, help="where the recipe runs go (default: runs/latency_roadmap)")
+    add_out_args(p)
+    args = p.parse_args(argv[: argv.index("--")] if "--" in argv else argv)
+    out = resolve_out(args, __file__)
+    runs = args.runs or Path("runs") / "latency_roadmap"
+    rows = [run_pair(int(s), runs, extra, args.repeats) for s in args.seeds.split(",") if s.strip()]
+    summary = {"machine": machine(), "seeds": [r["seed"] for r in rows], "recipe_flags": extra, "rows": rows,
+               "goals": goals(rows)}
+    write_json(out / "summary.json", summary)
+    write_run(out, __file__, argv)
+    for gid, g in summary["goals"].items():
+        print(f"goal {gid}: {'met' if g['met'] else 'NOT met'} ({g['measured']})")
+    print(f"summary: {out / 'summary.json'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

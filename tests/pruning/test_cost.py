@@ -1,0 +1,173 @@
+"""One cost abstraction for pruning: MACs and measured latency priced the same way, the allocation
+reweighted by what a step saves, the widths the table says are fast, and FilterPruning(cost=...)."""
+
+from __future__ import annotations
+
+import pytest
+import pytorch_lightning as pl
+import torch
+
+from nestflex.graph import trace
+from nestflex.models import create_model
+from nestflex.profiling import LatencyTable, LayerSpec
+from nestflex.pruning import (
+    LatencyCost,
+    MacsCost,
+    PruningError,
+    Roadmap,
+    build_latency_table,
+    cost_allocation,
+    get_cost,
+    latency_specs,
+    plan_step,
+)
+from tests.pruning.test_callback import _dm, _module, _prune, _script, _trainer
+
+
+@pytest.fixture(scope="module")
+def table():
+    return build_latency_table(create_model("vgg11", width=0.125), (3, 32, 32), repeats=3)
+
+
+def _blocks(w: int) -> int:
+    return -(-int(w) // 16)
+
+
+@pytest.fixture(scope="module")
+def stepped(table):
+    """``table``'s layers and sweep points with times that step every 16 channels, as this CPU's
+    3x3 convs do, minus the timer's noise: a plan judged on it cannot turn on a noisy sample."""
+    entries = {}
+    for key, e in table.entries.items():
+        entries[key] = {**e, "fine_ms": [0.01 * _blocks(w) for w in e["fine"]],
+                        "grid_ms": [[0.01 * _blocks(i) * _blocks(o) for o in e["grid_out"]] for i in e["grid_in"]]}
+    return LatencyTable(entries, table.threads, table.batch, table.backend, table.meta)
+
+
+def test_macs_cost_is_the_graphs_macs_at_any_widths():
+    g = trace(create_model("vgg11", width=0.125))
+    widths = {x.id: max(1, x.width // 2) for x in g.prunable_groups}
+    assert MacsCost()(g) == g.macs() and MacsCost()(g, widths) == g.macs(widths)
+    assert MacsCost().widths_for(g, g.prunable_groups[0].id) is None
+
+
+def test_latency_cost_sums_the_measured_layers_at_the_pruned_widths(table):
+    net = create_model("vgg11", width=0.125)
+    g = trace(net)
+    cost = LatencyCost(table)
+    specs = latency_specs(net, (3, 32, 32))
+    assert set(table.entries) == {s.key for s in specs}  # one entry per distinct layer shape
+    assert cost(g) == pytest.approx(sum(table.layer_time(s) for s in [*specs]) + _repeated(g, table, specs))
+    half = {x.id: max(1, x.width // 2) for x in g.prunable_groups}
+    assert cost(g, half) < cost(g)
+    # the cost of a model pruned for real equals the full model's cost at those widths (the lookup
+    # finds the measured layer of the same shape that covers the pruned one)
+    from nestflex.graph.surgery import prune_channels
+    pruned = create_model("vgg11", width=0.125)
+    for x in trace(pruned).prunable_groups:
+        prune_channels(pruned, x, torch.arange(half[x.id]))
+    assert cost(trace(pruned)) == pytest.approx(cost(g, half))
+
+
+def _repeated(g, table, specs):
+    """The time of the layers whose shape repeats an earlier one (measured once, counted each time)."""
+    from nestflex.pruning.cost import _specs
+
+    every = _specs(g)
+    return sum(table.layer_time(s) for s in every) - sum(table.layer_time(s) for s in specs)
+
+
+def test_the_fast_widths_of_a_group_are_measured_and_end_at_its_width(table):
+    g = trace(create_model("vgg11", width=0.125))
+    cost = LatencyCost(table)
+    for x in g.prunable_groups:
+        widths = cost.widths_for(g, x.id)
+        assert widths[-1] == x.width and widths == sorted(set(widths))
+        # each is faster than every larger one, beyond the noise margin
+        times = [cost(g, {x.id: w}) for w in widths]
+        assert all(a < b for a, b in zip(times, times[1:]))
+
+
+def test_the_allocation_goes_to_the_groups_whose_step_saves_most_per_accuracy_risked():
+    g = trace(create_model("vgg11", width=0.0625))  # 4..32 channels
+    tolerant = {x.id: 1.0 for x in g.prunable_groups}
+    # a fake cost: only the first group's channels cost time
+    first = g.prunable_groups[0]
+
+    class FirstOnly(MacsCost):
+        def __call__(self, graph, widths=None):
+            return float((widths or {}).get(first.id, first.width))
+
+    weights, allowed = cost_allocation(g, tolerant, FirstOnly(), 0.25)
+    assert weights[first.id] == 1.0 and all(w == 0.0 for i, w in weights.items() if i != first.id)
+    assert all(v is None for v in allowed.values())  # MACs-like: any width
+    # the accuracy side: a group that tolerates half as much takes half the share at equal saving
+    weights, _ = cost_allocation(g, tolerant | {first.id: 0.5}, MacsCost(), 0.25)
+    assert max(weights.values()) == 1.0 and 0 < weights[first.id] < 1.0
+    with pytest.raises(PruningError, match="no group's next width saves any"):
+        cost_allocation(g, tolerant, type("Flat", (MacsCost,), {"__call__": lambda self, graph, widths=None: 1.0})(),
+                        0.25)
+
+
+def test_plan_step_keeps_the_allowed_width_nearest_the_target():
+    g = trace(create_model("vgg11", width=0.125))
+    x = g.prunable_groups[0]  # 8 channels
+    scores = {x.id: torch.arange(8, dtype=torch.float64)}
+    plan = plan_step(g, scores, {x.id: 1.0}, 0.25, allowed={x.id: [3, 8]})
+    assert x.id not in plan  # 8 - 2 = 6 is nearer 8 than 3: the group waits
+    plan = plan_step(g, scores, {x.id: 1.0}, 0.25, targets={x.id: 5}, allowed={x.id: [3, 8]})
+    assert plan[x.id].tolist() == [5, 6, 7]  # its target went on shrinking (5 - 1 = 4): nearest is 3
+    plan = plan_step(g, scores, {x.id: 1.0}, 0.25, allowed={x.id: [4, 8]})
+    assert plan[x.id].tolist() == [4, 5, 6, 7]  # 6 is as near 4 as 8: the tie goes to the smaller
+    with pytest.raises(PruningError, match="not both"):
+        plan_step(g, scores, {x.id: 1.0}, 0.25, round_to=4, allowed={x.id: [4, 8]})
+
+
+def test_get_cost_names_its_choices(table, tmp_path):
+    assert isinstance(get_cost(None), MacsCost) and isinstance(get_cost(table), LatencyCost)
+    assert isinstance(get_cost("latency", table.save(tmp_path / "t.json")), LatencyCost)
+    assert get_cost(str(tmp_path / "t.json")).table.to_dict() == table.to_dict()  # a path, as a YAML config gives it
+    with pytest.raises(PruningError, match="needs a latency table. HINT: pass `table=`"):
+        get_cost("latency")
+    with pytest.raises(PruningError, match="`cost` must be one of"):
+        get_cost("flops")
+
+
+def test_a_grouped_conv_is_refused_by_the_latency_cost(table):
+    net = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.ReLU(), torch.nn.Conv2d(8, 8, 3, groups=2))
+    with pytest.raises(PruningError, match="grouped conv .* HINT: use the MACs cost"):
+        latency_specs(net, (3, 16, 16))
+    assert LayerSpec("conv", 3, 8).key != LayerSpec("conv", 3, 8, depthwise=False, in_hw=(2, 2)).key
+
+
+def test_filter_pruning_with_a_latency_cost_plans_in_measured_time(tmp_path, pretrained, monkeypatch, stepped):
+    table = stepped
+    pl.seed_everything(0)
+    module = _module(pretrained)
+    cb = _prune(max_drop=0.5, step=0.5, criterion="l1", max_steps=2, cost=table)
+    _script(cb, monkeypatch, [0.9], then=0.9)  # every step meets the goal: the plan alone is tested
+    _trainer(tmp_path, [cb], epochs=4).fit(module, datamodule=_dm())
+    road = Roadmap.load(tmp_path / "pruning" / "roadmap.json")
+    assert road.cost["model"] == "latency" and road.cost["unit"] == "ms" and road.cost["batch"] == 1
+    assert len(road.footprints) == 3
+    for fp in road.footprints:  # every kept width is one the table says is fast
+        assert all(w in road.cost["widths"][n] for n, w in fp.widths.items())
+    costs = [fp.cost for fp in road.footprints]
+    assert costs[0] > costs[1] > costs[2]
+    # the recorded cost is the table's price of the footprint
+    g = trace(create_model("vgg11", width=0.125))
+    ids = {x.name: x.id for x in g.groups}
+    assert costs[2] == pytest.approx(LatencyCost(table)(g, {ids[n]: w for n, w in road.seed.widths.items()}), abs=1e-5)
+
+
+def test_filter_pruning_refuses_a_cost_with_round_to(table):
+    with pytest.raises(PruningError, match="`round_to`=8 would too"):
+        _prune(cost=table, round_to=8)
+
+
+def test_a_table_for_another_model_is_named_in_the_error(tmp_path, pretrained):
+    other = LatencyTable({})
+    module = _module(pretrained)
+    cb = _prune(max_drop=0.5, criterion="l1", cost=other)
+    with pytest.raises(Exception, match="the latency table has no layer"):
+        _trainer(tmp_path, [cb], epochs=2).fit(module, datamodule=_dm())
