@@ -103,3 +103,20 @@ def test_the_index_lists_a_new_current_run_once_its_old_one_is_superseded(tmp_pa
     (root / "trr_cost" / "default" / "run.json").write_text(json.dumps({**old, "status": {"superseded_by": "trr_cost/again"}}))
     text = results_index.index_text(root)
     assert "| [again](trr_cost/again/) |" in text and "[default](trr_cost/default/) (superseded by again)" in text
+
+
+def test_a_pending_benchmark_is_listed_with_its_reason_until_it_has_a_run(tmp_path, monkeypatch):
+    import dataclasses
+
+    entry = dataclasses.replace(results_index.BENCHMARKS["codec"], pending="needs two quiet hours")
+    monkeypatch.setattr(results_index, "BENCHMARKS", {"codec": entry})
+    root = tmp_path / "results"
+    root.mkdir()
+    assert not any(p.startswith("codec:") for p in results_index.problems(root))
+    assert "| needs two quiet hours |" in results_index.index_text(root)
+    _tree(tmp_path, {"codec/a": _record("codec/a", "current")})
+    assert "codec: has a run but is marked pending in BENCHMARKS: drop its `pending`" in results_index.problems(root)
+    monkeypatch.setattr(results_index, "BENCHMARKS", {"codec": dataclasses.replace(entry, pending=None)})
+    root2 = tmp_path / "empty" / "results"
+    root2.mkdir(parents=True)
+    assert "codec: in BENCHMARKS but no run under results/" in results_index.problems(root2)
