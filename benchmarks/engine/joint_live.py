@@ -480,6 +480,26 @@ def medians(runs: list[dict[str, Any]]) -> dict[str, float]:
     return {k: float(statistics.median(r[k] for r in runs)) for k in keys}
 
 
+def _sample_step(timeline: list[dict[str, Any]]) -> float:
+    """The timeline's median sampling interval (seconds)."""
+    steps = sorted(b["t"] - a["t"] for a, b in zip(timeline, timeline[1:]))
+    return steps[len(steps) // 2] if steps else 1.0
+
+
+def _rates(rows: list[tuple[float, dict[str, Any]]], gap: float) -> list[float]:
+    """Frames/s answered between consecutive samples of one app. An app that left and joined again
+    is a new engine app whose count starts at 0 (its rate is its count since joining), and a break
+    longer than ``gap`` (it was not running) is NaN, so the plot draws no line across it."""
+    out = [0.0]
+    for (t0, a), (t1, b) in zip(rows, rows[1:]):
+        if t1 - t0 > gap:
+            out.append(float("nan"))
+            continue
+        done = b["answered"] - a["answered"]
+        out.append((b["answered"] if done < 0 else done) / max(t1 - t0, 1e-3))
+    return out
+
+
 def plot(timeline: list[dict[str, Any]], out: Path) -> None:
     import matplotlib
 
@@ -492,9 +512,7 @@ def plot(timeline: list[dict[str, Any]], out: Path) -> None:
         rows = [(r["t"], r["apps"][n]) for r in timeline if n in r["apps"]]
         t = [a for a, _ in rows]
         ax[0].step(t, [b["level"] + (0.5 if b["offload"] else 0) for _, b in rows], where="post", label=n)
-        fps = [0.0] + [(rows[j][1]["answered"] - rows[j - 1][1]["answered"]) / max(rows[j][0] - rows[j - 1][0], 1e-3)
-                       for j in range(1, len(rows))]
-        ax[1].plot(t, fps, label=n)
+        ax[1].plot(t, _rates(rows, gap=3 * _sample_step(timeline)), label=n)
         ax[2].step(t, [100 * b["accuracy"] for _, b in rows], where="post", label=n)
     ax[0].set_ylabel("level (+0.5: offloading)")
     ax[1].set_ylabel("frames/s answered")

@@ -45,3 +45,12 @@ def test_joint_live_quick_writes_systems_goals_and_the_timeline(tmp_path):
     assert failures["failed"] == 0 and failures["frames"] == failures["answered"] + failures["dropped"]
     assert summary["data_labels"] == ["synthetic"] and summary["timeline"]
     assert (out / "timeline.png").exists() and (out / "run.json").exists()
+
+
+def test_the_timeline_rates_restart_with_a_rejoined_app_and_break_across_its_absence():
+    rates = load_script("benchmarks/engine/joint_live.py")._rates
+    rows = [(0.0, {"answered": 0}), (1.0, {"answered": 10}), (2.0, {"answered": 25}),  # 10/s, 15/s
+            (3.0, {"answered": 4}),  # left and joined again: 4 since it joined, not -21
+            (9.0, {"answered": 5})]  # away for 6 s: no rate across the gap
+    got = rates(rows, gap=1.5)
+    assert got[:4] == [0.0, 10.0, 15.0, 4.0] and got[4] != got[4]
