@@ -197,9 +197,7 @@ BENCHMARKS: dict[str, Benchmark] = {
     "time_vs_macs": Benchmark(
         "benchmarks/synthesis/time_vs_macs.py",
         "Do levels and exits save the time their MACs say on 224x224 models (MACs- and latency-driven)?",
-        "synthesis.md", _goals,
-        pending="four 224x224 models x three level schedules x batch 1/8 x 1/2 threads, 30-50 minutes of a quiet "
-                "2-core CPU; the session that built it spent its quiet window on joint_live and the zoo"),
+        "synthesis.md", _goals),
     "latency_roadmap": Benchmark(
         "benchmarks/recipe/latency_roadmap.py",
         "Does planning the default recipe's roadmap in measured time give a faster seed at the same accuracy?",
