@@ -122,7 +122,7 @@ def _request_overhead(app: App, x: np.ndarray, splits: set[str], repeats: int) -
 
 #: options already built, by what they are built from: apps of one bundle measured once share one
 #: options tuple, so the scheduler's Pareto front (cached by the tuple) is cut once, not per app
-_BUILT: dict[tuple, tuple[tuple[JointOption, ...], dict[JointOption, RunSpec]]] = {}
+_BUILT: dict[tuple, tuple[tuple[JointOption, ...], dict[JointOption, RunSpec], dict[tuple, JointApp]]] = {}
 
 
 def joint_app(app: App) -> tuple[JointApp, dict[JointOption, RunSpec]]:
@@ -135,8 +135,13 @@ def joint_app(app: App) -> tuple[JointApp, dict[JointOption, RunSpec]]:
         if len(_BUILT) >= 64:
             _BUILT.clear()
         opts = _options(app)
-        hit = _BUILT[key] = (tuple(opts), opts)
-    return JointApp(app.name, hit[0], fps=app.fps, min_accuracy=app.min_accuracy), hit[1]
+        hit = _BUILT[key] = (tuple(opts), opts, {})
+    # the JointApp too: building one checks each of its (hundreds of) options, on every re-plan
+    made = hit[2].get((app.name, app.fps, app.min_accuracy))
+    if made is None:
+        made = hit[2][(app.name, app.fps, app.min_accuracy)] = JointApp(app.name, hit[0], fps=app.fps,
+                                                                        min_accuracy=app.min_accuracy)
+    return made, hit[1]
 
 
 def _options(app: App) -> dict[JointOption, RunSpec]:

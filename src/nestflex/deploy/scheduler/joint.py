@@ -316,6 +316,7 @@ class _Table:
     rows: np.ndarray  # the front's _rows
     lowest_accuracy: float  # over all the options
     best_accuracy: float
+    index: dict[JointOption, int]  # option -> its place in the front (a warm start's lookup)
 
     def all_above(self, floor: float) -> bool:
         return self.lowest_accuracy >= floor
@@ -336,7 +337,8 @@ def _table(options: tuple[JointOption, ...], accuracy_eps: float, cost_eps: floa
         _TABLES.clear()
     front = pareto_front(options, accuracy_eps, cost_eps)
     accuracy = [o.accuracy for o in options]
-    table = _Table(front, _rows([options[i] for i in front]), min(accuracy), max(accuracy))
+    table = _Table(front, _rows([options[i] for i in front]), min(accuracy), max(accuracy),
+                   {options[i]: k for k, i in enumerate(front)})
     _TABLES[key] = (options, table)
     return table
 
@@ -359,6 +361,7 @@ class _Problem:
         self.apps, self.res, self.alpha, self.objective = list(apps), res, float(alpha), objective
         cap = res.capacity()
         self.fronts: list[list[JointOption]] = []
+        self.index: list[dict[JointOption, int]] = []
         self.relaxed: list[str] = []
         tables, goals = [], []
         for app in apps:
@@ -366,7 +369,7 @@ class _Problem:
             goals.append(table.best_accuracy if app.min_accuracy is None else float(app.min_accuracy))
             floor = app.min_accuracy_floor
             if (cap[1] > 0 and cap[2] > 0 and (floor is None or table.all_above(floor))):
-                front, rows = [app.options[i] for i in table.front], table.rows
+                front, rows, index = [app.options[i] for i in table.front], table.rows, table.index
             else:  # a missing link or server, or a floor: the front of what is left
                 usable = [o for o in app.options
                           if (o.bytes == 0 or cap[1] > 0) and (o.server_ms == 0 or cap[2] > 0)]
@@ -380,8 +383,9 @@ class _Problem:
                     best = max(o.accuracy for o in usable)
                     ok = [o for o in usable if o.accuracy == best]
                 front = [ok[i] for i in pareto_front(ok, accuracy_eps, cost_eps)]
-                rows = _rows(front)
+                rows, index = _rows(front), {o: k for k, o in enumerate(front)}
             self.fronts.append(front)
+            self.index.append(index)
             tables.append(rows)
         smallest = math.fsum(float(r[:, 4].min()) for r in tables)
         if smallest > res.memory_mb + MEMORY_TOL:
@@ -409,6 +413,7 @@ class _Problem:
         self.s_load, self.s_pattern = stack(self.load, 0.0), stack(self.pattern, 0)
         self.s_deficit, self.s_memory, self.s_tie = stack(self.deficit, 0.0), stack(self.memory, 0.0), stack(self.tie, 0.0)
         self.rows_n = np.arange(len(apps))
+        self.front_rows = [np.arange(len(f)) for f in self.fronts]
         self.budget = res.memory_mb + MEMORY_TOL
 
     def costs(self, choice: Sequence[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -472,16 +477,16 @@ class JointScheduler:
         starts = [[int(np.argmin(l[:, 0] + m * 1e-9)) for l, m in zip(p.load, p.memory)],  # lightest
                   [int(np.argmax(-d)) for d in p.deficit]]  # most accurate
         if self.last is not None and [a.app for a in self.last.allocations] == [a.name for a in apps]:
-            prev = [next((i for i, o in enumerate(f) if o == a.option), None)
-                    for f, a in zip(p.fronts, self.last.allocations)]
+            prev = [index.get(a.option) for index, a in zip(p.index, self.last.allocations)]
             if None not in prev:
                 starts.append(prev)
         best, best_key = None, None
+        seen: set[tuple[int, ...]] = set()
         for choice in starts:
             choice = self._fit(p, list(choice))
-            choice, key = self._descend(p, choice)
-            if best_key is None or _better(key, best_key):
-                best, best_key = choice, key
+            done = self._descend(p, choice, seen)
+            if done is not None and (best_key is None or _better(done[1], best_key)):
+                best, best_key = done
         self.last = p.decision(self.name, best, start)
         return self.last
 
@@ -494,21 +499,30 @@ class JointScheduler:
             choice[v] = int(np.argmin(p.memory[v] + p.deficit[v] * 1e-6))
         return choice
 
-    def _descend(self, p: _Problem, choice: list[int]) -> tuple[list[int], np.ndarray]:
+    def _descend(self, p: _Problem, choice: list[int], seen: set[tuple[int, ...]]
+                 ) -> tuple[list[int], np.ndarray] | None:
         """Moves that improve the objective until none does: one app at a time over its whole front
         (:func:`_single_moves`, a few array operations per app), then (when that is stuck) the best
         move of two apps at once over each one's ``pair_candidates`` best options given the others,
         all pairs in one evaluation, which is what trades memory or load between two apps. Returns
-        the assignment and its sort key."""
+        the assignment and its sort key, or ``None`` when it reaches an assignment an earlier start
+        passed through (``seen``, the assignments at the start of each pass): the descent is
+        deterministic, so from there it ends where that one did, which is already a candidate."""
         n = len(choice)
         cur = _keys(p, np.asarray(choice, dtype=np.int64)[None, :])[0]
         for _ in range(self.max_sweeps):
+            state = tuple(choice)
+            if state in seen:
+                return None
+            seen.add(state)
             moved, best_alone = False, []
+            totals = _totals(p, choice)
             for v in range(n):
-                keys = _single_moves(p, choice, v)
+                keys = _single_moves(p, choice, v, totals)
                 order = _order(keys)
                 # against the current option in the same evaluation: float noise is no improvement
                 if order[0] != choice[v] and _better(keys[order[0]], keys[choice[v]]):
+                    totals = _moved(p, totals, v, choice[v], int(order[0]))
                     choice[v], cur, moved = int(order[0]), keys[order[0]], True
                 best_alone.append(order[:self.pair_candidates])
             if moved:
@@ -542,28 +556,54 @@ def _evaluate(p: _Problem, picks: np.ndarray) -> tuple[np.ndarray, np.ndarray, n
     return costs, slow, rho, p.s_memory[rows, picks].sum(axis=1), p.s_tie[rows, picks].sum(axis=1)
 
 
-def _single_moves(p: _Problem, choice: Sequence[int], v: int) -> np.ndarray:
+def _totals(p: _Problem, choice: Sequence[int]) -> tuple[np.ndarray, float, np.ndarray, float, float]:
+    """Sums over every app of ``choice``: loads (3,), deficits, apps per resource pattern (4,),
+    memory and tie-break; :func:`_single_moves` takes one app's part out of them."""
+    c = np.asarray(choice, dtype=np.int64)
+    pat = p.s_pattern[p.rows_n, c]
+    return (p.s_load[p.rows_n, c].sum(axis=0), float(p.s_deficit[p.rows_n, c].sum()),
+            np.bincount(pat, minlength=4).astype(np.float64), float(p.s_memory[p.rows_n, c].sum()),
+            float(p.s_tie[p.rows_n, c].sum()))
+
+
+def _moved(p: _Problem, totals: tuple[np.ndarray, float, np.ndarray, float, float], v: int, old: int,
+           new: int) -> tuple[np.ndarray, float, np.ndarray, float, float]:
+    """:func:`_totals` after app ``v`` moves from option ``old`` to ``new`` (a few scalar updates)."""
+    load, deficit, count, memory, tie = totals
+    count = count.copy()
+    count[p.pattern[v][old]] -= 1.0
+    count[p.pattern[v][new]] += 1.0
+    return (load - p.load[v][old] + p.load[v][new], deficit - p.deficit[v][old] + p.deficit[v][new], count,
+            memory - p.memory[v][old] + p.memory[v][new], tie - p.tie[v][old] + p.tie[v][new])
+
+
+def _single_moves(p: _Problem, choice: Sequence[int], v: int,
+                  totals: tuple[np.ndarray, float, np.ndarray, float, float] | None = None) -> np.ndarray:
     """Sort keys of ``choice`` with app ``v`` on each option of its front, the others fixed.
 
     The same cost model as :func:`_evaluate`, by resource pattern: every other app meets the
     slowdown of its pattern, so the others' costs need only their deficits and how many of them
-    wait on each pattern - (M, 4) work per app instead of (M, n) gathers."""
-    c = np.asarray(choice, dtype=np.int64)
-    others = p.rows_n != v
-    on, oc = p.rows_n[others], c[others]
-    rho = p.s_load[on, oc].sum(axis=0) + p.load[v]  # (M, 3)
+    wait on each pattern - (M, 4) work per app instead of (M, n) gathers. ``totals``
+    (:func:`_totals` of ``choice``) saves the sums over the others: this is the search's inner loop,
+    and its cost is numpy's per-call overhead, not arithmetic."""
+    c = int(choice[v])
+    load, deficit_all, count, memory_all, tie_all = _totals(p, choice) if totals is None else totals
+    rho = (load - p.load[v][c]) + p.load[v]  # (M, 3)
     peaks = _peaks(rho)  # (M, 4)
-    own = p.deficit[v] + p.alpha * (peaks[np.arange(len(rho)), p.pattern[v]] - 1.0)
-    pat, deficit = p.s_pattern[on, oc], p.s_deficit[on, oc]
-    total = own + (float(deficit.sum()) + p.alpha * ((peaks - 1.0) @ np.bincount(pat, minlength=4)))
+    own = p.deficit[v] + p.alpha * (peaks[p.front_rows[v], p.pattern[v]] - 1.0)
+    others = count.copy()
+    others[p.pattern[v][c]] -= 1.0
+    total = own + ((deficit_all - p.deficit[v][c]) + p.alpha * ((peaks - 1.0) @ others))
     if p.objective == "total":
         value = total
     else:  # the worst other app of each pattern is its largest deficit there
+        keep = p.rows_n != v
+        on, oc = p.rows_n[keep], np.asarray(choice, dtype=np.int64)[keep]
         worst = np.full(4, -np.inf)
-        np.maximum.at(worst, pat, deficit)
-        value = np.maximum(own, (worst + p.alpha * (peaks - 1.0)).max(axis=1)) if len(pat) else own
-    memory = float(p.s_memory[on, oc].sum()) + p.memory[v]
-    tie = float(p.s_tie[on, oc].sum()) + p.tie[v]
+        np.maximum.at(worst, p.s_pattern[on, oc], p.s_deficit[on, oc])
+        value = np.maximum(own, (worst + p.alpha * (peaks - 1.0)).max(axis=1)) if len(on) else own
+    memory = (memory_all - p.memory[v][c]) + p.memory[v]
+    tie = (tie_all - p.tie[v][c]) + p.tie[v]
     return _key_rows(p, value, total, memory, tie)
 
 
