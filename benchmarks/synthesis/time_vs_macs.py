@@ -24,14 +24,34 @@ Per model:
   floor: the time with every pruning group at one channel (what no level sheds).
 
 Every model is exported with ``torch.onnx.export`` and timed in onnxruntime with the synthesized
-plan's session settings (all graph optimisations, no CPU arena, one inter-op thread), fp32, at
-``--batches`` x ``--threads``, median of ``--repeats``. int8 is not measured here (the plan's int8
-path quantises bundle graphs with calibration samples; these models have no bundle).
+plan's session settings (all graph optimisations, no CPU arena, one inter-op thread) at
+``--batches`` x ``--threads`` in each of ``--precisions``, median of ``--repeats``:
+
+* **fp32**: the exported graph;
+* **int8**: that graph quantised as the plan's ``onnxruntime_int8`` backend quantises a bundle level
+  (:func:`nestflex.deploy.backends.quantize.quantize_onnx`: onnxruntime's static QDQ quantisation,
+  U8S8, per-channel weights, MinMax calibration), every timed variant (full model, each level,
+  each exit, the reference's models) alike. The calibration inputs are ``CALIBRATION_SAMPLES``
+  random normal inputs of the model's shape: they set only the activations' ranges, and only
+  time is measured here, so real samples would give the same graph structure and speed. The
+  graphs live in a temporary folder removed after timing; nothing is cached.
+
+All variants of a model, both precisions together, are timed in alternation within every repeat
+(a slow minute of the machine hits them alike). Times (``ms``, ``full_ms``, ...) are keyed
+``b<batch>t<threads>`` for fp32 (the keys of runs before int8 was measured) and
+``int8_b<batch>t<threads>`` for int8; shares and ratios under the same keys are within one
+precision (an int8 level against the int8 full model), and ``int8_over_fp32`` (per model and for
+the reference) gives the int8 full model's time over the fp32 one's per ``b<batch>t<threads>``.
+
+The ``goals`` are judged in fp32 at batch 1, 1 thread (the latency table's setting), so
+``--precisions`` must include fp32; the summary's ``int8`` block reports the same figures at
+int8, batch 1, 1 thread (``int8_b1t1``) as measurements, not goals.
 
 Writes ``summary.json`` (with ``goals``) and ``run.json`` into ``--out``.
 
 Examples:
-    python benchmarks/synthesis/time_vs_macs.py                      # about 30-50 minutes on 2 cores
+    python benchmarks/synthesis/time_vs_macs.py --precisions fp32    # about 30-50 minutes on 2 cores
+    python benchmarks/synthesis/time_vs_macs.py                      # fp32 and int8: longer, not yet timed
     python benchmarks/synthesis/time_vs_macs.py --quick --out /tmp/tvm   # about 1 minute
 """
 
@@ -42,6 +62,7 @@ import copy
 import io
 import statistics
 import sys
+import tempfile
 import time
 import warnings
 from pathlib import Path
@@ -55,6 +76,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run by path: the
 from benchmarks._common import add_out_args, resolve_out, write_run  # noqa: E402
 from nestflex._io import write_json  # noqa: E402
 from nestflex._machine import machine  # noqa: E402
+from nestflex.deploy.backends.quantize import quantize_onnx  # noqa: E402
 from nestflex.deploy.timing import alternating_median_ms  # noqa: E402
 from nestflex.graph import trace  # noqa: E402
 from nestflex.graph.cut import cut_model  # noqa: E402
@@ -78,6 +100,16 @@ MACS_RATIO = 1.2
 #: ... a latency-driven level's time share within this of its target share, an exit's time saving at
 #: least this share of its MACs saving, on at least this many of the four models; the table in 2 minutes
 TARGET_TOLERANCE, EXIT_RATIO, MODELS_NEEDED, TABLE_SECONDS = 0.10, 0.8, 3, 120.0
+#: the onnxruntime precisions timed (the synthesized plans' backends ``onnxruntime`` and ``onnxruntime_int8``)
+PRECISIONS = ("fp32", "int8")
+#: random normal inputs that calibrate each int8 graph (activation ranges only: time is measured, not accuracy)
+CALIBRATION_SAMPLES = 8
+
+
+def config_key(batch: int, threads: int, precision: str = "fp32") -> str:
+    """The key of a time measured at ``batch`` x ``threads``: ``b1t1`` for fp32, ``int8_b1t1`` for int8."""
+    key = f"b{batch}t{threads}"
+    return key if precision == "fp32" else f"{precision}_{key}"
 
 
 def torchvision_model(name: str) -> nn.Module:
@@ -88,38 +120,71 @@ def torchvision_model(name: str) -> nn.Module:
     return getattr(torchvision.models, name)(weights=None).eval()
 
 
-def onnx_session(model: nn.Module, shape: tuple[int, ...], threads: int) -> Callable[[np.ndarray], Any]:
-    """``model`` exported to ONNX and opened as the synthesized plan opens its graphs."""
-    import onnxruntime as ort
-
+def export_onnx(model: nn.Module, shape: tuple[int, ...], path: Path) -> Path:
+    """``model`` exported to an fp32 ONNX graph at ``path`` (input ``x``, dynamic batch)."""
     buf = io.BytesIO()
     with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore")
         torch.onnx.export(model, torch.randn(1, *shape), buf, dynamo=False, input_names=["x"],
                           dynamic_axes={"x": {0: "batch"}}, opset_version=17)
+    path.write_bytes(buf.getvalue())
+    return path
+
+
+def int8_graph(src: Path, dst: Path, shape: tuple[int, ...], work: Path) -> Path:
+    """The int8 (QDQ) graph of ``src`` at ``dst``, quantised as the plan's int8 backend quantises a
+    bundle level, calibrated on :data:`CALIBRATION_SAMPLES` random normal inputs (only time is
+    measured: they set the activation ranges, not the graph's operators)."""
+    x = np.random.default_rng(0).standard_normal((CALIBRATION_SAMPLES, *shape), dtype=np.float32)
+    work.mkdir(parents=True, exist_ok=True)
+    quantize_onnx(src, dst, x, work)
+    (work / "pre.onnx").unlink(missing_ok=True)  # the quantiser's pre-processed copy: not needed to time
+    return dst
+
+
+def onnx_session(path: Path, threads: int) -> Callable[[np.ndarray], Any]:
+    """The ONNX graph at ``path`` opened as the synthesized plan opens its graphs."""
+    import onnxruntime as ort
+
     opts = ort.SessionOptions()
     opts.intra_op_num_threads, opts.inter_op_num_threads = threads, 1
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     opts.enable_cpu_mem_arena, opts.log_severity_level = False, 3
-    session = ort.InferenceSession(buf.getvalue(), opts, providers=["CPUExecutionProvider"])
+    session = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
     return lambda x: session.run(None, {"x": x})
 
 
 def time_models(models: dict[str, nn.Module], shape: tuple[int, ...], configs: list[tuple[int, int]],
-                repeats: int) -> dict[str, dict[str, float]]:
-    """Median ms per batch of every model at each ``(batch, threads)`` (keyed ``b<batch>t<threads>``),
-    the models timed in alternation within every repeat: a slow minute of a shared machine hits
-    them all alike, so their ratios to the full model stay fair."""
+                repeats: int, precisions: tuple[str, ...] = ("fp32",)) -> dict[str, dict[str, float]]:
+    """Median ms per batch of every model at each ``(batch, threads)`` and precision (keyed
+    :func:`config_key`: ``b<batch>t<threads>``, ``int8_b<batch>t<threads>``), all models in all
+    precisions timed in alternation within every repeat: a slow minute of a shared machine hits
+    them all alike, so their ratios to the full model (and int8's to fp32) stay fair. The graphs
+    are written to a temporary folder, removed on return."""
     out: dict[str, dict[str, float]] = {k: {} for k in models}
-    for threads in sorted({t for _, t in configs}):
-        sessions = {k: onnx_session(m, shape, threads) for k, m in models.items()}
-        for batch in sorted({b for b, t in configs if t == threads}):
-            x = np.random.default_rng(0).standard_normal((batch, *shape), dtype=np.float32)
-            ms = alternating_median_ms({k: (lambda run=run, x=x: run(x)) for k, run in sessions.items()}, repeats,
-                                       warmup=3, min_ms=1.0)
-            for k, v in ms.items():
-                out[k][f"b{batch}t{threads}"] = round(v, 4)
+    with tempfile.TemporaryDirectory(prefix="time_vs_macs-") as tmp:
+        graphs: dict[tuple[str, str], Path] = {}
+        for i, (k, model) in enumerate(models.items()):
+            fp32 = export_onnx(model, shape, Path(tmp) / f"{i}.fp32.onnx")
+            for precision in precisions:
+                graphs[(k, precision)] = fp32 if precision == "fp32" else \
+                    int8_graph(fp32, Path(tmp) / f"{i}.int8.onnx", shape, Path(tmp) / f"{i}.work")
+        for threads in sorted({t for _, t in configs}):
+            sessions = {(k, p): onnx_session(path, threads) for (k, p), path in graphs.items()}
+            names = {key: f"{key[1]}:{key[0]}" for key in sessions}
+            for batch in sorted({b for b, t in configs if t == threads}):
+                x = np.random.default_rng(0).standard_normal((batch, *shape), dtype=np.float32)
+                ms = alternating_median_ms({names[key]: (lambda run=run, x=x: run(x)) for key, run in sessions.items()},
+                                           repeats, warmup=3, min_ms=1.0)
+                for (k, p) in sessions:
+                    out[k][config_key(batch, threads, p)] = round(ms[names[(k, p)]], 4)
+            del sessions
     return out
+
+
+def int8_over_fp32(full: dict[str, float]) -> dict[str, float]:
+    """The int8 full model's time over the fp32 one's, keyed ``b<batch>t<threads>`` (empty without int8)."""
+    return {k: round(full[f"int8_{k}"] / v, 4) for k, v in full.items() if f"int8_{k}" in full}
 
 
 def at_widths(model: nn.Module, shape: tuple[int, ...], widths: dict[int, int]) -> nn.Module:
@@ -207,11 +272,14 @@ def measure_model(name: str, model: nn.Module, shape: tuple[int, ...], args: arg
         variants |= {f"{kind}@{fp['target']}": at_widths(model, shape, fp["widths"]) for fp in fps if fp["target"] < 1}
     exits = exit_models(model, shape, graph, args.exits)
     variants |= {f"exit@{e['depth']}": e.pop("model") for e in exits}
-    times = time_models(variants, shape, configs, args.repeats)
+    times = time_models(variants, shape, configs, args.repeats, tuple(args.precisions))
     full = times["full"]
     result: dict[str, Any] = {"model": name, "input": list(shape), "macs": graph.macs(), "params": graph.params(),
                               "table_seconds": table_seconds, "table_layers": len(table.entries),
-                              "table_layers_ms": round(layers_ms, 4), "full_ms": full, "levels": {}}
+                              "table_layers_ms": round(layers_ms, 4), "full_ms": full,
+                              "int8_over_fp32": int8_over_fp32(full), "levels": {}}
+    if result["int8_over_fp32"]:
+        log(f"{name} int8 full model over fp32: {result['int8_over_fp32']}")
     for kind, fps in picked.items():
         rows = []
         for fp in fps:
@@ -261,7 +329,7 @@ def reference(args: argparse.Namespace, configs: list[tuple[int, int]], log: Cal
     fps = pick(roadmap(model, shape, MacsCost(), min(args.levels) * 0.9, args.step, latency=False), tuple(args.levels))
     variants = {"full": model, "floor": at_widths(model, shape, {g.id: 1 for g in graph.prunable_groups})}
     variants |= {f"level@{fp['target']}": at_widths(model, shape, fp["widths"]) for fp in fps if fp["target"] < 1}
-    times = time_models(variants, shape, configs, args.repeats)
+    times = time_models(variants, shape, configs, args.repeats, tuple(args.precisions))
     full, floor = times["full"], times["floor"]
     levels = [{"target": fp["target"], "macs_share": round(fp["macs"] / graph.macs(), 4),
                "time_share": {k: round(v / full[k], 4) for k, v in (times.get(f"level@{fp['target']}") or full).items()}}
@@ -269,7 +337,8 @@ def reference(args: argparse.Namespace, configs: list[tuple[int, int]], log: Cal
     log(f"reference vgg16 x0.25 32x32: table {seconds} s, full {full}, floor {floor}")
     return {"model": "vgg16 x0.25 (the default recipe's network)", "input": list(shape), "table_seconds": seconds,
             "table_layers": len(table.entries), "full_ms": full, "floor_ms": floor,
-            "floor_share": {k: round(floor[k] / full[k], 4) for k in full}, "levels": levels}
+            "floor_share": {k: round(floor[k] / full[k], 4) for k in full}, "int8_over_fp32": int8_over_fp32(full),
+            "levels": levels}
 
 
 def goals(results: list[dict[str, Any]], ref: dict[str, Any]) -> dict[str, Any]:
@@ -303,6 +372,27 @@ def goals(results: list[dict[str, Any]], ref: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def int8_figures(results: list[dict[str, Any]], ref: dict[str, Any]) -> dict[str, Any]:
+    """The goals' figures at int8, batch 1, 1 thread (``int8_b1t1``), reported, not judged; with the
+    int8 full model's time over the fp32 one's. Empty when int8 was not measured."""
+    key = config_key(1, 1, "int8")
+    if key not in ref["full_ms"]:
+        return {}
+    return {
+        "note": f"measured at {key}: onnxruntime int8 (QDQ, U8S8, per-channel weights, MinMax calibration on "
+                f"{CALIBRATION_SAMPLES} random inputs), shares within int8; reported, not goals",
+        "full_over_fp32": {r["model"]: r["int8_over_fp32"]["b1t1"] for r in results}
+        | {"reference": ref["int8_over_fp32"]["b1t1"]},
+        "full_ms": {r["model"]: r["full_ms"][key] for r in results},
+        "macs_levels_worst_time_over_macs": {r["model"]: max(x["time_over_macs"][key] for x in r["levels"]["macs"])
+                                             for r in results},
+        "latency_levels_time_over_target": {r["model"]: [x["time_over_target"][key] for x in r["levels"]["latency"]]
+                                            for r in results},
+        "exit_saving_ratio": {r["model"]: [x["saving_ratio"][key] for x in r["exits"]] for r in results},
+        "reference_floor_share": ref["floor_share"][key],
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--models", nargs="+", default=list(MODELS), help="torchvision model names")
@@ -311,13 +401,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--exits", type=float, nargs="+", default=list(EXITS), help="exit depths (shares of the cut points)")
     p.add_argument("--batches", type=int, nargs="+", default=[1, 8])
     p.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    p.add_argument("--precisions", nargs="+", choices=PRECISIONS, default=list(PRECISIONS),
+                   help="onnxruntime precisions timed (must include fp32: the goals are judged in fp32)")
     p.add_argument("--repeats", type=int, default=15, help="timed samples per measurement (median)")
     p.add_argument("--table-repeats", type=int, default=7, help="timed samples per point of each latency table (median)")
     p.add_argument("--step", type=float, default=0.05, help="share of each group pruned per roadmap step")
     p.add_argument("--macs-round-to", type=int, default=8,
                    help="also a MACs schedule with widths at multiples of this (1: none); the goals judge the plain one")
     p.add_argument("--quick", action="store_true",
-                   help="a smoke run: ResNet-18 at 64x64, levels 0.5/1.0, one exit, batch 1, 1 thread, 3 repeats")
+                   help="a smoke run: ResNet-18 at 64x64, levels 0.5/1.0, one exit, batch 1, 1 thread, 3 repeats "
+                        "(in --precisions, fp32 and int8 by default)")
     add_out_args(p)
     args = p.parse_args(argv)
     if args.quick:
@@ -328,6 +421,9 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--levels are shares in (0, 1] ending with 1.0, got {args.levels}")
     if 1 not in args.batches or 1 not in args.threads:
         p.error("--batches and --threads must include 1: the goals are judged at batch 1, 1 thread")
+    if "fp32" not in args.precisions:
+        p.error("--precisions must include fp32: the goals are judged in fp32")
+    args.precisions = [q for q in PRECISIONS if q in args.precisions]  # fp32 first, each once
     args.size = args.size or 224
     out = resolve_out(args, __file__)
     torch.set_num_threads(max(args.threads))
@@ -336,13 +432,15 @@ def main(argv: list[str] | None = None) -> int:
     results = [measure_model(name, torchvision_model(name), shape, args, configs, print) for name in args.models]
     ref = reference(args, configs, print)
     summary = {"machine": machine(), "settings": {k: v for k, v in vars(args).items() if k not in ("out",)},
-               "results": results, "reference": ref, "goals": goals(results, ref),
+               "results": results, "reference": ref, "goals": goals(results, ref), "int8": int8_figures(results, ref),
                "median_table_seconds": statistics.median([r["table_seconds"] for r in results])}
     summary["settings"]["run_name"] = args.run_name
     write_json(out / "summary.json", summary)
     write_run(out, __file__, argv)
     for gid, g in summary["goals"].items():
         print(f"goal {gid}: {'met' if g['met'] else 'NOT met'} ({g['target']})")
+    if summary["int8"]:
+        print(f"int8 (reported): full model over fp32 {summary['int8']['full_over_fp32']}")
     print(f"summary: {out / 'summary.json'}")
     return 0
 

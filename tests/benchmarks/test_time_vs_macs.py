@@ -1,13 +1,18 @@
-"""benchmarks/synthesis/time_vs_macs.py at its smallest: one model at a small input, levels, an exit, goals."""
+"""benchmarks/synthesis/time_vs_macs.py at its smallest: one model at a small input, levels, an exit, goals,
+in fp32 and int8."""
 
 from __future__ import annotations
 
 import json
 
+import pytest
+import torch
+from torch import nn
+
 from tests.scripts import load_script
 
 
-def test_time_vs_macs_quick_writes_levels_exits_reference_and_goals(tmp_path):
+def test_time_vs_macs_quick_writes_levels_exits_reference_and_goals_in_fp32_and_int8(tmp_path):
     bench = load_script("benchmarks/synthesis/time_vs_macs.py")
     out = tmp_path / "out"
     # smaller than --quick: a 32x32 input keeps the ResNet-18 table and exports to seconds
@@ -18,15 +23,41 @@ def test_time_vs_macs_quick_writes_levels_exits_reference_and_goals(tmp_path):
     for kind in ("macs", "latency"):
         rows = res["levels"][kind]
         assert [r["target"] for r in rows] == [0.5, 1.0]
-        assert rows[-1]["time_share"] == {"b1t1": 1.0} and rows[-1]["macs_share"] == 1.0
-        assert 0 < rows[0]["macs_share"] < 1 and rows[0]["ms"]["b1t1"] > 0
+        # shares within a precision: the full model is 1.0 in fp32 and in int8
+        assert rows[-1]["time_share"] == {"b1t1": 1.0, "int8_b1t1": 1.0} and rows[-1]["macs_share"] == 1.0
+        assert 0 < rows[0]["macs_share"] < 1 and rows[0]["ms"]["b1t1"] > 0 and rows[0]["ms"]["int8_b1t1"] > 0
+        assert set(rows[0]["time_over_macs"]) == {"b1t1", "int8_b1t1"}
     # the MACs-driven level lands near its target MACs share (steps of 10%)
     assert abs(res["levels"]["macs"][0]["macs_share"] - 0.5) < 0.15
     (ex,) = res["exits"]
-    assert 0 < ex["macs_saving"] < 1 and ex["ms"]["b1t1"] > 0 and ex["cut_point"]
+    assert 0 < ex["macs_saving"] < 1 and ex["ms"]["b1t1"] > 0 and ex["ms"]["int8_b1t1"] > 0 and ex["cut_point"]
+    assert set(ex["saving_ratio"]) == {"b1t1", "int8_b1t1"}
+    assert set(res["full_ms"]) == {"b1t1", "int8_b1t1"} and min(res["full_ms"].values()) > 0
+    # int8 over fp32 per config: the int8 full model's time over the fp32 one's
+    assert res["int8_over_fp32"] == {"b1t1": round(res["full_ms"]["int8_b1t1"] / res["full_ms"]["b1t1"], 4)}
     ref = summary["reference"]
     assert 0 < ref["floor_ms"]["b1t1"] < ref["full_ms"]["b1t1"] and ref["table_seconds"] > 0
+    assert ref["floor_ms"]["int8_b1t1"] > 0 and ref["full_ms"]["int8_b1t1"] > 0 and ref["int8_over_fp32"]["b1t1"] > 0
+    int8 = summary["int8"]  # the goals' figures at int8, reported beside them
+    assert int8["full_over_fp32"] == {"resnet18": res["int8_over_fp32"]["b1t1"],
+                                      "reference": ref["int8_over_fp32"]["b1t1"]}
+    assert int8["full_ms"]["resnet18"] == res["full_ms"]["int8_b1t1"]
+    assert int8["exit_saving_ratio"]["resnet18"] == [ex["saving_ratio"]["int8_b1t1"]]
+    assert len(int8["latency_levels_time_over_target"]["resnet18"]) == 2
+    assert int8["macs_levels_worst_time_over_macs"]["resnet18"] > 0
     assert set(summary["goals"]) == {"macs_levels_time_share", "latency_levels_on_target", "exit_time_saving",
                                      "latency_table_seconds"}
     assert all({"target", "measured", "met"} <= set(g) for g in summary["goals"].values())
     assert json.loads((out / "run.json").read_text())["status"] == "new"
+
+
+def test_time_vs_macs_keys_fp32_as_before_and_int8_beside_and_judges_goals_in_fp32(tmp_path):
+    bench = load_script("benchmarks/synthesis/time_vs_macs.py")
+    net = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 6 * 6, 5)).eval()
+    torch.manual_seed(0)
+    assert set(bench.time_models({"full": net}, (3, 8, 8), [(1, 1)], 2)["full"]) == {"b1t1"}  # fp32 only: today's keys
+    both = bench.time_models({"full": net}, (3, 8, 8), [(1, 1)], 2, ("fp32", "int8"))["full"]
+    assert set(both) == {"b1t1", "int8_b1t1"} and min(both.values()) > 0
+    assert bench.config_key(8, 2) == "b8t2" and bench.config_key(8, 2, "int8") == "int8_b8t2"
+    with pytest.raises(SystemExit):  # the goals are judged in fp32
+        bench.main(["--quick", "--precisions", "int8", "--out", str(tmp_path / "x")])

@@ -17,7 +17,7 @@ from nestflex.deploy.backends.base import BackendError, _built, calibration_spli
 from nestflex.deploy.backends.graphs import level_graph
 from nestflex.deploy.backends.padding import pad_channels
 
-__all__ = ["float_layers", "mixed_float_layers", "slow_int8_layers", "quantize_level", "pad_level"]
+__all__ = ["float_layers", "mixed_float_layers", "slow_int8_layers", "quantize_level", "quantize_onnx", "pad_level"]
 
 #: an int8 layer counts as slow when its kernel takes this many times its float32 one (the margin
 #: pays for the Quantize / Dequantize a float layer between int8 ones adds, and for noise)
@@ -133,7 +133,7 @@ def quantize_level(bundle: Any, level: int, keep_float: Sequence[str] = (), pad_
         src = level_graph(bundle, level) if pad_to == 1 else pad_level(bundle, level, pad_to)
         work = Path(tempfile.mkdtemp(dir=target.parent, prefix=".int8-"))
         try:
-            _quantize(src, work / "model.onnx", calibration_split(bundle)[0][0], work, keep_float)
+            quantize_onnx(src, work / "model.onnx", calibration_split(bundle)[0][0], work, keep_float)
             os.replace(work / "model.onnx", target)  # atomic: a reader sees the whole file or none
         finally:
             shutil.rmtree(work, ignore_errors=True)
@@ -152,7 +152,30 @@ def pad_level(bundle: Any, level: int, multiple: int) -> Path:
     return _built(bundle, f"level_{level}.pad{multiple}.onnx", lambda target: pad_channels(src, target, multiple))
 
 
-def _quantize(src: Path, dst: Path, inputs: np.ndarray, work: Path, keep_float: Sequence[str] = ()) -> None:
+def quantize_onnx(src: Path, dst: Path, inputs: np.ndarray, work: Path, keep_float: Sequence[str] = ()) -> None:
+    """Quantise an ONNX graph to int8 as the onnxruntime int8 backends do: onnxruntime's static QDQ
+    quantisation, uint8 activations and int8 per-channel weights (U8S8, its recommended CPU format),
+    MinMax calibration. :func:`quantize_level` builds a bundle level's int8 graph with it; other
+    graphs (benchmarks/synthesis/time_vs_macs.py times torchvision models) get the same treatment.
+
+    The calibration inputs only set the activations' quantisation ranges (the min and max each
+    activation takes over them); the weights' ranges come from the weights themselves. Random
+    inputs therefore give a graph with the same operators and the same speed, just not the
+    accuracy a real calibration set gives.
+
+    Args:
+        src: the float32 ONNX graph, with one input.
+        dst: where to write the int8 (QDQ) graph; overwritten if it exists.
+        inputs: calibration inputs, ``(n, *input shape)`` float32; fed one sample at a time.
+        work: an existing folder for the intermediate files: it gets ``pre.onnx`` (the graph after
+            onnxruntime's pre-processing: shape inference and graph optimisation), which the caller
+            may delete afterwards; ``dst`` may lie inside it.
+        keep_float: layers whose operators stay float32 (a mixed plan): layer names
+            (``features.conv1``) or ONNX node-name scopes (``/features/conv1/``).
+
+    Raises:
+        BackendError: ``keep_float`` names no operator of the graph.
+    """
     import logging
 
     import onnxruntime as ort
