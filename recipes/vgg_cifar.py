@@ -90,10 +90,11 @@ def run_prune(run: Run) -> dict[str, Any]:
     """NestDNN filter pruning of the baseline: roadmap.json + the seed model."""
     c, p, base = run.cfg, run.cfg.prune, run.baseline()
     budget = None if p.retry_budget < 0 else p.retry_budget
-    # as runs before --prune-round-to and --prune-target: their defaults leave the stage's config as it was
+    # as runs before --prune-round-to, --prune-target and --prune-target-cost: their defaults leave the stage's
+    # config as it was
     options = {k: v for k, v in asdict(p).items()
-               if (k, v) not in (("round_to", 1), ("target", None), ("cost", "macs"), ("latency_table", None),
-                                 ("latency_threads", 1))}
+               if (k, v) not in (("round_to", 1), ("target", None), ("target_cost", None), ("cost", "macs"),
+                                 ("latency_table", None), ("latency_threads", 1))}
     st = run.stage("prune", {"baseline": run.config("baseline"), **options, "retry_budget": budget})
     # room for every step to be recovered and retried twice (the back-off), then the seed's fine-tuning;
     # the callback stops the Trainer when done
@@ -107,8 +108,12 @@ def run_prune(run: Run) -> dict[str, Any]:
     pl.seed_everything(c.seed, workers=True)
     kwargs = {"triplets": p.triplets, "seed": c.seed} if p.criterion == "trr" else {}
     kwargs = {"seed": c.seed} if p.criterion == "random" else kwargs
-    # the accuracy-goal mode (NestDNN's) unless --prune-target asks for a MACs budget
-    mode = {"max_drop": p.max_drop / 100} if p.target is None else {"target_macs": p.target}
+    if p.target is not None:  # a MACs budget
+        mode = {"target_macs": p.target}
+    elif p.target_cost is not None:  # a budget in the latency table's time (the config checked --prune-cost)
+        mode = {"target_cost": p.target_cost}
+    else:  # the accuracy-goal mode (NestDNN's)
+        mode = {"max_drop": p.max_drop / 100}
     cost = latency_table(run, st.dir) if p.cost == "latency" else None
     pruner = FilterPruning(p.criterion, **mode, step=p.step, epochs_per_step=p.epochs_per_step,
                            max_steps=p.max_steps, recover_epochs=p.recover_epochs, finetune_epochs=p.finetune_epochs,
@@ -120,7 +125,8 @@ def run_prune(run: Run) -> dict[str, Any]:
     load_pruned(module, st.dir / "seed.ckpt")  # the module ends as the seed; stated here for a resumed run too
     road = Roadmap.load(st.dir / "roadmap.json")
     test = trainer.test(module, datamodule=run.dm, verbose=False)[0]
-    result = prune_summary(road, test["test_acc"], seconds) | {"mode": road.mode, "target_macs": road.target_macs}
+    result = prune_summary(road, test["test_acc"], seconds) | {"mode": road.mode, "target_macs": road.target_macs,
+                                                                "target_cost": road.target_cost}
     if road.cost is not None:  # the seed's and the vanilla model's time as the table prices them
         result["cost"] = {k: road.cost[k] for k in road.cost if k != "widths"} | {
             "seed": road.seed.cost, "vanilla": road.footprints[0].cost, "table": "prune/latency_table.json"}

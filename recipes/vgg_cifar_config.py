@@ -7,13 +7,14 @@ Each field is a command-line flag (``prune.max_drop`` is ``--prune-max-drop``) a
     width: 0.5
     data: {kind: mnist, dir: ~/mnist}
     prune: {max_drop: 2.0, round_to: 8}     # or prune: {target: 0.3}, the budget mode; {cost: latency}
+                                            # or prune: {cost: latency, target_cost: 0.5}, a time budget
 
 ``python recipes/vgg_cifar.py --print-config`` prints every option with its value.
 """
 
 from dataclasses import dataclass
 
-from _config import Check, at_least, group, option, stage_list, stages_option, validate
+from _config import Check, ConfigError, at_least, group, option, stage_list, stages_option, validate
 from nestflex.data import DATA_KINDS
 from nestflex.models import list_models
 
@@ -46,6 +47,11 @@ class PruneConfig:
                                   "--prune-max-drop; docs/pruning.md#budget-mode)",
                                   check=Check(lambda v: 0 < v < 1, "is a share of the baseline's MACs in (0, 1)",
                                               "0.3 keeps 30% of the MACs; leave it out for the accuracy-goal mode"))
+    target_cost: float | None = option(None, "budget mode in measured time: prune until the latency table "
+                                       "predicts at most this share of the baseline's time, whatever the accuracy "
+                                       "(needs --prune-cost latency; docs/pruning.md#budget-mode)",
+                                       check=Check(lambda v: 0 < v < 1, "is a share of the baseline's predicted "
+                                                   "time in (0, 1)", "0.5 keeps half the time"))
     cost: str = option("macs", "what a step saves: macs (NestDNN's allocation) or latency (a per-layer onnxruntime "
                        "table: steps by time saved per accuracy risked, measured fast widths, levels spaced in "
                        "time; docs/pruning.md#cost)", choices=("macs", "latency"))
@@ -159,7 +165,19 @@ class VggCifarConfig:
 
     def __post_init__(self) -> None:
         validate(self)
+        check_budget(self.prune)
 
     @property
     def stage_list(self) -> list[str]:
         return stage_list(self.stages, STAGES)
+
+
+def check_budget(p: PruneConfig) -> None:
+    """The options no single check sees: one budget at most, and a time budget needs the table's time."""
+    if p.target is not None and p.target_cost is not None:
+        raise ConfigError(f"--prune-target and --prune-target-cost are two budgets, got {p.target!r} and "
+                          f"{p.target_cost!r}. HINT: pass one: MACs (--prune-target) or time (--prune-target-cost)")
+    if p.target_cost is not None and p.cost != "latency":
+        raise ConfigError(f"--prune-target-cost {p.target_cost!r} is a share of the time the latency table "
+                          f"predicts, got --prune-cost {p.cost}. HINT: add --prune-cost latency (and --latency-table "
+                          f"PATH for a table built on the device), or use --prune-target for a MACs budget")

@@ -58,10 +58,11 @@ def _prune(**kw):
 @pytest.mark.parametrize(
     ("kwargs", "match"),
     [
-        ({}, r"pass exactly one of `goal`, `max_drop` and `target_macs`, got goal=None, max_drop=None, "
-             r"target_macs=None. HINT: `goal` or `max_drop` prune while the accuracy holds"),
-        ({"goal": 0.9, "max_drop": 0.01}, "pass exactly one of `goal`, `max_drop` and `target_macs`, got goal=0.9, "
-                                          "max_drop=0.01, target_macs=None"),
+        ({}, r"pass exactly one of `goal`, `max_drop`, `target_macs` and `target_cost`, got goal=None, "
+             r"max_drop=None, target_macs=None, target_cost=None. HINT: `goal` or `max_drop` prune while the "
+             r"accuracy holds"),
+        ({"goal": 0.9, "max_drop": 0.01}, "pass exactly one of `goal`, `max_drop`, `target_macs` and `target_cost`, "
+                                          "got goal=0.9, max_drop=0.01, target_macs=None, target_cost=None"),
         ({"max_drop": 0.01, "target_macs": 0.5}, "pass exactly one of .*max_drop=0.01, target_macs=0.5"),
         ({"target_macs": 1.0}, r"`target_macs` is a fraction of the starting model's MACs in \(0, 1\), got 1.0. "
                                r"HINT: 0.3 keeps 30% of the MACs"),

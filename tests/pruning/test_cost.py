@@ -160,6 +160,23 @@ def test_filter_pruning_with_a_latency_cost_plans_in_measured_time(tmp_path, pre
     assert costs[2] == pytest.approx(LatencyCost(table)(g, {ids[n]: w for n, w in road.seed.widths.items()}), abs=1e-5)
 
 
+def test_a_step_where_every_group_waits_for_its_next_fast_width_does_not_end_the_roadmap(tmp_path, pretrained,
+                                                                                         monkeypatch, stepped):
+    """With widths in blocks of 16 a 5% step moves no group to its next fast width: the targets move
+    on until one gets there (the default recipe's latency roadmap stopped at step 1, nothing_left)."""
+    pl.seed_everything(0)
+    module = _module(pretrained)
+    cb = _prune(max_drop=0.5, step=0.05, criterion="l1", max_steps=3, cost=stepped)
+    _script(cb, monkeypatch, [0.9], then=0.9)
+    _trainer(tmp_path, [cb], epochs=6).fit(module, datamodule=_dm())
+    road = Roadmap.load(tmp_path / "pruning" / "roadmap.json")
+    assert road.status != "nothing_left" and len(road.footprints) == 4
+    costs = [fp.cost for fp in road.footprints]
+    assert all(a > b for a, b in zip(costs, costs[1:]))
+    for fp in road.footprints:
+        assert all(w in road.cost["widths"][n] for n, w in fp.widths.items())
+
+
 def test_filter_pruning_refuses_a_cost_with_round_to(table):
     with pytest.raises(PruningError, match="`round_to`=8 would too"):
         _prune(cost=table, round_to=8)

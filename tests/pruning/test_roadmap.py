@@ -32,6 +32,19 @@ def test_roundtrip_seed_and_kept(tmp_path):
     assert back.kept(1)["features.conv1"] == [0, 2, 3, 5, 6, 7]
 
 
+def test_the_budget_targets_round_trip_and_older_files_without_them_load(tmp_path):
+    r = _roadmap()
+    r.mode, r.target_cost, r.goal = "cost", 0.5, 0.0
+    r.save(tmp_path / "roadmap.json")
+    back = Roadmap.load(tmp_path / "roadmap.json")
+    assert back == r and (back.mode, back.target_cost, back.target_macs) == ("cost", 0.5, None)
+    old = _roadmap().to_dict()
+    for key in ("mode", "target_macs", "target_cost"):  # a file written before the budget modes
+        old.pop(key)
+    (tmp_path / "old.json").write_text(json.dumps(old))
+    assert (Roadmap.load(tmp_path / "old.json").mode, Roadmap.load(tmp_path / "old.json").target_cost) == ("accuracy", None)
+
+
 def test_load_errors_are_clear(tmp_path):
     with pytest.raises(PruningError, match="does not exist. HINT: run the pruning stage"):
         Roadmap.load(tmp_path / "nope.json")

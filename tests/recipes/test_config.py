@@ -109,6 +109,15 @@ def test_the_budget_mode_flag_is_none_by_default_and_parses_from_a_flag_or_a_fil
     assert recipe.parse_args(["--config", str(path), "--prune-target", "0.5"]).prune.target == 0.5
 
 
+def test_the_time_budget_flag_is_none_by_default_and_parses_with_the_latency_cost(tmp_path):
+    recipe = load_script("recipes/vgg_cifar.py")
+    assert recipe.parse_args([]).prune.target_cost is None
+    assert recipe.parse_args(["--prune-cost", "latency", "--prune-target-cost", "0.5"]).prune.target_cost == 0.5
+    path = tmp_path / "time.yaml"
+    path.write_text("prune: {cost: latency, target_cost: 0.25}\n")
+    assert recipe.parse_args(["--config", str(path)]).prune.target_cost == 0.25
+
+
 def test_progressive_recipe_reads_a_config_file(tmp_path):
     recipe = load_script("recipes/progressive_cifar.py")
     path = tmp_path / "p.json"
@@ -126,6 +135,13 @@ def test_progressive_recipe_reads_a_config_file(tmp_path):
                               r"keeps 30% of the MACs; leave it out for the accuracy-goal mode"),
     (["--prune-target", "0"], r"--prune-target is a share of the baseline's MACs in \(0, 1\), got 0.0"),
     (["--prune-target", "a third"], "argument --prune-target: invalid float value: 'a third'"),
+    (["--prune-target-cost", "0.5"], r"--prune-target-cost 0.5 is a share of the time the latency table predicts, "
+                                     r"got --prune-cost macs. HINT: add --prune-cost latency"),
+    (["--prune-cost", "latency", "--prune-target-cost", "1"], r"--prune-target-cost is a share of the baseline's "
+                                                              r"predicted time in \(0, 1\), got 1.0. HINT: 0.5 keeps "
+                                                              r"half the time"),
+    (["--prune-cost", "latency", "--prune-target", "0.3", "--prune-target-cost", "0.5"],
+     r"--prune-target and --prune-target-cost are two budgets, got 0.3 and 0.5. HINT: pass one"),
     (["--grow-levels", "1"], "--grow-levels must be >= 2, got 1"),
     (["--flex-train-samples", "0"], "--flex-train-samples must be >= 1, got 0. HINT: leave it out for all"),
     (["--flex-calibration-samples", "3"], r"--flex-calibration-samples must be 0 \(thresholds on the planning "

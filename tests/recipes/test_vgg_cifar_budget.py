@@ -1,7 +1,8 @@
-"""The recipe's budget mode (``--prune-target``) end to end at the tiniest settings."""
+"""The recipe's budget modes (``--prune-target``, ``--prune-target-cost``) end to end at the tiniest settings."""
 
 import json
 
+from tests.pruning.test_budget import proportional_table
 from tests.scripts import TINY, load_script
 
 
@@ -22,3 +23,20 @@ def test_prune_target_prunes_the_baseline_to_the_budget_and_reports_the_accuracy
     capsys.readouterr()
     assert recipe.main(args)["pruning"] == pr  # cached: the target is part of the stage's config
     assert "prune: reusing" in capsys.readouterr().out
+
+
+def test_prune_target_cost_prunes_the_baseline_to_the_latency_tables_budget(tmp_path):
+    """On a hand-made table (time in proportion to each layer's channels): with one measured here, the
+    tiny model's fast widths ran out at 0.77 of its time in one run (status nothing_left)."""
+    recipe = load_script("recipes/vgg_cifar.py")
+    out = tmp_path / "run"
+    table = proportional_table().save(tmp_path / "table.json")
+    args = [*TINY, "--out", str(out), "--stages", "baseline,prune", "--prune-cost", "latency",
+            "--latency-table", str(table), "--prune-target-cost", "0.5", "--prune-criterion", "l1", "--prune-step", "0.5", "--prune-max-steps", "10",
+            "--prune-finetune-epochs", "0"]
+    pr = recipe.main(args)["pruning"]
+    road = json.loads((out / pr["roadmap"]).read_text())
+    assert (pr["mode"], pr["target_cost"], pr["target_macs"], pr["status"]) == ("cost", 0.5, None, "target_reached")
+    assert (road["mode"], road["target_cost"]) == ("cost", 0.5) and not road["rejected"]
+    assert pr["cost"]["seed"] <= 0.5 * pr["cost"]["vanilla"] < road["footprints"][-2]["cost"]
+    assert json.loads((out / "prune" / "config.json").read_text())["target_cost"] == 0.5  # part of the stage's config

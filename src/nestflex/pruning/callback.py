@@ -5,8 +5,9 @@ Add it to an existing ``Trainer``; the user's ``LightningModule`` stays as it is
 
 1. evaluates the retrained model (top-1 on the validation dataloader) and records a
    :class:`~nestflex.pruning.roadmap.Footprint` if it meets the goal, else rolls the module
-   back to the last footprint that did and stops training (in the budget mode, ``target_macs``,
-   every step is recorded with its accuracy, and training stops once the MACs reach the target);
+   back to the last footprint that did and stops training (in the budget mode, ``target_macs``
+   or ``target_cost``, every step is recorded with its accuracy, and training stops once the
+   MACs, or the cost, reach the target);
 2. ranks the channels of every prunable group with the criterion and physically prunes the
    least important ones (tensors shrink; MACs and params fall), carrying optimizer state.
 
@@ -21,8 +22,9 @@ from __future__ import annotations
 import os
 import shutil
 import warnings
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import pytorch_lightning as pl
 import torch
@@ -37,20 +39,22 @@ from nestflex.errors import PruningError
 from nestflex.graph import StructureGraph, checked_batches, input_shape_of, trace
 from nestflex.graph.surgery import resize_like, state_for
 from nestflex.profiling.latency import LatencyTable
+from nestflex.pruning._lookup import network_attr, train_dataset
 from nestflex.pruning._optim import prune_with_optimizers
 from nestflex.pruning._rng import _rng_state, _set_rng_state
+from nestflex.pruning.budget import COST_DIGITS, Budget, make_budget
 from nestflex.pruning.cost import CostModel, cost_allocation, get_cost
-from nestflex.pruning.decision import PairedDecision, paired_decision
+from nestflex.pruning.decision import PairedDecision, check_pairable, paired_decision
 from nestflex.pruning.evaluate import accuracy, trainer_eval_loader
 from nestflex.pruning.importance import Importance, get_importance
 from nestflex.pruning.roadmap import Footprint, Roadmap
 from nestflex.pruning.sensitivity import allocation_weights, sensitivity_profile
-from nestflex.pruning.step import budget_limit, budget_reached, budget_scale, decide_step, plan_step, shrink
+from nestflex.pruning.step import budget_scale, decide_step, plan_step, shrink
 
 __all__ = ["FilterPruning", "load_pruned"]
 
 _ALLOCATIONS = ("sensitivity", "uniform")
-_MODES = ("goal", "max_drop", "target_macs")
+_MODES = ("goal", "max_drop", "target_macs", "target_cost")
 _DECISIONS = ("threshold", "paired")
 #: the allocation only needs each layer's tolerance, so it profiles fewer points than the benchmark
 ALLOCATION_FRACTIONS = (0.1, 0.25, 0.5, 0.75, 0.9)
@@ -102,7 +106,12 @@ class FilterPruning(Callback):
             each footprint's accuracy; a step that would go below the target is scaled down to
             land at it (:func:`~nestflex.pruning.budget_scale`). The roadmap's ``mode`` is
             ``macs`` and its status ``target_reached`` once there. Exactly one of ``goal``,
-            ``max_drop`` and ``target_macs``; the accuracy goal (NestDNN's) is the usual mode.
+            ``max_drop``, ``target_macs`` and ``target_cost``; the accuracy goal (NestDNN's) is
+            the usual mode.
+        target_cost: or, the budget mode in the cost model's units: as ``target_macs``, but until
+            the model's cost under ``cost`` (e.g. a latency table's predicted milliseconds on the
+            device it was measured on) is at most this fraction of the starting model's, in
+            (0, 1). Needs ``cost``; the roadmap's ``mode`` is ``cost``.
         epochs_per_step: retraining epochs after each pruning step.
         step: share of a group's channels removed per step by the most tolerant group (others
             in proportion to their tolerance, see ``allocation``), in (0, 1).
@@ -183,6 +192,7 @@ class FilterPruning(Callback):
         goal: float | None = None,
         max_drop: float | None = None,
         target_macs: float | None = None,
+        target_cost: float | None = None,
         epochs_per_step: int = 1,
         step: float = 0.25,
         allocation: str = "sensitivity",
@@ -208,20 +218,18 @@ class FilterPruning(Callback):
         cost: str | CostModel | LatencyTable | None = None,
         approximate: bool = False,
     ) -> None:
-        given = {"goal": goal, "max_drop": max_drop, "target_macs": target_macs}
+        given = dict(zip(_MODES, (goal, max_drop, target_macs, target_cost)))
         if sum(v is not None for v in given.values()) != 1:
             raise PruningError(
-                f"pass exactly one of `goal`, `max_drop` and `target_macs`, got "
+                f"pass exactly one of `goal`, `max_drop`, `target_macs` and `target_cost`, got "
                 f"{', '.join(f'{k}={v!r}' for k, v in given.items())}. HINT: `goal` or `max_drop` prune while the "
-                f"accuracy holds (NestDNN); `target_macs` prunes to a share of the MACs whatever the accuracy"
+                f"accuracy holds (NestDNN); `target_macs` (`target_cost`) prunes to a share of the MACs (of the "
+                f"cost under `cost`) whatever the accuracy"
             )
         if goal is not None and not 0.0 < goal <= 1.0:
             raise PruningError(f"`goal` is an accuracy in (0, 1], got {goal!r}. HINT: 0.9 means 90%")
         if max_drop is not None and not 0.0 <= max_drop < 1.0:
             raise PruningError(f"`max_drop` is an accuracy difference in [0, 1), got {max_drop!r}. HINT: 0.01 is one point")
-        if target_macs is not None and not (isinstance(target_macs, (int, float)) and 0.0 < target_macs < 1.0):
-            raise PruningError(f"`target_macs` is a fraction of the starting model's MACs in (0, 1), got "
-                               f"{target_macs!r}. HINT: 0.3 keeps 30% of the MACs")
         checks = (
             ("epochs_per_step", epochs_per_step, isinstance(epochs_per_step, int) and epochs_per_step >= 1, "an int >= 1"),
             ("step", step, isinstance(step, (int, float)) and 0.0 < step < 1.0, "in (0, 1)"),
@@ -245,9 +253,10 @@ class FilterPruning(Callback):
         if decision not in _DECISIONS:
             raise PruningError(f"`decision` must be one of {_DECISIONS}, got {decision!r}. HINT: 'paired' keeps a "
                                f"step unless it is confidently below the goal")
-        if decision == "paired" and target_macs is not None:
-            raise PruningError("`decision`='paired' judges steps against an accuracy goal; the budget mode "
-                               "(`target_macs`) judges none. HINT: pass `goal` or `max_drop`, or leave `decision`")
+        if decision == "paired" and (target_macs is not None or target_cost is not None):
+            arg = "target_macs" if target_macs is not None else "target_cost"
+            raise PruningError(f"`decision`='paired' judges steps against an accuracy goal; the budget mode "
+                               f"(`{arg}`) judges none. HINT: pass `goal` or `max_drop`, or leave `decision`")
         if not (isinstance(confidence, (int, float)) and not isinstance(confidence, bool) and 0.5 < confidence < 1.0):
             raise PruningError(f"`confidence` must be in (0.5, 1), got {confidence!r}. HINT: 0.9 rejects a step whose "
                                f"true accuracy is exactly at the goal about 10% of the time")
@@ -262,8 +271,11 @@ class FilterPruning(Callback):
                                f"too. HINT: leave `round_to` at 1 with a cost model")
         self.criterion = get_importance(criterion, **(criterion_kwargs or {}))
         self.goal, self.max_drop = goal, max_drop
-        self.target_macs = float(target_macs) if target_macs is not None else None
-        self.mode = "macs" if target_macs is not None else "accuracy"
+        # None in the accuracy mode; the budget's measure otherwise (MACs, or the cost model's units)
+        self.budget: Budget | None = make_budget(target_macs, target_cost, self.cost)
+        self.target_macs = self.budget.target if target_macs is not None else None
+        self.target_cost = self.budget.target if target_cost is not None else None
+        self.mode = self.budget.mode if self.budget else "accuracy"
         self.epochs_per_step, self.step, self.allocation = epochs_per_step, float(step), allocation
         self.sensitivity_drop, self.fractions = sensitivity_drop, tuple(fractions)
         self.max_steps, self.min_channels, self.backoff = max_steps, min_channels, backoff
@@ -302,8 +314,8 @@ class FilterPruning(Callback):
     @property
     def state_key(self) -> str:
         key = {"criterion": self.criterion.name, "goal": self.goal, "max_drop": self.max_drop}
-        if self.target_macs is not None:  # the accuracy mode keeps the key its checkpoints were saved under
-            key["target_macs"] = self.target_macs
+        if self.budget is not None:  # the accuracy mode keeps the key its checkpoints were saved under
+            key[self.budget.arg] = self.budget.target
         return self._generate_state_key(**key)
 
     # ------------------------------------------------------------------ hooks (routing only)
@@ -344,6 +356,7 @@ class FilterPruning(Callback):
         return {
             "mode": self.mode,
             "target_macs": self.target_macs,
+            "target_cost": self.target_cost,
             "roadmap": self.roadmap.to_dict() if self.roadmap else None,
             "kept": self._kept,
             "targets": self._targets,
@@ -363,11 +376,17 @@ class FilterPruning(Callback):
 
     @override
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        saved = (state.get("mode", "accuracy"), state.get("target_macs"))
-        if saved != (self.mode, self.target_macs):
+        saved = {"mode": state.get("mode", "accuracy"), "target_macs": state.get("target_macs"),
+                 "target_cost": state.get("target_cost")}  # checkpoints before target_cost lack it
+        mine = {"mode": self.mode, "target_macs": self.target_macs, "target_cost": self.target_cost}
+        if saved != mine:
+            # name the targets either side set (target_macs when neither does)
+            args = [k for k in ("target_macs", "target_cost") if saved[k] is not None or mine[k] is not None]
+            said = {side: ", ".join(f"{k}={d[k]!r}" for k in args or ["target_macs"]) for side, d in
+                    (("saved", saved), ("mine", mine))}
             raise PruningError(
-                f"the checkpoint's FilterPruning ran in mode {saved[0]!r} (target_macs={saved[1]!r}), this one in "
-                f"{self.mode!r} (target_macs={self.target_macs!r}). HINT: resume with the arguments the run started with"
+                f"the checkpoint's FilterPruning ran in mode {saved['mode']!r} ({said['saved']}), this one in "
+                f"{self.mode!r} ({said['mine']}). HINT: resume with the arguments the run started with"
             )
         self._reset()
         self.roadmap = Roadmap.from_dict(state["roadmap"]) if state["roadmap"] else None
@@ -420,7 +439,7 @@ class FilterPruning(Callback):
 
     def _start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self.decision == "paired":
-            _check_pairable(trainer, self._eval_loader(trainer))
+            check_pairable(trainer.world_size, self._eval_loader(trainer))
         start = self._evaluate(trainer, pl_module, self.eval_batches)
         self._start_hits = self._last_hits
         # the budget mode judges no step on accuracy: its goal is 0, which every footprint meets
@@ -437,12 +456,12 @@ class FilterPruning(Callback):
                 f"{type(pl_module).__name__} has no prunable channel group (all are locked: "
                 f"{'; '.join(f'{g.name}: {g.reason}' for g in graph.groups) or 'no conv/linear'})"
             )
-        network = self._found_network = _network_attr(pl_module, graph, self.network)
+        network = self._found_network = network_attr(pl_module, graph, self.network)
         self.roadmap = Roadmap(
             model=type(pl_module).__name__, criterion=self.criterion.name, goal=round(goal, 6),
             start_accuracy=round(start, 6), groups={self._name(g): g.width for g in groups}, network=network,
             input_shape=list(self._shape(trainer, pl_module)), eval_samples=self._eval_samples or None,
-            mode=self.mode, target_macs=self.target_macs, approximate=self.approximate,
+            mode=self.mode, target_macs=self.target_macs, target_cost=self.target_cost, approximate=self.approximate,
         )
         noise = self.roadmap.noise()
         if noise and noise["warning"] and trainer.is_global_zero:
@@ -469,10 +488,11 @@ class FilterPruning(Callback):
             self.roadmap.cost = self.cost.describe() | {"widths": {ids[i]: w for i, w in allowed.items()}}
         self.roadmap.allocation = {k: round(v, 4) for k, v in self._weights.items()}
         self._record(trainer, pl_module, graph, start, trainer.current_epoch)
-        if self.mode == "macs":
+        if self.budget is not None:
+            b, spent = self.budget, self.budget.of(self.roadmap.footprints[0])
             rank_zero_info(f"pruning: start accuracy {start:.4f}, {graph.macs():,} MACs; budget mode: target "
-                           f"{self.target_macs:g} of the MACs ({budget_limit(graph.macs(), self.target_macs):,}), "
-                           f"every step kept whatever its accuracy")
+                           f"{b.target:g} of {b.describe()} ({b.amount(b.limit(spent))} of {b.amount(spent)} "
+                           f"{b.unit}), every step kept whatever its accuracy")
         else:
             rank_zero_info(f"pruning: start accuracy {start:.4f}, goal {goal:.4f}, {graph.macs():,} MACs")
 
@@ -491,20 +511,27 @@ class FilterPruning(Callback):
             return plan_step(graph, group_scores, weights, step, self.min_channels, self.round_to, targets, allowed)
 
         step = self.step * self._scale
-        if self.mode == "macs":
+        if self.budget is not None:
             widths = graph.widths()
-            share = budget_scale(lambda s: graph.macs(widths | {i: len(k) for i, k in plan_at(step * s).items()}),
-                                 self._macs_limit())
+            share = budget_scale(lambda s: self.budget.price(graph, widths | {i: len(k) for i, k in
+                                                                             plan_at(step * s).items()}),
+                                 self._budget_limit())
             if share < 1.0:
                 step *= share
                 rank_zero_info(f"pruning: step {self._step_index + 1} scaled to {share:.3g} of the full step, "
-                               f"so it lands at the MACs target")
+                               f"so it lands at the target of {self.budget.describe()}")
         plan = plan_at(step)
+        # with widths in steps (round_to, or a cost model's measured widths: on a CPU that runs convs
+        # in blocks of 16 a 128-wide layer may have no faster width above 16) every group can be
+        # waiting for its next width at once: its target moves on until one gets there, since a step
+        # that prunes nothing is not the end of the roadmap; nothing is left once no target moves
+        while not plan and (self.round_to > 1 or allowed) and self._shrink_targets(names.values(), step):
+            targets.update({i: self._targets[n] for i, n in names.items()})
+            plan = plan_at(step)
         if not plan:
             self._stop(trainer, pl_module, "nothing_left")
             return
-        for name in names.values():  # a group that waits for its multiple still moves its target
-            self._targets[name] = shrink(self._targets[name], self._weights[name], step, self.min_channels)
+        self._shrink_targets(names.values(), step)  # a group that waits for its width still moves its target
         for gid, keep in plan.items():
             old = self._kept[names[gid]]
             self._kept[names[gid]] = [old[i] for i in keep.tolist()]
@@ -520,11 +547,12 @@ class FilterPruning(Callback):
         self._pending = False
         acc = self._evaluate(trainer, pl_module, self.eval_batches)
         graph = self._trace(trainer, pl_module)
-        if self.mode == "macs":  # the budget mode keeps every step; its accuracy is only recorded
+        if self.budget is not None:  # the budget mode keeps every step; its accuracy is only recorded
             self._record(trainer, pl_module, graph, acc, completed)
+            b = self.budget
             rank_zero_info(f"pruning: step {self._step_index} kept (budget mode), accuracy {acc:.4f}, "
-                           f"{graph.macs() / self.roadmap.footprints[0].macs:.4f} of the MACs "
-                           f"(target {self.target_macs:g})")
+                           f"{b.share(self.roadmap.seed, self.roadmap.footprints[0]):.4f} of {b.describe()} "
+                           f"(target {b.target:g})")
             return
         paired = self._paired()
         decision = decide_step(acc, self.roadmap.goal, self._scale, self._retries, self.backoff,
@@ -611,7 +639,7 @@ class FilterPruning(Callback):
         trainer.should_stop = True
         seed = self.roadmap.seed
         rank_zero_info(f"pruning: done ({status}); seed = step {seed.step}, accuracy {seed.accuracy:.4f}, {seed.macs:,} MACs"
-                       + (self._budget_report() if self.mode == "macs" else ""))
+                       + (self._budget_report() if self.budget is not None else ""))
 
     def _finish_finetune(self, trainer: pl.Trainer, pl_module: pl.LightningModule, completed: int) -> None:
         """Judge the fine-tuned seed: it replaces the seed's footprint if it meets the goal and
@@ -635,17 +663,26 @@ class FilterPruning(Callback):
                        f"{'kept' if kept else 'the seed stays'}")
 
     # ------------------------------------------------------------------ helpers
-    def _macs_limit(self) -> int:
-        return budget_limit(self.roadmap.footprints[0].macs, self.target_macs)
+    def _shrink_targets(self, names: Iterable[str], step: float) -> bool:
+        """Each group's unrounded target after one step (:func:`shrink`); whether any moved."""
+        moved = False
+        for name in names:
+            new = shrink(self._targets[name], self._weights[name], step, self.min_channels)
+            moved |= new != self._targets[name]
+            self._targets[name] = new
+        return moved
+
+    def _budget_limit(self) -> float:
+        return self.budget.limit(self.budget.of(self.roadmap.footprints[0]))
 
     def _on_target(self) -> bool:
         """The budget mode's stop: the last recorded footprint (the model, between steps) is within the budget."""
-        return self.mode == "macs" and budget_reached(self.roadmap.seed.macs, self._macs_limit())
+        return self.budget is not None and self.budget.reached(self.roadmap.seed, self.roadmap.footprints[0])
 
     def _budget_report(self) -> str:
-        seed, start = self.roadmap.seed, self.roadmap.footprints[0]
-        reached = "reached" if budget_reached(seed.macs, self._macs_limit()) else "NOT reached"
-        return (f"; budget mode: {seed.macs / start.macs:.4f} of the MACs, target {self.target_macs:g} {reached}; "
+        b, seed, start = self.budget, self.roadmap.seed, self.roadmap.footprints[0]
+        reached = "reached" if b.reached(seed, start) else "NOT reached"
+        return (f"; budget mode: {b.share(seed, start):.4f} of {b.describe()}, target {b.target:g} {reached}; "
                 f"accuracy {seed.accuracy:.4f} (start {start.accuracy:.4f})")
 
     @staticmethod
@@ -662,7 +699,7 @@ class FilterPruning(Callback):
             step=self._step_index, accuracy=round(acc, 6), params=graph.params(), macs=graph.macs(),
             widths={n: len(k) for n, k in self._kept.items()}, removed=removed, epoch=epoch, checkpoint=checkpoint,
             targets=dict(self._targets) if self.round_to > 1 or self.cost else None, decision=decision,
-            cost=round(self.cost(graph), 6) if self.cost else None,
+            cost=round(self.cost(graph), COST_DIGITS) if self.cost else None,
         )
 
     def _record(self, trainer, pl_module, graph, acc: float, epoch: int, decision: dict[str, Any] | None = None) -> None:
@@ -700,7 +737,7 @@ class FilterPruning(Callback):
     def _rank(self, trainer: pl.Trainer, pl_module: pl.LightningModule, graph: StructureGraph) -> dict[int, torch.Tensor]:
         data = None
         if self.criterion.needs_data:
-            data = self.ranking_data if self.ranking_data is not None else _train_dataset(trainer)
+            data = self.ranking_data if self.ranking_data is not None else train_dataset(trainer)
         groups = [g for g in graph.prunable_groups if self._name(g) in self._kept]
         return self.criterion(pl_module, graph, groups, data, **self._dist(trainer))
 
@@ -737,50 +774,6 @@ class FilterPruning(Callback):
         return trainer_eval_loader(trainer, self.eval_dataloader, "FilterPruning", PruningError)
 
 
-def _network_attr(module: torch.nn.Module, graph: StructureGraph, given: str | None) -> str:
-    """The attribute holding the network: ``given``, else the one child holding every traced layer."""
-    if given is not None:
-        try:
-            module.get_submodule(given)
-        except AttributeError:
-            raise PruningError(f"`network`={given!r}: {type(module).__name__} has no submodule {given!r}. HINT: "
-                               f"pass the attribute that holds the network, e.g. 'model'") from None
-        return given
-    heads = {layer.name.split(".", 1)[0] for layer in graph.layers}
-    if len(heads) == 1:
-        (child,) = heads
-        if isinstance(getattr(module, child, None), torch.nn.Module) and child in dict(module.named_children()):
-            return child
-    return ""
-
-
-def _check_pairable(trainer: pl.Trainer, loader: Any) -> None:
-    """``decision="paired"`` compares per-sample results of two evaluations: they must see the same
-    images in the same order, on one process (the flags are not gathered across ranks)."""
-    if trainer.world_size > 1:
-        raise PruningError(f"`decision`='paired' runs on one process; this Trainer has world_size="
-                           f"{trainer.world_size} (per-sample results are not gathered across ranks). HINT: use "
-                           f"`decision`='threshold' under DDP")
-    sampler = getattr(loader, "sampler", None)
-    if isinstance(sampler, torch.utils.data.RandomSampler):
-        raise PruningError("`decision`='paired' pairs every step with the start model on the same images, and the "
-                           "evaluation loader shuffles (RandomSampler). HINT: evaluate on a loader with "
-                           "`shuffle=False`, or pass `eval_dataloader=`")
-
-
 def _resize_before_load(module, state_dict, prefix, *_: Any) -> None:
     if not prefix:  # the root call sees the whole state dict
         resize_like(module, state_dict)
-
-
-def _train_dataset(trainer: pl.Trainer):
-    loader = trainer.train_dataloader
-    if loader is None and trainer.datamodule is not None:
-        loader = trainer.datamodule.train_dataloader()
-    dataset = getattr(loader, "dataset", None)
-    if dataset is None:
-        raise PruningError(
-            f"cannot find the training dataset to rank on (train dataloader: {type(loader).__name__}). "
-            "HINT: pass `ranking_data=` to FilterPruning"
-        )
-    return dataset

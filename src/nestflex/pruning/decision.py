@@ -19,7 +19,7 @@ import torch
 
 from nestflex.errors import PruningError
 
-__all__ = ["PairedDecision", "paired_decision"]
+__all__ = ["PairedDecision", "check_pairable", "paired_decision"]
 
 
 @dataclass(frozen=True)
@@ -116,3 +116,25 @@ def paired_decision(start: Any, step: Any, max_drop: float, confidence: float = 
     bound = estimate + NormalDist().inv_cdf(confidence) * se
     return PairedDecision(estimate=estimate, bound=bound, se=se, n=int(n), max_drop=float(max_drop),
                           confidence=float(confidence), broken=bound < -max_drop)
+
+
+def check_pairable(world_size: int, loader: Any) -> None:
+    """``decision="paired"`` compares per-sample results of two evaluations: they must see the same
+    images in the same order, on one process (the flags are not gathered across ranks).
+
+    Args:
+        world_size: the Trainer's processes.
+        loader: the evaluation loader.
+
+    Raises:
+        PruningError: more than one process, or a shuffling loader.
+    """
+    if world_size > 1:
+        raise PruningError(f"`decision`='paired' runs on one process; this Trainer has world_size="
+                           f"{world_size} (per-sample results are not gathered across ranks). HINT: use "
+                           f"`decision`='threshold' under DDP")
+    sampler = getattr(loader, "sampler", None)
+    if isinstance(sampler, torch.utils.data.RandomSampler):
+        raise PruningError("`decision`='paired' pairs every step with the start model on the same images, and the "
+                           "evaluation loader shuffles (RandomSampler). HINT: evaluate on a loader with "
+                           "`shuffle=False`, or pass `eval_dataloader=`")

@@ -94,11 +94,14 @@ class Roadmap:
         finetune: the seed's final fine-tuning, when there was one: ``epochs``, validation
             accuracy ``before`` and ``after``, ``kept`` (the fine-tuned weights replaced the
             seed's: they met the goal and did not fall below the seed).
-        mode: ``accuracy`` (NestDNN's: prune while every footprint meets ``goal``) or ``macs``
+        mode: ``accuracy`` (NestDNN's: prune while every footprint meets ``goal``), ``macs``
             (the budget mode: prune until the seed has at most ``target_macs`` of the starting
-            MACs, keeping every step and recording its accuracy).
-        target_macs: the budget mode's target, a fraction of the starting model's MACs;
-            ``None`` in the accuracy mode (and in files written before the budget mode).
+            MACs, keeping every step and recording its accuracy) or ``cost`` (the same budget in
+            the cost model's units: ``target_cost`` of the starting footprint's ``cost``).
+        target_macs: the ``macs`` budget's target, a fraction of the starting model's MACs;
+            ``None`` otherwise (and in files written before the budget mode).
+        target_cost: the ``cost`` budget's target, a fraction of the starting model's cost under
+            :attr:`cost`; ``None`` otherwise (and in files written before it).
         cost: the cost model the steps were planned with (:class:`~nestflex.pruning.CostModel`):
             ``model`` (``macs`` or ``latency``), ``unit``, for latency the backend, threads and
             batch measured, and ``widths``: per group name, the widths it could take (``None``:
@@ -125,6 +128,7 @@ class Roadmap:
     finetune: dict[str, Any] | None = None
     mode: str = "accuracy"
     target_macs: float | None = None
+    target_cost: float | None = None
     cost: dict[str, Any] | None = None
     approximate: bool = False
     schema_version: int = SCHEMA_VERSION

@@ -1,7 +1,8 @@
 """One pruning step: how many channels each group loses, and which; and what its result means.
 
 Two modes decide what a retrained step means: the accuracy goal (NestDNN's, :func:`decide_step`)
-and the MACs budget (:func:`budget_limit`, :func:`budget_reached`, :func:`budget_scale`).
+and the budget, in MACs or in a cost model's units (:func:`budget_limit`, :func:`budget_reached`,
+:func:`budget_scale`).
 """
 
 from __future__ import annotations
@@ -199,26 +200,33 @@ def decide_step(
     return StepDecision("retry", scale / 2, retries + 1)
 
 
-def budget_limit(start_macs: int, target_macs: float) -> int:
-    """The most MACs a model may keep under a budget of ``target_macs`` of ``start_macs``.
+def budget_limit(start_macs: float, target_macs: float) -> float:
+    """The most a model may keep under a budget of ``target_macs`` of ``start_macs``.
 
     Args:
-        start_macs: MACs of the unpruned model.
+        start_macs: MACs of the unpruned model (an int), or its cost under a cost model (a
+            float, e.g. milliseconds: FilterPruning ``target_cost``).
         target_macs: the budget, a fraction of ``start_macs`` in (0, 1).
 
+    Returns:
+        MACs are whole, so an int start gives the int at or below the share; a float cost is
+        not rounded.
+
     Examples:
-        >>> budget_limit(1000, 0.5), budget_limit(999, 0.5)
-        (500, 499)
+        >>> budget_limit(1000, 0.5), budget_limit(999, 0.5), budget_limit(2.5, 0.5)
+        (500, 499, 1.25)
     """
+    if isinstance(start_macs, float):
+        return start_macs * target_macs
     return math.floor(start_macs * target_macs)
 
 
-def budget_reached(macs: int, limit: int) -> bool:
-    """Whether a model of ``macs`` MACs is within the budget :func:`budget_limit` gives.
+def budget_reached(macs: float, limit: float) -> bool:
+    """Whether a model of ``macs`` MACs (or cost) is within the budget :func:`budget_limit` gives.
 
     Args:
-        macs: the model's multiply-accumulates per sample.
-        limit: the budget in MACs (:func:`budget_limit`).
+        macs: the model's multiply-accumulates per sample, or its cost under the budget's cost model.
+        limit: the budget in the same units (:func:`budget_limit`).
 
     Returns:
         ``True`` when ``macs`` is at or below ``limit``.
@@ -230,8 +238,9 @@ def budget_reached(macs: int, limit: int) -> bool:
     return macs <= limit
 
 
-def budget_scale(macs_at: Callable[[float], int], limit: int, resolution: float = 1 / 1024) -> float:
-    """The share of the full step the next step of the budget mode takes (FilterPruning ``target_macs``).
+def budget_scale(macs_at: Callable[[float], float], limit: float, resolution: float = 1 / 1024) -> float:
+    """The share of the full step the next step of the budget mode takes (FilterPruning
+    ``target_macs`` or ``target_cost``).
 
     A full step that stays above the budget is taken whole (1.0). One that would go below it is
     scaled down to the smallest share whose step lands at or below ``limit`` (bisection to
@@ -239,10 +248,10 @@ def budget_scale(macs_at: Callable[[float], int], limit: int, resolution: float 
     loses whole channels), instead of up to a full step under it.
 
     Args:
-        macs_at: MACs the model would have after a step of the given share of the full step
-            (0: no step, 1: the full step); non-increasing in the share.
-        limit: the most MACs the budget allows (:func:`budget_limit`); above the current model's
-            ``macs_at(0)`` (the caller stops once :func:`budget_reached`).
+        macs_at: MACs (or cost) the model would have after a step of the given share of the
+            full step (0: no step, 1: the full step); non-increasing in the share.
+        limit: the most the budget allows, in the same units (:func:`budget_limit`); above the
+            current model's ``macs_at(0)`` (the caller stops once :func:`budget_reached`).
         resolution: the bisection's precision on the share.
 
     Returns:
