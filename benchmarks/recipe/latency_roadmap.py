@@ -10,9 +10,10 @@ each bundle is tuned here with the synthesized plan's onnxruntime backend at 1 t
 
 Reported per seed and run: the seed model's time (the plan's level 0) and test accuracy, every
 level's time and accuracy, whether every level is strictly faster than the next larger one, the
-table's build time. ``summary.json``'s ``goals`` are issue 38's: the latency-driven seed >= 1.2x
-faster than the MACs-driven one at a test accuracy within 0.5 points (medians over seeds), every
-level strictly ordered in time, the table built in <= 2 minutes.
+table's build time. ``summary.json`` is written after every seed (``complete`` false until the
+last: a run of hours stopped part-way keeps its finished seeds); its ``goals`` are issue 38's:
+the latency-driven seed >= 1.2x faster than the MACs-driven one at a test accuracy within 0.5
+points (medians over seeds), every level strictly ordered in time, the table built in <= 2 minutes.
 
     python benchmarks/recipe/latency_roadmap.py --run-name mine            # 3 seeds, ~2.5-3 h on 2 cores
     python benchmarks/recipe/latency_roadmap.py --seeds 0 --out /tmp/lr -- --epochs 1 --prune-max-steps 2
@@ -104,11 +105,16 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv[: argv.index("--")] if "--" in argv else argv)
     out = resolve_out(args, __file__)
     runs = args.runs or Path("runs") / "latency_roadmap"
-    rows = [run_pair(int(s), runs, extra, args.repeats) for s in args.seeds.split(",") if s.strip()]
-    summary = {"machine": machine(), "seeds": [r["seed"] for r in rows], "recipe_flags": extra, "rows": rows,
-               "goals": goals(rows)}
-    write_json(out / "summary.json", summary)
-    write_run(out, __file__, argv)
+    seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
+    rows: list[dict[str, Any]] = []
+    for seed in seeds:
+        rows.append(run_pair(seed, runs, extra, args.repeats))
+        # after every seed: a run of hours stopped part-way keeps what it measured (run again, the
+        # finished recipe stages are reused and only the timing is redone)
+        summary = {"machine": machine(), "seeds": [r["seed"] for r in rows], "seeds_asked": seeds,
+                   "complete": len(rows) == len(seeds), "recipe_flags": extra, "rows": rows, "goals": goals(rows)}
+        write_json(out / "summary.json", summary)
+        write_run(out, __file__, argv)
     for gid, g in summary["goals"].items():
         print(f"goal {gid}: {'met' if g['met'] else 'NOT met'} ({g['measured']})")
     print(f"summary: {out / 'summary.json'}")
