@@ -164,7 +164,7 @@ BENCHMARKS: dict[str, Benchmark] = {
                                   f"(6 apps x 5 levels), median gap {_pct(s['optimality_gap']['greedy_total']['median'])}"),
     "joint_scheduler": Benchmark(
         "benchmarks/engine/joint_scheduler.py", "How fast and how close to optimal is the joint scheduler?",
-        "scheduler.md", lambda s: f"median decision {s['decision_ms']['median']} ms; {_goals(s)}"),
+        "scheduler.md", lambda s: f"median decision {s['decision_ms']['median']:.2f} ms; {_goals(s)}"),
     "joint_live": Benchmark(
         "benchmarks/engine/joint_live.py",
         "Does one joint scheduler beat each single-knob scheduler live (apps, CPU load, link trace, tail server)?",
