@@ -12,7 +12,8 @@ in that plan, the two runs' levels in alternation (a slow minute of the machine 
 Reported per seed and run: the seed model's time (the plan's level 0) and test accuracy, every
 level's time and accuracy, whether every level is strictly faster than the next larger one, the
 table's build time. ``summary.json`` is written after every seed (``complete`` false until the
-last: a run of hours stopped part-way keeps its finished seeds); its ``goals`` are issue 38's:
+last, and while fewer than the 3 seeds the acceptance asks for ran: a run of hours stopped
+part-way keeps its finished seeds); its ``goals`` are issue 38's:
 the latency-driven seed >= 1.2x faster than the MACs-driven one at a test accuracy within 0.5
 points (medians over seeds), every level strictly ordered in time, the table built in <= 2 minutes.
 
@@ -40,6 +41,8 @@ STAGES = "baseline,prune,grow,export"
 COSTS = ("macs", "latency")
 #: issue 38's acceptance on the default recipe
 SPEEDUP, ACCURACY_POINTS, TABLE_SECONDS = 1.2, 0.5, 120.0
+#: seeds the acceptance asks for: a summary over fewer says so (``complete`` false)
+SEEDS_WANTED = 3
 
 
 def time_bundles(bundles: dict[str, Path], repeats: int) -> dict[str, dict[str, list[float]]]:
@@ -95,8 +98,8 @@ def run_pair(seed: int, root: Path, extra: list[str], repeats: int) -> dict[str,
 
 
 def goals(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    speedup = statistics.median(r["seed_speedup"] for r in rows)
-    accuracy = statistics.median(r["accuracy_difference_points"] for r in rows)
+    speedup = round(statistics.median(r["seed_speedup"] for r in rows), 3)
+    accuracy = round(statistics.median(r["accuracy_difference_points"] for r in rows), 2)
     tables = [r["latency"]["table_seconds"] for r in rows if r["latency"]["table_seconds"] is not None]
     return {
         "seed_speedup": {"target": f"latency-driven seed >= {SPEEDUP}x faster than the MACs-driven one in the "
@@ -132,7 +135,8 @@ def main(argv: list[str] | None = None) -> int:
         # after every seed: a run of hours stopped part-way keeps what it measured (run again, the
         # finished recipe stages are reused and only the timing is redone)
         summary = {"machine": machine(), "seeds": [r["seed"] for r in rows], "seeds_asked": seeds,
-                   "complete": len(rows) == len(seeds), "recipe_flags": extra, "rows": rows, "goals": goals(rows)}
+                   "seeds_wanted": SEEDS_WANTED, "complete": len(rows) == len(seeds) and len(rows) >= SEEDS_WANTED,
+                   "recipe_flags": extra, "rows": rows, "goals": goals(rows)}
         write_json(out / "summary.json", summary)
         write_run(out, __file__, argv)
     for gid, g in summary["goals"].items():
