@@ -103,6 +103,49 @@ def test_an_onnxruntime_exit_plan_serves_one_frame_in_one_call_and_opens_stages_
     assert calls == []
 
 
+def test_the_stage_sessions_a_batch_opens_are_trimmed_for_once_when_the_last_opens(bundle, monkeypatch):
+    import nestflex.deploy.backends.onnxruntime as ort_backend
+
+    frames = _frames(4)
+    nd.ProgressiveRuntime(bundle, plan=_plan())(frames, thresholds=[1.0, 1.0])  # the optimised copies are saved
+    trims = []
+    monkeypatch.setattr(ort_backend, "release_freed", lambda: trims.append(1) or True)
+    rt = nd.ProgressiveRuntime(bundle, plan=_plan())
+    built = len(trims)  # the fused graph's own build (optimised every time)
+    rt(frames[:1])
+    assert len(trims) == built  # one frame: the fused graph, no stage session
+    rt(frames, thresholds=[1.0, 1.0])  # no sample leaves early: every stage and head opens
+    assert len(trims) == built + 1  # once for the group, not after each of its sessions (issue 37)
+    rt(frames, thresholds=[1.0, 1.0])
+    assert len(trims) == built + 1
+
+
+def test_the_stage_sessions_a_batch_runs_one_after_another_do_not_spin_and_the_fused_one_does(bundle, monkeypatch):
+    import onnxruntime as ort
+
+    spins = []
+    real = ort.InferenceSession
+
+    def recording(path, sess_options=None, *args, **kwargs):
+        try:
+            entry = sess_options.get_session_config_entry("session.intra_op.allow_spinning")
+        except RuntimeError:  # not set: onnxruntime's default, spinning
+            entry = "default"
+        spins.append((str(path), entry))
+        return real(path, sess_options, *args, **kwargs)
+
+    monkeypatch.setattr(ort, "InferenceSession", recording)
+    rt = nd.ProgressiveRuntime(bundle, plan=ExecutionPlan((), exits={"exits": ExitsPlan("onnxruntime", 2)}))
+    fused = list(spins)
+    rt(_frames(4), thresholds=[1.0, 1.0])  # every stage and head session opens
+    batch = spins[len(fused):]
+    # the fused graph serves one frame in one call: its threads may spin between frames; a batch's
+    # sessions run in turn, and one's spinning threads would take the cores from the next (issue 37)
+    assert any("fused" in path for path, _ in fused)
+    assert all(entry == "default" for path, entry in fused if "fused" in path)
+    assert len(batch) >= 2 and all(entry == "0" for _, entry in batch)
+
+
 def _top2(z):
     p = np.exp(z - z.max(-1, keepdims=True))
     p /= p.sum(-1, keepdims=True)

@@ -32,8 +32,9 @@ def release_freed() -> bool:
 
     Building an onnxruntime session allocates and frees several copies of its graph (optimisation,
     prepacking); glibc keeps the freed pages resident, about 7 MB per fused early-exit graph on the
-    default recipe's bundle (docs/deploy.md: memory). Called after a session is built, never on the
-    frame path: it takes about a millisecond.
+    default recipe's bundle (docs/deploy.md: memory). Called after session builds, never per frame
+    (it takes about a millisecond): at load, and once after the last of the stage sessions a batched
+    early exit opens on its first call.
     """
     if not _LIBC:
         try:  # the process's own symbols: glibc's where it runs on glibc (musl and macOS have no malloc_trim)

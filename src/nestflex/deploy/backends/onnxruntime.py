@@ -58,14 +58,23 @@ class OnnxRuntimeBackend(Backend):
         tuned = tuned_dir(bundle)
         held = [0]
 
-        def open_(path: Path, optimized_copy: bool = True) -> Any:
+        def open_(path: Path, optimized_copy: bool = True, spin: bool = True) -> Any:
             # no optimised copy of the fused graph: onnxruntime (1.31) saves its If branches with
             # clashing names (its NCHWc `reorder` outputs), a file it then refuses to load
-            session = _session(path, ctx.threads, tuned / f"{path.stem}.optimized.onnx" if optimized_copy else None)
+            session = _session(path, ctx.threads, tuned / f"{path.stem}.optimized.onnx" if optimized_copy else None,
+                               spin)
             held[0] += path.stat().st_size  # counted once it is open
             if weights_file(path).is_file():  # the fused graph's weights, beside it
                 held[0] += weights_file(path).stat().st_size
             return session
+
+        # the sessions a batched call opens (every stage, the kept heads): once the last of them is open,
+        # the heap pages their builds freed go back to the OS (release_freed), 3.5 MB over the default
+        # recipe's two exit sets (issue 37). Once for the group, not after each session: a trim between
+        # builds made the next build fault its pages in again, 90 ms more on the first batched calls.
+        group = len(stage_files) + len(set(ctx.active))
+        count = [0]
+        count_lock = threading.Lock()
 
         def lazy(path: Path) -> Callable[[], Any]:
             """The file's session, opened on first use: with the fused graph serving single frames,
@@ -77,7 +86,17 @@ class OnnxRuntimeBackend(Backend):
                 if not opened:
                     with lock:  # one session per file, even when two threads ask first
                         if not opened:
-                            opened.append(open_(path))
+                            # a batch runs the stage and head sessions one after another: each one's
+                            # idle threads spinning took the cores from the next one's. On the default
+                            # recipe's bundle (2 threads a session, 2 cores) a batch of 8 through the
+                            # 13 sessions of `exits` took 27.5 ms spinning, 2.4-2.8 without, on a
+                            # quiet CPU (issue 37 probe, side by side)
+                            opened.append(open_(path, spin=False))
+                            with count_lock:
+                                count[0] += 1
+                                done = count[0] >= group
+                            if done:  # the group's last (or a session beyond it: a head outside `active`)
+                                release_freed()
                 return opened[0]
 
             return get
@@ -152,14 +171,16 @@ def fused_exits_path(bundle: Any, key: str, confidence: str, fallback: str, stag
                                             active))
 
 
-def _session(path: Path, threads: int, cache: Path | None) -> Any:
+def _session(path: Path, threads: int, cache: Path | None, spin: bool = True) -> Any:
     """An onnxruntime session for ``path`` with all graph optimisations.
 
     The optimised graph is saved to ``cache`` the first time and opened with optimisations off
     afterwards: building a session is most of a level switch's time, and the graph optimiser is
     most of that. The saved graph may use this CPU's kernels (onnxruntime's NCHWc layouts), which
     is why it lives in the device's tuned folder beside the bundle, never in the bundle.
-    ``cache=None``: optimise every time, save nothing.
+    ``cache=None``: optimise every time, save nothing. ``spin=False``: the session's intra-op
+    threads sleep when idle instead of spinning (for sessions run one after another, see
+    :meth:`OnnxRuntimeBackend.prepare_exits`).
     """
     import onnxruntime as ort
 
@@ -173,6 +194,8 @@ def _session(path: Path, threads: int, cache: Path | None) -> Any:
         # tensors per session, 15 MB over the default recipe's levels and exit sets, and the latency was
         # the same within 1% at batch 1 and 8 (docs/deploy.md: memory)
         opts.enable_cpu_mem_arena = False
+        if not spin:
+            opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
         return opts
 
     providers = ["CPUExecutionProvider"]
