@@ -289,7 +289,11 @@ def measure_model(name: str, model: nn.Module, shape: tuple[int, ...], args: arg
             rows.append({"target": fp["target"], "macs_share": round(macs_share, 4),
                          "cost_share": round(fp["cost"] / fp["start"], 4), "ms": ms, "time_share": share,
                          "time_over_macs": {k: round(v / macs_share, 3) for k, v in share.items()},
-                         "time_over_target": {k: round(v / fp["target"], 3) for k, v in share.items()}})
+                         "time_over_target": {k: round(v / fp["target"], 3) for k, v in share.items()},
+                         # the miss from the target in two factors: how near the roadmap's nearest
+                         # footprint came in the schedule's own cost, and how well that cost predicted time
+                         "cost_over_target": round(fp["cost"] / fp["start"] / fp["target"], 3),
+                         "time_over_cost": {k: round(v * fp["start"] / fp["cost"], 3) for k, v in share.items()}})
             log(f"{name} {kind} level {fp['target']:.2f}: MACs share {macs_share:.3f}, time share {share}")
         result["levels"][kind] = rows
     for e in exits:
@@ -354,15 +358,26 @@ def goals(results: list[dict[str, Any]], ref: dict[str, Any]) -> dict[str, Any]:
                                       for x in r["exits"]))
     need = min(MODELS_NEEDED, len(results))
     worst = {r["model"]: max(x["time_over_macs"][key] for x in r["levels"]["macs"]) for r in results}
+    # the same check on the MACs schedule at SIMD-friendly widths, reported beside (the goal judges
+    # the plain schedule: FilterPruning's default round_to is 1)
+    kind = next((k for k in results[0]["levels"] if k.startswith("macs_round")), None) if results else None
+    rounded = {f"{kind}_worst_ratio": {r["model"]: max(x["time_over_macs"][key] for x in r["levels"][kind])
+                                       for r in results}} if kind else {}
     return {
         "macs_levels_time_share": {"target": f"every MACs-driven level's time share <= {MACS_RATIO}x its MACs share "
                                              f"(batch 1) on >= {need} models",
-                                   "measured": {"worst_ratio": worst, "met_by": macs_ok},
+                                   "measured": {"worst_ratio": worst, "met_by": macs_ok} | rounded,
                                    "met": sum(macs_ok.values()) >= need},
         "latency_levels_on_target": {"target": f"every latency-driven level's time share within "
                                                f"{TARGET_TOLERANCE:.0%} of its target (batch 1) on >= {need} models",
                                      "measured": {r["model"]: [x["time_over_target"][key] for x in r["levels"]["latency"]]
                                                   for r in results},
+                                     "met_by": lat_ok,
+                                     # time over target = (cost over target) x (time over cost), per level
+                                     "cost_over_target": {r["model"]: [x["cost_over_target"] for x in r["levels"]["latency"]]
+                                                          for r in results},
+                                     "time_over_cost": {r["model"]: [x["time_over_cost"][key] for x in r["levels"]["latency"]]
+                                                        for r in results},
                                      "met": sum(lat_ok.values()) >= need},
         "exit_time_saving": {"target": f"every exit's time saving >= {EXIT_RATIO}x its MACs saving (batch 1)",
                              "measured": {r["model"]: [x["saving_ratio"][key] for x in r["exits"]] for r in results},
