@@ -5,7 +5,8 @@ from its source with PYTHONPATH), so both are measured alike.
     python benchmarks/deploy/_footprint_child.py MODE --api new|old BUNDLE [options]
 
 MODE is ``footprint`` (import + load time, VmHWM after load, VmRSS after every level and both exit
-sets ran once), ``latency`` (median ms per level at each batch size, the tuned plan), ``switch``
+sets ran once), ``latency`` (median ms per level at each batch size, the tuned plan, and per exit
+set with every stage run), ``switch``
 (every ordered level pair, with the onnxruntime sessions built counted) or ``answers`` (early
 exit on the bundle's samples, batched and one frame at a time). Prints one JSON object.
 
@@ -157,7 +158,21 @@ def latency(kind: str, path: str, batches: list[int], repeats: int) -> dict:
             rt.set_level(k)
             rows.append({"level": k, "backend": rt.backend, "ms": _median_ms(lambda rt=rt, x=x: rt(x), repeats)})
         out[str(b)] = rows
-    return {"latency": out, "heavy": _heavy()}
+    # each exit set with no sample leaving early (every stage and head runs: the same work on both
+    # runtimes whatever the inputs), on the largest level as the shared sets need
+    exits: dict = {}
+    try:  # reported beside the levels: a failure here must not lose the levels' figures
+        rt = api.capacity(bundle, bundle.num_levels - 1)
+        for key in bundle.exit_sets:
+            prog = api.progressive(bundle, rt, key)
+            never = [1.0] * (len(bundle.exit_sets[key]["names"]) - 1)
+            exits[key] = {}
+            for b in batches:
+                x = api.array(_inputs(bundle, b))
+                exits[key][str(b)] = _median_ms(lambda prog=prog, x=x: prog(x, thresholds=never), repeats)
+    except Exception as e:  # noqa: BLE001 - the parent reports it
+        exits = {"error": f"{type(e).__name__}: {e}"[:500]}
+    return {"latency": out, "exits": exits, "heavy": _heavy()}
 
 
 def switch(kind: str, path: str, repeats: int) -> dict:

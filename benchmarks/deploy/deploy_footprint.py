@@ -151,6 +151,29 @@ def ratio_table(new: list[dict[str, Any]], old: list[dict[str, Any]]) -> dict[st
     return {"batches": table, "worst_ratio": None if worst is None else round(worst, 4)}
 
 
+def exit_ratio_table(new: list[dict[str, Any]], old: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per exit set and batch size, with every stage and head run (no sample leaving early): the
+    median over processes of each runtime's per-process median, and the median over process pairs
+    of new / old, as :func:`ratio_table` does for levels. Reported, not a goal; a side whose child
+    could not time the sets gives ``errors``.
+
+    ``new`` / ``old``: the ``exits`` objects of the latency children, ``{set: {batch: ms}}`` or
+    ``{"error": ...}``, one per process, ``new[r]`` and ``old[r]`` the pair run together.
+    """
+    errors = sorted({f"{side}: {run['error']}" for side, runs in (("new", new), ("old", old))
+                     for run in runs if "error" in run})
+    pairs = [(a, b) for a, b in zip(new, old) if "error" not in a and "error" not in b]
+    table: dict[str, dict[str, Any]] = {}
+    for key in (pairs[0][0] if pairs else {}):
+        table[key] = {}
+        for batch in pairs[0][0][key]:
+            n = [a[key][batch] for a, _ in pairs]
+            o = [b[key][batch] for _, b in pairs]
+            table[key][batch] = {"new_ms": round(statistics.median(n), 5), "old_ms": round(statistics.median(o), 5),
+                                 "ratio": round(statistics.median(x / y for x, y in zip(n, o) if y > 0), 4)}
+    return {"sets": table, "pairs": len(pairs), "errors": errors}
+
+
 def worst_switch(pairs: list[dict[str, Any]]) -> dict[str, Any]:
     """The worst ordered pair by its median switch time, and the slowest single switch."""
     by_median = max(pairs, key=lambda p: p["median_ms"])
@@ -388,6 +411,7 @@ def measure_bundle(src: Path, work: Path, venv: dict[str, Any], old_src: Path | 
                                              for _ in range(args.previous_processes)])
         log(f"  latency: {args.latency_processes} process pairs")
         runs: dict[str, list[dict[str, Any]]] = {"new": [], "old": []}
+        exit_runs: dict[str, list[dict[str, Any]]] = {"new": [], "old": []}
         errors = []
         for r in range(args.latency_processes):
             for side in (("old", "new") if r % 2 == 0 else ("new", "old")):
@@ -397,8 +421,10 @@ def measure_bundle(src: Path, work: Path, venv: dict[str, Any], old_src: Path | 
                     errors.append(f"{side}: {got['error']}")
                 else:
                     runs[side].append(got["latency"])
+                    exit_runs[side].append(got.get("exits", {}))
         result["latency"] = ratio_table(runs["new"], runs["old"]) if runs["new"] and runs["old"] else {}
         result["latency"]["errors"] = errors
+        result["latency"]["exits"] = exit_ratio_table(exit_runs["new"], exit_runs["old"])
         log("  early-exit answers")
         answers = {side: child(python, "answers", side, copies[side], env, "--samples", str(args.answer_samples))
                    for side, python, env in (("new", new_python, None), ("old", args.old_python, old_env))}

@@ -143,13 +143,19 @@ def int8_graph(src: Path, dst: Path, shape: tuple[int, ...], work: Path) -> Path
 
 
 def onnx_session(path: Path, threads: int) -> Callable[[np.ndarray], Any]:
-    """The ONNX graph at ``path`` opened as the synthesized plan opens its graphs."""
+    """The ONNX graph at ``path`` opened as the synthesized plan opens its graphs, except that with
+    more than one thread its idle threads sleep instead of spinning: the variants are timed in
+    alternation, one session after another, and each session's spinning threads took the cores
+    from the next one's (the 2-thread figures of the first run, twice the 1-thread ones, measured
+    that; a batched early exit through 13 sessions ran 10x slower spinning, docs/deploy.md)."""
     import onnxruntime as ort
 
     opts = ort.SessionOptions()
     opts.intra_op_num_threads, opts.inter_op_num_threads = threads, 1
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     opts.enable_cpu_mem_arena, opts.log_severity_level = False, 3
+    if threads > 1:
+        opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
     session = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
     return lambda x: session.run(None, {"x": x})
 

@@ -85,6 +85,17 @@ def test_latency_ratios_take_the_median_over_back_to_back_pairs():
     assert (slow["ratio"], slow["ratio_of_medians"]) == (1.0, 2.0)
 
 
+def test_exit_set_times_take_the_median_over_pairs_and_skip_pairs_with_an_error():
+    new = [{"exits": {"8": 2.0, "1": 0.3}}, {"exits": {"8": 3.0, "1": 0.4}}, {"error": "ValueError: x"}]
+    old = [{"exits": {"8": 4.0, "1": 0.3}}, {"exits": {"8": 4.0, "1": 0.2}}, {"exits": {"8": 1.0, "1": 0.1}}]
+    table = bench.exit_ratio_table(new, old)
+    assert table["pairs"] == 2 and table["errors"] == ["new: ValueError: x"]
+    assert table["sets"]["exits"]["8"] == {"new_ms": 2.5, "old_ms": 4.0, "ratio": 0.625}
+    assert table["sets"]["exits"]["1"]["ratio"] == 1.5  # pairs 1.0 and 2.0
+    assert bench.exit_ratio_table([{"error": "e"}], [{"error": "e"}]) == {"sets": {}, "pairs": 0,
+                                                                          "errors": ["new: e", "old: e"]}
+
+
 def test_the_worst_switch_is_the_worst_pairs_median():
     pairs = [{"from": 0, "to": 1, "median_ms": 0.5, "max_ms": 9.0}, {"from": 1, "to": 0, "median_ms": 1.5, "max_ms": 2.0}]
     assert bench.worst_switch(pairs) == {"worst_median_ms": 1.5, "worst_pair": [1, 0], "slowest_single_ms": 9.0,
