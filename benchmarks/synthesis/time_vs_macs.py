@@ -450,13 +450,16 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(max(args.threads))
     configs = [(b, t) for b in args.batches for t in args.threads]
     shape = (3, args.size, args.size)
-    results = [measure_model(name, torchvision_model(name), shape, args, configs, print) for name in args.models]
     ref = reference(args, configs, print)
-    summary = {"machine": machine(), "settings": {k: v for k, v in vars(args).items() if k not in ("out",)},
-               "results": results, "reference": ref, "goals": goals(results, ref), "int8": int8_figures(results, ref),
-               "median_table_seconds": statistics.median([r["table_seconds"] for r in results])}
-    summary["settings"]["run_name"] = args.run_name
-    write_json(out / "summary.json", summary)
+    results: list[dict[str, Any]] = []
+    for name in args.models:  # the summary after every model: a run of an hour stopped part-way keeps them
+        results.append(measure_model(name, torchvision_model(name), shape, args, configs, print))
+        summary = {"machine": machine(), "settings": {k: v for k, v in vars(args).items() if k not in ("out",)},
+                   "complete": len(results) == len(args.models), "results": results, "reference": ref,
+                   "goals": goals(results, ref), "int8": int8_figures(results, ref),
+                   "median_table_seconds": statistics.median([r["table_seconds"] for r in results])}
+        summary["settings"]["run_name"] = args.run_name
+        write_json(out / "summary.json", summary)
     write_run(out, __file__, argv)
     for gid, g in summary["goals"].items():
         print(f"goal {gid}: {'met' if g['met'] else 'NOT met'} ({g['target']})")

@@ -58,6 +58,7 @@ def test_time_vs_macs_quick_writes_levels_exits_reference_and_goals_in_fp32_and_
     assert set(summary["goals"]) == {"macs_levels_time_share", "latency_levels_on_target", "exit_time_saving",
                                      "latency_table_seconds"}
     assert all({"target", "measured", "met"} <= set(g) for g in summary["goals"].values())
+    assert summary["complete"] is True  # written after every model, complete after the last
     assert json.loads((out / "run.json").read_text())["status"] == "new"
 
 
