@@ -93,7 +93,10 @@ def test_an_onnxruntime_exit_plan_serves_one_frame_in_one_call_and_opens_stages_
         assert got.exit_index.tolist() == want.exit_index.tolist()
         np.testing.assert_allclose(got.logits, want.logits, atol=1e-4, rtol=0)
     assert rt.own_bytes == fused_bytes
-    batch = rt(frames, thresholds=[0.4, 0.5])  # a batch runs stage by stage: those sessions open now
+    rt(frames, thresholds=[0.4, 0.5])  # up to fused_batch frames: frame by frame in the fused graph
+    assert rt.own_bytes == fused_bytes
+    frames = _frames(12)
+    batch = rt(frames, thresholds=[0.4, 0.5])  # a larger batch runs stage by stage: those sessions open now
     assert rt.own_bytes > fused_bytes
     assert batch.exit_index.tolist() == eager(frames, thresholds=[0.4, 0.5]).exit_index.tolist()
     calls = []
@@ -106,7 +109,7 @@ def test_an_onnxruntime_exit_plan_serves_one_frame_in_one_call_and_opens_stages_
 def test_the_stage_sessions_a_batch_opens_are_trimmed_for_once_when_the_last_opens(bundle, monkeypatch):
     import nestflex.deploy.backends.onnxruntime as ort_backend
 
-    frames = _frames(4)
+    frames = _frames(12)  # more than fused_batch: a batch through the stage sessions
     nd.ProgressiveRuntime(bundle, plan=_plan())(frames, thresholds=[1.0, 1.0])  # the optimised copies are saved
     trims = []
     monkeypatch.setattr(ort_backend, "release_freed", lambda: trims.append(1) or True)
@@ -137,13 +140,36 @@ def test_the_stage_sessions_a_batch_runs_one_after_another_do_not_spin_and_the_f
     monkeypatch.setattr(ort, "InferenceSession", recording)
     rt = nd.ProgressiveRuntime(bundle, plan=ExecutionPlan((), exits={"exits": ExitsPlan("onnxruntime", 2)}))
     fused = list(spins)
-    rt(_frames(4), thresholds=[1.0, 1.0])  # every stage and head session opens
+    rt(_frames(12), thresholds=[1.0, 1.0])  # more than fused_batch: every stage and head session opens
     batch = spins[len(fused):]
     # the fused graph serves one frame in one call: its threads may spin between frames; a batch's
     # sessions run in turn, and one's spinning threads would take the cores from the next (issue 37)
     assert any("fused" in path for path, _ in fused)
     assert all(entry == "default" for path, entry in fused if "fused" in path)
     assert len(batch) >= 2 and all(entry == "0" for _, entry in batch)
+
+
+def test_a_small_batch_runs_frame_by_frame_through_the_fused_graph_and_opens_no_stage_session(bundle, monkeypatch):
+    import onnxruntime as ort
+
+    frames = _frames(6)
+    stages = nd.ProgressiveRuntime(bundle, plan=_plan(), fused_batch=1)(frames, thresholds=[0.4, 0.5])
+    opened = []
+    real = ort.InferenceSession
+    monkeypatch.setattr(ort, "InferenceSession", lambda path, *a, **k: opened.append(str(path)) or real(path, *a, **k))
+    rt = nd.ProgressiveRuntime(bundle, plan=_plan())  # fused_batch 8
+    at_build = list(opened)
+    got = rt(frames, thresholds=[0.4, 0.5])
+    assert opened == at_build and any("fused" in p for p in at_build)  # the batch opened no session
+    # each frame leaves at its own exit, as in the batched stages
+    assert got.exit_index.tolist() == stages.exit_index.tolist()
+    assert got.answer_index.tolist() == stages.answer_index.tolist()
+    np.testing.assert_allclose(got.logits, stages.logits, rtol=1e-4, atol=1e-4)
+    assert got.logits.shape == stages.logits.shape and got.confidence.shape == (6,)
+    rt(_frames(12), thresholds=[0.4, 0.5])  # above fused_batch: through the stages
+    assert len(opened) > len(at_build)
+    with pytest.raises(nd.BundleError, match="`fused_batch` must be an int >= 1.*got 0"):
+        nd.ProgressiveRuntime(bundle, plan=_plan(), fused_batch=0)
 
 
 def _top2(z):

@@ -46,10 +46,17 @@ class ProgressiveRuntime:
             ``None``: the plan's choice, else all.
         fused: on onnxruntime, run a single frame as one fused early-exit graph (one call per
             frame instead of one per stage and head) when the set's own confidence and fallback
-            apply. Its price is memory: the graph holds a second copy of the set's float weights
-            beside the stage sessions that batches use (about 10 MB per set of the default recipe's
-            bundle; benchmarks/deploy/deploy_footprint.py measures the process with and without it).
+            apply (and each frame of a batch of up to ``fused_batch``). Its price is memory once a
+            larger batch opens the stage sessions: the graph holds a second copy of the set's float
+            weights beside them (benchmarks/deploy/deploy_footprint.py measures the process with and
+            without it).
             ``False``: stage by stage, sessions opened on first use.
+        fused_batch: batches of up to this many frames run frame by frame through the fused graph
+            (each frame still leaves at its own exit) rather than through the stage sessions: at
+            batch 8 on the default recipe's bundle the frames one by one took as long as the
+            batched stages (docs/deploy.md), and a process that only sees such batches never opens
+            the stage sessions and their second copy of the weights. Larger batches go through the
+            stages, where a sample that exits leaves the batch. ``1``: only single frames.
 
     Attributes:
         spec: the set's :class:`~nestflex.deploy.bundle.exit_records.ExitSet`.
@@ -63,7 +70,12 @@ class ProgressiveRuntime:
     """
 
     def __init__(self, bundle: Bundle, capacity: CapacityRuntime | None = None, exit_set: str = "exits",
-                 plan: Any = "auto", active: Sequence[int] | None = None, fused: bool = True) -> None:
+                 plan: Any = "auto", active: Sequence[int] | None = None, fused: bool = True,
+                 fused_batch: int = 8) -> None:
+        if not isinstance(fused_batch, int) or isinstance(fused_batch, bool) or fused_batch < 1:
+            raise BundleError(f"`fused_batch` must be an int >= 1 (the largest batch run frame by frame through "
+                              f"the fused graph; 1: single frames only), got {fused_batch!r}")
+        self.fused_batch = fused_batch
         key = EXIT_SET_KEYS.get(exit_set, exit_set)
         if key not in EXIT_SETS:
             raise BundleError(f"`exit_set` must be one of {', '.join(EXIT_SETS)} (or the kinds "
@@ -226,7 +238,8 @@ class ProgressiveRuntime:
         """Batched early exit (:func:`nestflex.deploy.exits.early_exit`): exited samples leave the batch.
 
         A single frame on an onnxruntime exit plan runs the whole policy as one fused graph
-        (:mod:`nestflex.deploy.backends.fused_exits`) when the set's own confidence and fallback apply.
+        (:mod:`nestflex.deploy.backends.fused_exits`) when the set's own confidence and fallback apply,
+        and so does each frame of a batch of up to ``fused_batch`` frames.
         Only the :attr:`active` early exits are evaluated; ``exit_index`` and ``answer_index``
         number the exits of the whole set. Numpy in, numpy out (a torch tensor in: torch out).
 
@@ -243,9 +256,13 @@ class ProgressiveRuntime:
         thresholds = self.thresholds if thresholds is None else thresholds
         confidence = self.confidence if confidence is None else confidence
         fallback = self.fallback if fallback is None else fallback
-        if (self._fused is not None and arr.shape[0] == 1 and confidence == self.confidence
-                and fallback == self.fallback):  # one frame: the whole policy in one session call
-            got = self._fused(arr, check_thresholds(thresholds, self.num_exits - 1))
+        if (self._fused is not None and arr.shape[0] <= self.fused_batch and confidence == self.confidence
+                and fallback == self.fallback):  # the whole policy in one session call per frame
+            thr = check_thresholds(thresholds, self.num_exits - 1)
+            parts = [self._fused(arr[i:i + 1], thr) for i in range(arr.shape[0])]
+            got = parts[0] if len(parts) == 1 else ExitResult(
+                *(np.concatenate([getattr(r, f) for r in parts]) for f in ("logits", "exit_index", "answer_index",
+                                                                             "confidence")))
         elif len(self.active) == self.num_exits - 1:
             got = early_exit(self._stages, self._head_fns(), arr, thresholds, confidence, fallback)
         else:
