@@ -51,7 +51,7 @@ def test_macs_cost_is_the_graphs_macs_at_any_widths():
     assert MacsCost().widths_for(g, g.prunable_groups[0].id) is None
 
 
-def test_latency_cost_sums_the_measured_layers_at_the_pruned_widths(table):
+def test_latency_cost_sums_the_measured_layers_at_the_pruned_widths(table, stepped):
     net = create_model("vgg11", width=0.125)
     g = trace(net)
     cost = LatencyCost(table)
@@ -59,7 +59,9 @@ def test_latency_cost_sums_the_measured_layers_at_the_pruned_widths(table):
     assert set(table.entries) == {s.key for s in specs}  # one entry per distinct layer shape
     assert cost(g) == pytest.approx(sum(table.layer_time(s) for s in [*specs]) + _repeated(g, table, specs))
     half = {x.id: max(1, x.width // 2) for x in g.prunable_groups}
-    assert cost(g, half) < cost(g)
+    # halving every width is faster on the noiseless table (the measured one can order two sub-ms
+    # sums either way on a busy CPU)
+    assert LatencyCost(stepped)(g, half) < LatencyCost(stepped)(g)
     # the cost of a model pruned for real equals the full model's cost at those widths (the lookup
     # finds the measured layer of the same shape that covers the pruned one)
     from nestflex.graph.surgery import prune_channels

@@ -312,25 +312,27 @@ def test_autoscaling_on_ongoing_requests_and_a_killed_replica(tail, path, bundle
                      for _ in range(6)]
             assert all(c.result().batch == 1 for c in calls)
         assert replicas().get("RUNNING") == 2
+        # resolve both replicas' actors before the burst: looking them up after a replica is seen
+        # holding a request took long enough (a GCS query) for it to answer first (CI, 2 busy cores)
+        actors = {a["name"].rsplit("#", 1)[1]: ray.get_actor(a["name"], namespace="serve")
+                  for a in ray.util.list_named_actors(all_namespaces=True)
+                  if a["name"].startswith(f"SERVE_REPLICA::{app}#")}
+        assert len(actors) == 2, actors
         calls = [client.submit(frame, split=rt.split, exit_set="exits", n=1, num_exits=3, deadline_s=30)
                  for _ in range(8)]
         # kill a replica while it holds a request it has not answered (received, not computed: its
         # own counters; each slowed batch takes ~0.2 s here, Ray hands a replica one at a time),
-        # rather than after a guessed sleep, by which time a fast machine may have answered everything
-        doomed = []
-
+        # rather than after a guessed sleep, by which time a fast machine may have answered everything;
+        # the kill follows the counter read at once
         def holding():
             for i in handle.broadcast("info").results(timeout_s=30):
                 st = i["stats"]
                 if st["requests"] - st["samples"] - st["errors"] >= 1:
-                    doomed.append(i["replica"])
+                    ray.kill(actors[i["replica"]], no_restart=True)
                     return True
             return False
 
         _wait_for(holding)
-        replica = next(a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
-                       if a["name"].startswith(f"SERVE_REPLICA::{app}#") and a["name"].endswith(f"#{doomed[0]}"))
-        ray.kill(ray.get_actor(replica, namespace="serve"), no_restart=True)
         codes = []
         for call in calls:
             try:
