@@ -71,6 +71,9 @@ class PruneConfig:
                                check=Check(lambda v: v >= -1, "is a count of tries (-1: no bound)"))
     round_to: int = option(1, "keep channel counts at multiples of this (8, 16: SIMD-friendly widths; 1: any)",
                            check=at_least(1))
+    snap: str = option("nearest", "how a group's schedule becomes a width it may take (--prune-round-to's "
+                       "multiples, --prune-cost latency's fast widths): nearest, or up (only once the schedule "
+                       "reaches it; docs/pruning.md#cost)", choices=("nearest", "up"))
     finetune_epochs: int = option(2, "epochs of fine-tuning for the seed once the roadmap ends (0: none)",
                                   check=at_least(0))
     lr: float = option(0.02, "peak learning rate of each retraining")

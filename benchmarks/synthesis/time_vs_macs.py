@@ -15,8 +15,11 @@ Per model:
   the machine this was written on, and 0.52x at multiples of 8) and
   *latency-driven* (:func:`nestflex.pruning.cost_allocation` on a latency table measured here at
   batch 1, 1 thread: steps by time saved, measured fast widths; levels at shares of the table's
-  time, the table's unmeasured floor included). Reported: each level's time share against its
-  MACs share (MACs-driven) and against its target share (latency-driven);
+  time, the table's unmeasured floor included; ``--snap up``: a group takes a fast width only once
+  the schedule reaches it, FilterPruning's ``snap``; ``--pick measured``: each level is the
+  footprint whose whole-model time, measured here, is nearest its share, among the ``--candidates``
+  nearest in the table's cost). Reported: each level's time share against its MACs share
+  (MACs-driven) and against its target share (latency-driven);
 * **early exits** at ``--exits`` (25/50/75%) of the depth (the model's cut points): the time of
   the layers up to the exit plus a pooled linear exit head against the full model's, as a saving
   next to the MACs saving;
@@ -206,7 +209,7 @@ def at_widths(model: nn.Module, shape: tuple[int, ...], widths: dict[int, int]) 
 
 
 def roadmap(model: nn.Module, shape: tuple[int, ...], cost: Any, floor: float, step: float,
-            latency: bool, round_to: int = 1) -> list[dict[str, Any]]:
+            latency: bool, round_to: int = 1, snap: str = "nearest") -> list[dict[str, Any]]:
     """Footprints of L1 pruning in small steps until the cost is at most ``floor`` of the start:
     each ``{"widths", "cost", "macs"}``. Latency-driven: the allocation and widths of
     :func:`cost_allocation`; MACs-driven: every group the same share."""
@@ -223,7 +226,8 @@ def roadmap(model: nn.Module, shape: tuple[int, ...], cost: Any, floor: float, s
     scale = 1.0  # doubled while every group waits for its next allowed width, so a roadmap never crawls
     while steps[-1]["cost"] > floor * start and step * scale < 1.0:
         scores = l1(net, graph, [graph.group(g) for g in groups], None)
-        plan = plan_step(graph, scores, weights, step * scale, round_to=round_to, targets=targets, allowed=allowed)
+        plan = plan_step(graph, scores, weights, step * scale, round_to=round_to, targets=targets, allowed=allowed,
+                         snap=snap)
         for g in groups:
             targets[g] = shrink(targets[g], weights[g], step * scale)
         if not plan:
@@ -241,6 +245,30 @@ def pick(steps: list[dict[str, Any]], shares: tuple[float, ...]) -> list[dict[st
     """The footprint nearest each share of the start's cost (the start itself for 1.0)."""
     start = steps[0]["cost"]
     return [min(steps, key=lambda s: abs(s["cost"] / start - share)) | {"target": share} for share in shares]
+
+
+def pick_measured(model: nn.Module, shape: tuple[int, ...], steps: list[dict[str, Any]], shares: tuple[float, ...],
+                  candidates: int, repeats: int) -> list[dict[str, Any]]:
+    """The footprint whose *measured* time share is nearest each share, among the ``candidates``
+    footprints nearest each share in the table's cost (the start itself for 1.0): the table narrows
+    the choice, the whole model timed in context decides (a layer timed alone pays layout
+    conversions a layer inside the model does not, so the table overprices small widths; the
+    capacity module spaces levels in such measured times: ``choose_levels(costs=...)``). Each pick
+    records ``pick_time_share``, the share this selection timed (the rows' times are timed again)."""
+    start = steps[0]["cost"]
+    near = sorted({i for share in shares if share < 1
+                   for i in sorted(range(1, len(steps)), key=lambda j: abs(steps[j]["cost"] / start - share))[:candidates]})
+    ms = time_models({"full": model} | {f"c{i}": at_widths(model, shape, steps[i]["widths"]) for i in near},
+                     shape, [(1, 1)], repeats)
+    measured = {i: ms[f"c{i}"]["b1t1"] / ms["full"]["b1t1"] for i in near}
+    out = []
+    for share in shares:
+        if share >= 1 or not near:
+            out.append(steps[0] | {"target": share, "pick_time_share": 1.0})
+            continue
+        i = min(near, key=lambda j: abs(measured[j] - share))
+        out.append(steps[i] | {"target": share, "pick_time_share": round(measured[i], 4)})
+    return out
 
 
 class _Exit(nn.Module):
@@ -271,8 +299,11 @@ def measure_model(name: str, model: nn.Module, shape: tuple[int, ...], args: arg
     picked = {}
     for kind, cost in costs.items():
         steps = roadmap(model, shape, cost, min(args.levels) * 0.9, args.step, latency=kind == "latency",
-                        round_to=args.macs_round_to if kind.startswith("macs_round") else 1)
-        picked[kind] = [fp | {"start": steps[0]["cost"]} for fp in pick(steps, tuple(args.levels))]
+                        round_to=args.macs_round_to if kind.startswith("macs_round") else 1,
+                        snap=args.snap if kind == "latency" else "nearest")
+        chosen = pick_measured(model, shape, steps, tuple(args.levels), args.candidates, args.repeats) \
+            if kind == "latency" and args.pick == "measured" else pick(steps, tuple(args.levels))
+        picked[kind] = [fp | {"start": steps[0]["cost"]} for fp in chosen]
     variants = {"full": model}
     for kind, fps in picked.items():
         variants |= {f"{kind}@{fp['target']}": at_widths(model, shape, fp["widths"]) for fp in fps if fp["target"] < 1}
@@ -299,7 +330,8 @@ def measure_model(name: str, model: nn.Module, shape: tuple[int, ...], args: arg
                          # the miss from the target in two factors: how near the roadmap's nearest
                          # footprint came in the schedule's own cost, and how well that cost predicted time
                          "cost_over_target": round(fp["cost"] / fp["start"] / fp["target"], 3),
-                         "time_over_cost": {k: round(v * fp["start"] / fp["cost"], 3) for k, v in share.items()}})
+                         "time_over_cost": {k: round(v * fp["start"] / fp["cost"], 3) for k, v in share.items()}}
+                        | ({"pick_time_share": fp["pick_time_share"]} if "pick_time_share" in fp else {}))
             log(f"{name} {kind} level {fp['target']:.2f}: MACs share {macs_share:.3f}, time share {share}")
         result["levels"][kind] = rows
     for e in exits:
@@ -427,6 +459,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=15, help="timed samples per measurement (median)")
     p.add_argument("--table-repeats", type=int, default=7, help="timed samples per point of each latency table (median)")
     p.add_argument("--step", type=float, default=0.05, help="share of each group pruned per roadmap step")
+    p.add_argument("--pick", choices=("measured", "table"), default="table",
+                   help="latency-driven levels: the footprint nearest each share in the table's cost (table), or "
+                        "in the whole model's time measured here among --candidates table-nearest ones (measured)")
+    p.add_argument("--candidates", type=int, default=3, help="footprints timed per level with --pick measured")
+    p.add_argument("--snap", choices=("nearest", "up"), default="nearest",
+                   help="how the latency schedule's targets become measured fast widths (plan_step's snap)")
     p.add_argument("--macs-round-to", type=int, default=8,
                    help="also a MACs schedule with widths at multiples of this (1: none); the goals judge the plain one")
     p.add_argument("--quick", action="store_true",

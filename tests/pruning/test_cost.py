@@ -125,6 +125,25 @@ def test_plan_step_keeps_the_allowed_width_nearest_the_target():
         plan_step(g, scores, {x.id: 1.0}, 0.25, round_to=4, allowed={x.id: [4, 8]})
 
 
+def test_plan_step_snapping_up_drops_a_group_only_once_its_target_reaches_the_width():
+    g = trace(create_model("vgg11", width=0.125))
+    x = g.prunable_groups[0]  # 8 channels
+    scores = {x.id: torch.arange(8, dtype=torch.float64)}
+    # the target 4 is nearer 3 than 8 ('nearest' jumps to 3), but has not reached 3: 'up' waits
+    assert plan_step(g, scores, {x.id: 1.0}, 0.2, targets={x.id: 5}, allowed={x.id: [3, 8]})[x.id].numel() == 3
+    assert x.id not in plan_step(g, scores, {x.id: 1.0}, 0.2, targets={x.id: 5}, allowed={x.id: [3, 8]}, snap="up")
+    plan = plan_step(g, scores, {x.id: 1.0}, 0.2, targets={x.id: 4}, allowed={x.id: [3, 8]}, snap="up")
+    assert plan[x.id].tolist() == [5, 6, 7]  # 4 - 1 = 3: reached
+    plan = plan_step(g, scores, {x.id: 1.0}, 0.25, targets={x.id: 7}, allowed={x.id: [2, 6, 8]}, snap="up")
+    assert plan[x.id].tolist() == [2, 3, 4, 5, 6, 7]  # 7 - 2 = 5: the smallest width at or above it, 6
+    # a multiple of round_to likewise: 8 - 2 = 6 rounds to 4 by 'nearest' (the tie), stays at 8 by 'up'
+    assert plan_step(g, scores, {x.id: 1.0}, 0.25, round_to=4)[x.id].numel() == 4
+    assert x.id not in plan_step(g, scores, {x.id: 1.0}, 0.25, round_to=4, snap="up")
+    assert plan_step(g, scores, {x.id: 1.0}, 0.25, round_to=4, targets={x.id: 5}, snap="up")[x.id].numel() == 4
+    with pytest.raises(PruningError, match="`snap` must be one of"):
+        plan_step(g, scores, {x.id: 1.0}, 0.25, snap="down")
+
+
 def test_get_cost_names_its_choices(table, tmp_path):
     assert isinstance(get_cost(None), MacsCost) and isinstance(get_cost(table), LatencyCost)
     assert isinstance(get_cost("latency", table.save(tmp_path / "t.json")), LatencyCost)
@@ -177,6 +196,22 @@ def test_a_step_where_every_group_waits_for_its_next_fast_width_does_not_end_the
     assert all(a > b for a, b in zip(costs, costs[1:]))
     for fp in road.footprints:
         assert all(w in road.cost["widths"][n] for n, w in fp.widths.items())
+
+
+def test_filter_pruning_snapping_up_never_runs_ahead_of_its_schedule(tmp_path, pretrained, monkeypatch, stepped):
+    pl.seed_everything(0)
+    module = _module(pretrained)
+    cb = _prune(max_drop=0.5, step=0.25, criterion="l1", max_steps=3, cost=stepped, snap="up")
+    _script(cb, monkeypatch, [0.9], then=0.9)
+    _trainer(tmp_path, [cb], epochs=6).fit(module, datamodule=_dm())
+    road = Roadmap.load(tmp_path / "pruning" / "roadmap.json")
+    assert road.cost["snap"] == "up" and len(road.footprints) >= 2
+    for fp in road.footprints[1:]:  # each kept width is a fast one at or above the schedule's target
+        assert all(w in road.cost["widths"][n] and w >= fp.targets[n] for n, w in fp.widths.items())
+    costs = [fp.cost for fp in road.footprints]
+    assert all(a > b for a, b in zip(costs, costs[1:]))
+    with pytest.raises(PruningError, match="`snap` must be one of"):
+        _prune(cost=stepped, snap="floor")
 
 
 def test_filter_pruning_refuses_a_cost_with_round_to(table):

@@ -49,7 +49,7 @@ from nestflex.pruning.evaluate import accuracy, trainer_eval_loader
 from nestflex.pruning.importance import Importance, get_importance
 from nestflex.pruning.roadmap import Footprint, Roadmap
 from nestflex.pruning.sensitivity import allocation_weights, sensitivity_profile
-from nestflex.pruning.step import budget_scale, decide_step, plan_step, shrink
+from nestflex.pruning.step import SNAPS, budget_scale, decide_step, plan_step, shrink
 
 __all__ = ["FilterPruning", "load_pruned"]
 
@@ -143,6 +143,11 @@ class FilterPruning(Callback):
             GPU tiles; the levels grown from the roadmap inherit them): each group's kept count
             is the multiple nearest to the width the unrounded schedule gives it, which the
             footprints record as ``targets`` (:func:`~nestflex.pruning.plan_step`). 1: no rounding.
+        snap: which of the widths a group may take (a multiple of ``round_to``, or a width the
+            ``cost`` model says is faster) its unrounded target becomes: ``nearest`` (default; every
+            committed result was made with it) or ``up``, the smallest at or above the target,
+            so a group drops to a faster width only once the schedule has reached it and a retried
+            step with half the step size is smaller, not the same jump (docs/pruning.md#cost).
         eval_batches: validation batches per evaluation (``None``: all).
         dirpath: where ``roadmap.json``, ``sensitivity.json``, ``seed.ckpt`` and the footprint
             checkpoints go (default ``<default_root_dir>/pruning``).
@@ -205,6 +210,7 @@ class FilterPruning(Callback):
         retry_budget: int | None = None,
         min_channels: int = 1,
         round_to: int = 1,
+        snap: str = "nearest",
         eval_batches: int | None = None,
         sensitivity_batches: int | None = 4,
         dirpath: str | os.PathLike | None = None,
@@ -248,6 +254,9 @@ class FilterPruning(Callback):
         for arg, value, ok, valid in checks:
             if not ok:
                 raise PruningError(f"`{arg}` must be {valid}, got {value!r}")
+        if snap not in SNAPS:
+            raise PruningError(f"`snap` must be one of {SNAPS}, got {snap!r}. HINT: 'up' drops a group to a faster "
+                               f"width only once its schedule reaches it")
         if allocation not in _ALLOCATIONS:
             raise PruningError(f"`allocation` must be one of {_ALLOCATIONS}, got {allocation!r}")
         if decision not in _DECISIONS:
@@ -281,6 +290,7 @@ class FilterPruning(Callback):
         self.max_steps, self.min_channels, self.backoff = max_steps, min_channels, backoff
         self.retry_budget = retry_budget
         self.recover_epochs, self.finetune_epochs, self.round_to = recover_epochs, finetune_epochs, round_to
+        self.snap = snap
         self.eval_batches, self.sensitivity_batches = eval_batches, sensitivity_batches
         self.dirpath = Path(dirpath) if dirpath is not None else None
         self.ranking_data, self.eval_dataloader = ranking_data, eval_dataloader
@@ -485,7 +495,8 @@ class FilterPruning(Callback):
             weights, allowed = cost_allocation(graph, {i: self._weights[n] for i, n in ids.items()}, self.cost,
                                                self.step, self.min_channels)
             self._weights = {ids[i]: w for i, w in weights.items()}
-            self.roadmap.cost = self.cost.describe() | {"widths": {ids[i]: w for i, w in allowed.items()}}
+            self.roadmap.cost = self.cost.describe() | {"snap": self.snap,
+                                                        "widths": {ids[i]: w for i, w in allowed.items()}}
         self.roadmap.allocation = {k: round(v, 4) for k, v in self._weights.items()}
         self._record(trainer, pl_module, graph, start, trainer.current_epoch)
         if self.budget is not None:
@@ -508,7 +519,8 @@ class FilterPruning(Callback):
         allowed = {i: self.roadmap.cost["widths"].get(n) for i, n in names.items()} if self.roadmap.cost else None
 
         def plan_at(step: float) -> dict[int, torch.Tensor]:
-            return plan_step(graph, group_scores, weights, step, self.min_channels, self.round_to, targets, allowed)
+            return plan_step(graph, group_scores, weights, step, self.min_channels, self.round_to, targets, allowed,
+                             self.snap)
 
         step = self.step * self._scale
         if self.budget is not None:

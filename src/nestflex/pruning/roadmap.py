@@ -104,8 +104,9 @@ class Roadmap:
             :attr:`cost`; ``None`` otherwise (and in files written before it).
         cost: the cost model the steps were planned with (:class:`~nestflex.pruning.CostModel`):
             ``model`` (``macs`` or ``latency``), ``unit``, for latency the backend, threads and
-            batch measured, and ``widths``: per group name, the widths it could take (``None``:
-            any); each footprint's ``cost`` is in that unit. ``None``: NestDNN's allocation, MACs.
+            batch measured, ``snap`` (how a target became one of those widths: ``FilterPruning``'s
+            ``snap``; absent in files written before it: ``nearest``) and ``widths``: per group
+            name, the widths it could take (``None``: any); each footprint's ``cost`` is in that unit. ``None``: NestDNN's allocation, MACs.
         approximate: the groups were traced with ``approximate=True`` (``FilterPruning``'s
             ``approximate``): streams normalised by a LayerNorm were pruned too, so replaying
             the roadmap traces the same way; ``False`` in files written before it.

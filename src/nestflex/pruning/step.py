@@ -17,7 +17,10 @@ from nestflex.errors import PruningError
 from nestflex.graph import StructureGraph
 from nestflex.pruning.sensitivity import keep_top
 
-__all__ = ["StepDecision", "budget_limit", "budget_reached", "budget_scale", "decide_step", "plan_step", "shrink"]
+#: how a group's unrounded target width becomes a width it may take (:func:`plan_step`)
+SNAPS = ("nearest", "up")
+
+__all__ = ["SNAPS", "StepDecision", "budget_limit", "budget_reached", "budget_scale", "decide_step", "plan_step", "shrink"]
 
 
 def plan_step(
@@ -29,6 +32,7 @@ def plan_step(
     round_to: int = 1,
     targets: Mapping[int, int] | None = None,
     allowed: Mapping[int, Sequence[int] | None] | None = None,
+    snap: str = "nearest",
 ) -> dict[int, torch.Tensor]:
     """Channels to keep per group (current indexing) after one step.
 
@@ -63,13 +67,21 @@ def plan_step(
             smaller; a group with no allowed width in ``[min_channels, width)`` waits;
             never above the current width). A group not listed, or listed as ``None``, is not
             restricted. Not together with ``round_to`` > 1.
+        snap: which of the widths a group may take (a multiple of ``round_to``, an ``allowed``
+            width) its target becomes. ``nearest`` (default): the nearest one, ties to the
+            smaller. ``up``: the smallest one at or above the target, so a group drops to a width
+            only once the unrounded schedule has reached it: where the allowed widths are far
+            apart (a CPU that runs 3x3 convs in blocks of 16 or 32 channels: 64 -> 32 -> 16) a
+            step never removes channels the schedule has not yet removed, and a retried step
+            with half the step size is a smaller step, not the same jump rounded alike.
 
     Returns:
         The indices of the channels to keep (ascending, current indexing), by group id, for the
         groups that lose at least one channel.
 
     Raises:
-        PruningError: ``round_to`` is not an int ``>= 1``, or ``round_to`` > 1 with ``allowed``.
+        PruningError: ``round_to`` is not an int ``>= 1``, ``round_to`` > 1 with ``allowed``, or an
+            unknown ``snap``.
 
     Examples:
         >>> from nestflex.models import create_model
@@ -82,12 +94,17 @@ def plan_step(
         >>> plan = plan_step(g, scores, {x.id: 1.0 for x in g.prunable_groups}, 0.25, round_to=4)
         >>> plan[0].tolist()  # 6 kept rounds to 4 (the tie goes to fewer channels)
         [4, 5, 6, 7]
+        >>> 0 in plan_step(g, scores, {x.id: 1.0 for x in g.prunable_groups}, 0.25, round_to=4, snap="up")
+        False
     """
     if not isinstance(round_to, int) or round_to < 1:
         raise PruningError(f"`round_to` must be an int >= 1, got {round_to!r}. HINT: 8 or 16 for SIMD-friendly widths")
     if allowed is not None and round_to > 1:
         raise PruningError(f"pass `allowed` widths (a cost model's) or `round_to`={round_to}, not both. HINT: the "
                            f"measured widths already say which widths are fast")
+    if snap not in SNAPS:
+        raise PruningError(f"`snap` must be one of {SNAPS}, got {snap!r}. HINT: 'up' drops a group to a width only "
+                           f"once its schedule reaches it")
     floor = -(-min_channels // round_to) * round_to  # the smallest multiple >= min_channels
     plan = {}
     for gid, s in scores.items():
@@ -98,11 +115,15 @@ def plan_step(
         keep = min(shrink(target, weights.get(gid, 0.0), step, min_channels), width)
         if round_to > 1 and keep < width:
             lower = (keep // round_to) * round_to
-            keep = lower if keep - lower <= round_to - (keep - lower) else lower + round_to
+            up = lower + (round_to if keep > lower else 0)
+            keep = up if snap == "up" else lower if keep - lower <= round_to - (keep - lower) else lower + round_to
             keep = min(max(keep, floor), width)
         elif widths is not None and keep < width:
             options = [w for w in widths if min_channels <= w <= width] or [width]
-            keep = min(options, key=lambda w: (abs(w - keep), w))
+            if snap == "up":  # the smallest at or above the target (the width itself is always one)
+                keep = min([w for w in options if w >= keep] or [width])
+            else:
+                keep = min(options, key=lambda w: (abs(w - keep), w))
         if keep < width:
             plan[gid] = keep_top(s, keep)
     return plan
