@@ -5,9 +5,16 @@ stalls the other apps."""
 
 from __future__ import annotations
 
+import gc
 import signal
+import socket
 import subprocess
 import sys
+import threading
+import time
+import weakref
+from concurrent.futures import Future
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -17,8 +24,9 @@ import nestflex.deploy as nd
 from nestflex.capacity import extract_level
 from nestflex.deploy.engine import EngineError
 from nestflex.deploy.scheduler.joint import JointAllocation, JointScheduler
-from nestflex.deploy.split.client import TailClient
+from nestflex.deploy.split.client import SplitError, TailCall, TailClient
 from nestflex.deploy.split.offload import Offloader, SplitConfig
+from nestflex.deploy.split.runtime import SERVER_ONLY, SplitRuntime
 from nestflex.export import export_bundle
 from nestflex.profiling import profile_split_quantization
 from nestflex.serve import TailServer
@@ -184,6 +192,158 @@ def test_the_joint_planner_offloads_only_when_the_device_is_short(bundle, server
         assert engine.decision.allocation("cam").option.split is None
         assert engine.stats()["apps"]["cam"]["split"] is None
         assert engine.plans[-1]["apps"]["cam"]["option"] == engine.decision.allocation("cam").option.label
+
+
+def _dead_address() -> str:
+    """An address on 127.0.0.1 nothing listens on (a port the OS gave and took back)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return f"127.0.0.1:{sock.getsockname()[1]}"
+
+
+def test_a_server_only_fallback_runs_on_the_engine_worker_charged_to_its_app(bundle, monkeypatch):
+    with nd.Engine("greedy_total", max_pending=64, max_delay_periods=1e6) as engine:
+        engine.add_app("cam", bundle, fps=30, tail=_dead_address(), deadline_ms=2000, profile_repeats=1)
+        engine.add_app("other", bundle, fps=30, profile_repeats=1)
+        app = engine._apps["cam"]
+        # the whole network on the server and no local continuation: a failed request leaves no exit
+        # to answer from, so the fallback is the whole tail on the device (a greedy plan keeps it)
+        config = SplitConfig(SERVER_ONLY, bits=8, continue_locally=False, deadline_ms=2000)
+        engine._control(lambda: app.split.set_config(config, None))
+        tails: list[tuple[str, float]] = []
+        real_tail = SplitRuntime.tail
+
+        def tail(self, *args, **kwargs):
+            t0 = time.perf_counter()
+            out = real_tail(self, *args, **kwargs)
+            tails.append((threading.current_thread().name, 1e3 * (time.perf_counter() - t0)))
+            return out
+
+        monkeypatch.setattr(SplitRuntime, "tail", tail)
+        before = engine._control(lambda: app.finish)
+        got, other = [], []
+        for i in range(6):
+            got.append(engine.infer("cam", _x(i), timeout=30))
+            other.append(engine.infer("other", _x(i), timeout=30))
+        charged = engine._control(lambda: app.finish) - before
+    assert all(r.answered and r.prediction is not None for r in got + other)
+    assert sum(r.where == "fallback" for r in got) >= 3 and tails
+    # the tails ran as device work on the worker, never on the app's waiter threads ...
+    assert {name for name, _ in tails} == {"nestflex-engine"}, tails
+    # ... and advanced the app's virtual finish time (by ms / share, share <= 1) like its frames
+    assert charged >= sum(ms for _, ms in tails)
+
+
+class HeldTail:
+    """A tail client whose requests fail (``UNAVAILABLE``): at once, or when released while ``held``."""
+
+    def __init__(self) -> None:
+        self.held, self.pending = False, []
+
+    def submit(self, frame, **_):
+        fut = Future()
+        (self.pending.append if self.held else self.fail)(fut)
+        return TailCall(fut, len(frame))
+
+    def ping_ms(self, timeout=5.0):
+        raise SplitError("no server", "UNAVAILABLE")
+
+    @staticmethod
+    def fail(fut):
+        fut.set_exception(SplitError("no server", "UNAVAILABLE"))
+
+
+@pytest.mark.parametrize("leave", ["remove_app", "close"])
+def test_a_fallback_owed_when_its_app_leaves_is_still_answered(bundle, monkeypatch, leave):
+    tail, names = HeldTail(), []
+    real_tail = SplitRuntime.tail
+
+    def named_tail(self, *args, **kwargs):
+        names.append(threading.current_thread().name)
+        return real_tail(self, *args, **kwargs)
+
+    monkeypatch.setattr(SplitRuntime, "tail", named_tail)
+    engine = nd.Engine("greedy_total")
+    try:
+        engine.add_app("cam", bundle, fps=30, tail=tail, deadline_ms=10_000, profile_repeats=1)
+        app = engine._apps["cam"]
+        config = SplitConfig(SERVER_ONLY, bits=8, continue_locally=False, deadline_ms=10_000)
+        engine._control(lambda: app.split.set_config(config, None))
+        tail.held = True
+        pending = engine.submit("cam", _x(0))
+        for _ in range(200):  # the request is in flight, its waiter waiting
+            if tail.pending:
+                break
+            time.sleep(0.01)
+        names.clear()
+        if leave == "remove_app":
+            engine.remove_app("cam")
+        else:
+            engine.close()
+        for fut in tail.pending:  # the server fails once the app is gone: only the tail answers
+            tail.fail(fut)
+        got = pending.result(timeout=30)
+    finally:
+        engine.close()
+    assert got.answered and got.where == "fallback" and got.prediction is not None
+    assert names and all(n.startswith("nestflex-split") for n in names), names  # no worker serves it now
+
+
+def test_a_split_option_is_charged_its_split_runtime_sessions(bundle, server):
+    from nestflex.deploy._engine_apps import MB
+    from nestflex.deploy._engine_joint import joint_app
+
+    with nd.Engine("joint_total", link_mbps=1000.0, server_speedup=50.0) as engine:
+        engine.add_app("cam", bundle, fps=30, tail=server.address, profile_repeats=1)
+        app = engine._apps["cam"]
+        top_bytes = app.level_bytes(app.top)
+        local = next(o for o, spec in app.joint[1].items() if spec.config is None and spec.level == app.top)
+        runs_split = [o for o, spec in app.joint[1].items() if spec.config is not None]
+        assert runs_split and all(o.memory_mb > local.memory_mb for o in runs_split)
+        held = app.split.offloader.runtime(SPLIT).own_bytes  # its sessions' graph files
+        for o in (o for o in runs_split if o.split == SPLIT):
+            assert o.memory_mb == pytest.approx((top_bytes + held) / MB)
+
+        def slow_device():  # the levels 2000 times slower: the planner wants to offload (as above)
+            app.level_ms = [v * 2000.0 for v in app.level_ms]
+            app.split.rows = [{**r, "device_ms": r["device_ms"] * (2000.0 if r["split"] is None else 1.0)}
+                              for r in app.split.rows]
+            app.joint = joint_app(app)
+
+        engine._control(slow_device)
+        engine.replan()
+        assert engine.decision.allocation("cam").option.split is not None
+        # room for the largest level, not for it and any split runtime's sessions
+        budget = (top_bytes + min(o.memory_mb * MB - top_bytes for o in runs_split) / 2) / MB
+        engine.set_budget(memory_mb=budget)
+        chosen = engine.decision.allocation("cam").option
+        assert chosen.memory_mb <= budget and app.joint[1][chosen].config is None, chosen
+        assert engine.stats()["apps"]["cam"]["split"]["config"] is None
+
+
+def test_apps_of_one_bundle_share_a_split_runtime_released_with_the_last(bundle, server):
+    from nestflex.deploy import _engine_split
+
+    with nd.Engine("greedy_total") as engine:
+        engine.add_app("a", bundle, fps=30, tail=server.address, profile_repeats=1)
+        engine.add_app("b", bundle, fps=30, tail=server.address, profile_repeats=1)
+        a, b = engine._apps["a"].split, engine._apps["b"].split
+        key = f"{Path(bundle.path).resolve()}|exits"  # one entry per bundle and exit set
+        assert a.offloader._runtimes is b.offloader._runtimes
+        assert a.offloader.runtime(None) is b.offloader.runtime(None)
+        held = weakref.ref(a.offloader.runtime(None))
+        del a, b
+        engine.remove_app("a")
+        assert key in _engine_split._RUNTIMES  # "b" still runs it
+        engine.remove_app("b")
+        assert key not in _engine_split._RUNTIMES
+        # nothing else holds the sessions: they go once the apps' waiters and clients are closed
+        for _ in range(100):
+            gc.collect()
+            if held() is None:
+                break
+            time.sleep(0.05)
+        assert held() is None
 
 
 def test_bad_split_arguments_are_refused_naming_them(bundle, server):

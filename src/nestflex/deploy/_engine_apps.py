@@ -64,6 +64,9 @@ class App:
     point: int | None = None
     share: float = 1.0
     queue: deque = field(default_factory=deque)
+    # device work a split app owes frames already accepted (a fallback's whole tail, queued by a waiter
+    # thread under the engine's lock): callables returning their ms, run before its next frame, never dropped
+    jobs: deque = field(default_factory=deque)
     finish: float = 0.0
     seq: int = 0
     joined: float = 0.0

@@ -13,7 +13,8 @@ An app's options (built once, when it joins, from what the engine measured on th
   here (:func:`~nestflex.deploy.split.costs.measure_costs`), request bytes measured on the bundle's
   samples, the quantisation profile's accuracy drops. Their accuracy is put on the levels' scale
   the way the engine's exit points are (the largest level's accuracy moved by the row's gain or
-  loss against the exit set's final exit).
+  loss against the exit set's final exit). Their memory is the largest level's bytes plus what the
+  offloader's split runtime for that split point holds (its own sessions, measured when the rows are).
 
 At each plan the online profiler's slowdown over the CPU share scales every device time, the
 network profiler's bandwidth is the link's capacity and its server slowdown the server's; when
@@ -63,7 +64,12 @@ def measure_split(app: App, *, bits: Sequence[int], repeats: int, server_speedup
     per split point (:func:`_request_overhead`: packing, the client's submit, the local continuation
     to the next exit while the request is in flight) times the share of frames sent: about a
     millisecond a request on this machine, several times a small split's head, which the segment
-    times alone leave out."""
+    times alone leave out.
+
+    Each row also gets ``runtime_bytes``: what the offloader's split runtime for its split point
+    holds (:attr:`~nestflex.deploy.split.runtime.SplitRuntime.own_bytes`, its sessions' graph
+    sizes, as the engine counts a level's), read from the runtimes built here; a device-only row
+    runs in the first split point's runtime (:meth:`Offloader.runtime`)."""
     from nestflex.deploy.operating_points import operating_points
     from nestflex.deploy.scheduler.split import SplitScheduler
     from nestflex.deploy.split.costs import accuracy_drops, measure_bytes, measure_costs
@@ -86,6 +92,8 @@ def measure_split(app: App, *, bits: Sequence[int], repeats: int, server_speedup
     for r in rows:
         if r["split"] is not None:
             r["device_ms"] += overhead.get(r["split"], 0.0) * r["sent"]
+        # every runtime a row runs in was built above (the overhead's, or the offloader's first): a lookup
+        r["runtime_bytes"] = s.offloader.runtime(r["split"]).own_bytes
     return rows, points, ref
 
 
@@ -139,6 +147,8 @@ def joint_app(app: App) -> tuple[JointApp, dict[JointOption, RunSpec]]:
     # the JointApp too: building one checks each of its (hundreds of) options, on every re-plan
     made = hit[2].get((app.name, app.fps, app.min_accuracy))
     if made is None:
+        if len(hit[2]) >= 64:  # apps come and go under new names in a long-running process
+            hit[2].clear()
         made = hit[2][(app.name, app.fps, app.min_accuracy)] = JointApp(app.name, hit[0], fps=app.fps,
                                                                         min_accuracy=app.min_accuracy)
     return made, hit[1]
@@ -167,8 +177,11 @@ def _options(app: App) -> dict[JointOption, RunSpec]:
             acc = r["accuracy"] if s.accuracy_ref is None else base + r["accuracy"] - s.accuracy_ref
             sends = r["split"] is not None
             thresholds = None if r["point"] is None else tuple(s.points[r["point"]].thresholds)
+            # the offloader's split runtime holds its own sessions beside the capacity runtime (still
+            # charged its largest level: the app may come back to it without a split)
+            memory = (app.level_bytes(top) + r["runtime_bytes"]) / MB
             option = JointOption(level=top, accuracy=min(1.0, max(0.0, float(acc))), device_ms=float(r["device_ms"]),
-                                 memory_mb=app.level_bytes(top) / MB, point=r["point"], split=r["split"],
+                                 memory_mb=memory, point=r["point"], split=r["split"],
                                  bits=r["bits"] if sends else None, sent=float(r["sent"]) if sends else 0.0,
                                  bytes=float(r["bytes"]) if sends else 0.0,
                                  server_ms=float(r["server_ms"]) if sends else 0.0)

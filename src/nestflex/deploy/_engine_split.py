@@ -12,12 +12,20 @@ One frame of a split app, when the planner gave it a split configuration:
   (:meth:`Offloader._finish_remote`). The worker never waits on the network, so a dead server or
   a link outage costs the other apps nothing; a frame that finds ``depth`` requests of its app in
   flight runs on the device at the app's level instead (answered, not queued behind the link).
+  A fallback with no exit to answer from (a server-only split, :meth:`Offloader._tail_on_device`)
+  runs the whole tail on the device: the waiter hands it back to the engine as a job of the app
+  (``App.jobs``), which the worker runs before the app's next frame and charges to the app's
+  virtual time like a frame, so it stays within the app's share and the CPU quota.
 
 Every frame is answered: by the server, by a local exit, or by the device alone. The shared
 :class:`~nestflex.deploy.split.network.NetworkProfiler` is fed by every app's transfers (the link and
 the server are shared), and :class:`LinkState` says whether they answer at all: after ``fails``
 failed requests in a row the planner treats the link as down (no option sends) and the engine
 probes it every ``probe_every_s`` seconds until a request gets through.
+
+A split runtime holds onnxruntime sessions, so the apps of one bundle share them (:data:`_RUNTIMES`),
+counted per app and released when the last of them leaves (:func:`close_split`); the other caches
+here and in :mod:`._engine_joint` hold plain data, and a bounded number of entries.
 
 Private to :mod:`nestflex.deploy.engine`.
 """
@@ -29,11 +37,13 @@ import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
+from nestflex.deploy.split.client import SplitError
 from nestflex.deploy.split.network import NetworkProfiler
 from nestflex.deploy.split.offload import Offloader, SplitAnswer, SplitConfig
 from nestflex.errors import NestflexError
@@ -90,6 +100,7 @@ class SplitApp:
     rows: list[dict[str, Any]] = field(default_factory=list)  # SplitScheduler.static_rows, measured at join
     points: list[Any] = field(default_factory=list)  # the exit set's operating points the rows index
     accuracy_ref: float | None = None  # their calibration accuracy of the final exit
+    runtime_key: str | None = None  # its entry in _RUNTIMES while it holds one (None once released)
 
     def set_config(self, config: SplitConfig | None, predicted_ms: float | None) -> None:
         """Run the next frames under ``config`` (builds its split runtime now, between frames)."""
@@ -105,10 +116,45 @@ class SplitApp:
                 "inflight": self.inflight}
 
 
-#: split runtimes by bundle path, shared by every offloader of that bundle in this process: a runtime's
-#: sessions are built once (on the worker, between frames), not per app; onnxruntime runs a session
-#: from several threads (the worker's heads, the waiters' combines and fallbacks)
-_RUNTIMES: dict[str, dict] = {}
+@dataclass
+class _Shared:
+    """One bundle's split runtimes (by split point) and how many split apps use them."""
+
+    runtimes: dict
+    users: int = 0
+
+
+#: split runtimes by bundle path and exit set, shared by every offloader of that bundle in this process:
+#: a runtime's sessions are built once (on the worker, between frames), not per app; onnxruntime runs a
+#: session from several threads (the worker's heads, the waiters' combines). Counted per app and dropped
+#: with the last one (:func:`close_split`), so a long-running device process gets the sessions' memory back
+_RUNTIMES: dict[str, _Shared] = {}
+_RUNTIMES_LOCK = threading.Lock()  # engines in one process join and leave apps on their own workers
+
+
+def _share_runtimes(off: Offloader, key: str) -> None:
+    """Make ``off`` use the runtimes of ``key`` (its own first ones where there are none yet) and
+    count it as one more user."""
+    with _RUNTIMES_LOCK:
+        shared = _RUNTIMES.setdefault(key, _Shared({}))
+        for split, rt in off._runtimes.items():  # a runtime already shared stays: frames may be running it
+            shared.runtimes.setdefault(split, rt)
+        shared.users += 1
+    off._runtimes = shared.runtimes
+
+
+def _release_runtimes(s: SplitApp) -> None:
+    """``s`` no longer uses its bundle's runtimes; the last user drops them from :data:`_RUNTIMES`
+    (requests still in flight keep the runtime they run until they finish)."""
+    key, s.runtime_key = s.runtime_key, None
+    if key is None:  # released already
+        return
+    with _RUNTIMES_LOCK:
+        shared = _RUNTIMES.get(key)
+        if shared is not None:
+            shared.users -= 1
+            if shared.users <= 0:
+                del _RUNTIMES[key]
 
 
 def open_split(bundle: Any, tail: Any, network: NetworkProfiler, *, deadline_ms: float, depth: int) -> SplitApp:
@@ -123,15 +169,15 @@ def open_split(bundle: Any, tail: Any, network: NetworkProfiler, *, deadline_ms:
         client = tail
     exit_set = "exits" if "exits" in bundle.exit_sets else None
     off = Offloader(bundle, client, SplitConfig(None, deadline_ms=deadline_ms), exit_set=exit_set, profiler=network)
-    shared = _RUNTIMES.setdefault(f"{Path(bundle.path).resolve()}|{exit_set}", {})
-    shared.update(off._runtimes)
-    off._runtimes = shared  # the offloader's runtime cache, shared (see _RUNTIMES)
-    return SplitApp(off, client, owns, depth, float(deadline_ms),
-                    ThreadPoolExecutor(max_workers=depth, thread_name_prefix="nestflex-split"))
+    key = f"{Path(bundle.path).resolve()}|{exit_set}"
+    _share_runtimes(off, key)  # the offloader's runtime cache, shared (see _RUNTIMES)
+    waiters = ThreadPoolExecutor(max_workers=depth, thread_name_prefix="nestflex-split")
+    return SplitApp(off, client, owns, depth, float(deadline_ms), waiters, runtime_key=key)
 
 
 def serve_split(s: SplitApp, x: np.ndarray, arrival: float, answer: Callable[[SplitAnswer, float], None],
-                fail: Callable[[BaseException], None], done: Callable[[bool | None], None], lock: Any) -> float:
+                fail: Callable[[BaseException], None], done: Callable[[bool | None], None], lock: Any,
+                defer: Callable[[Callable[[], SplitAnswer], float], None]) -> float:
     """Run one frame's device part here (the worker), hand its wait to a waiter thread; returns the
     device time in ms.
 
@@ -139,7 +185,10 @@ def serve_split(s: SplitApp, x: np.ndarray, arrival: float, answer: Callable[[Sp
     waiter), ``fail(error)`` instead when the offloader itself raised, and ``done(ok)`` on the
     waiter after a request finished (``ok``: the server answered; ``None``: no request was made),
     holding nothing, before ``answer``. ``lock`` guards ``s.inflight`` (the engine's, which ``done``
-    takes to lower it).
+    takes to lower it). When the server failed and only the whole tail can answer (a server-only
+    split), the waiter calls ``defer(run, device_ms)`` instead of ``answer``: ``run()`` is that
+    device work (:meth:`Offloader._fallback`) and returns the frame's answer, for the caller to run
+    where the app's device work runs.
     """
     start = time.perf_counter()
     s.last_x = x
@@ -154,7 +203,11 @@ def serve_split(s: SplitApp, x: np.ndarray, arrival: float, answer: Callable[[Sp
 
     def wait() -> None:
         try:
-            out = s.offloader._finish_remote(f, local)
+            out = s.offloader._finish_remote(f, local, device_fallback=False)
+        except SplitError as e:  # the server failed, and the fallback is the whole tail: device work
+            done(False)
+            defer(partial(s.offloader._fallback, f, local, e), device_ms)
+            return
         except BaseException as e:  # a bug, not the network: the frame still gets its answer (an error)
             done(None)
             fail(e)
@@ -183,8 +236,11 @@ def probe(s: SplitApp, done: Callable[[bool], None]) -> None:
 
 
 def close_split(s: SplitApp) -> None:
-    """Release a split app that left: its requests in flight are still answered (on their waiters),
-    then its own client is closed, on a thread of its own so the engine's worker does not wait."""
+    """Release a split app that left: its share of its bundle's split runtimes now (the last app of
+    the bundle frees them), its requests in flight are still answered (on their waiters), then its
+    own client is closed, on a thread of its own so the engine's worker does not wait."""
+    _release_runtimes(s)
+
     def finish() -> None:
         s.waiters.shutdown(wait=True)
         if s.owns_client:
@@ -193,7 +249,8 @@ def close_split(s: SplitApp) -> None:
     threading.Thread(target=finish, name="nestflex-split-close", daemon=True).start()
 
 
-#: split rows by (bundle path, bitwidths, server speed-up), measured once per process
+#: split rows by (bundle path, bitwidths, server speed-up), measured once per process; plain data (rows,
+#: operating points), bounded as _engine_joint._BUILT is
 _SPLIT_ROWS: dict[tuple, tuple] = {}
 
 
@@ -219,8 +276,16 @@ class SplitServing:
         # measured once per bundle in this process: the segments' times are this device's, whichever
         # engine asks (an engine measuring them on its worker holds every app's frames meanwhile)
         key = (str(Path(app.bundle.path).resolve()), bits, self.server_speedup)
-        if key not in _SPLIT_ROWS:
-            _SPLIT_ROWS[key] = measure_split(app, bits=bits, repeats=repeats, server_speedup=self.server_speedup)
+        try:
+            if key not in _SPLIT_ROWS:
+                if len(_SPLIT_ROWS) >= 64:
+                    _SPLIT_ROWS.clear()
+                _SPLIT_ROWS[key] = measure_split(app, bits=bits, repeats=repeats,
+                                                 server_speedup=self.server_speedup)
+        except BaseException:  # the app does not join, whatever failed: its runtimes' share and client go now
+            close_split(app.split)
+            app.split = None
+            raise
         app.split.rows, app.split.points, app.split.accuracy_ref = _SPLIT_ROWS[key]
 
     @property
@@ -249,7 +314,8 @@ class SplitServing:
             compute_ms = serve_split(app.split, frame.x, frame.arrival,
                                      lambda answer, ms: self._split_answer(app, frame, answer, level, ms),
                                      lambda e: self._split_failed(app, frame, level, e),
-                                     lambda ok: self._split_done(app, ok), self._cond)
+                                     lambda ok: self._split_done(app, ok), self._cond,
+                                     lambda run, ms: self._split_fallback(app, frame, level, run, ms))
         except BaseException as e:  # one failing app never stops the others
             return self._split_failed(app, frame, level, e)
         self._after_frame(app, level, None, compute_ms, app.split.predicted_ms, time.perf_counter())
@@ -268,6 +334,45 @@ class SplitServing:
         frame.future.set_result(self._result(app.name, frame.seq, frame.tag, max(range(len(scores)), key=scores.__getitem__),
                                             frame.back(logits), level, int(r.exit_index[0]), answer.latency_ms,
                                             device_ms, where=answer.where, bytes_sent=answer.bytes_sent))
+
+    def _split_fallback(self, app: App, frame: Frame, level: int, run: Callable[[], SplitAnswer],
+                        device_ms: float) -> None:
+        """A split app's frame whose fallback runs the whole tail on the device (from a waiter
+        thread): queued as a job of the app, which the worker runs at the app's share and charges
+        like a frame (:meth:`_serve_job`); an app that left, or a closed engine, runs it here, so
+        the frame is still answered."""
+        def job() -> float:
+            start = time.perf_counter()
+            try:
+                out = run()
+            except BaseException as e:  # one failing app never stops the others
+                self._split_failed(app, frame, level, e)
+                return 1e3 * (time.perf_counter() - start)
+            ms = 1e3 * (time.perf_counter() - start)
+            self._split_answer(app, frame, out, level, device_ms + ms)
+            return ms
+
+        with self._cond:
+            queued = not self._closed and self._apps.get(app.name) is app
+            if queued:
+                app.jobs.append(job)
+                self._cond.notify()
+        if not queued:
+            job()
+
+    def _serve_job(self, app: App, job: Callable[[], float]) -> None:
+        """On the worker: a job the app owes the device (:meth:`_split_fallback`), its time charged
+        to the app's virtual finish time and the CPU quota as a frame's is."""
+        level = app.level
+        ms = job()
+        self._after_frame(app, level, None, ms, None, time.perf_counter())
+
+    @staticmethod
+    def _run_owed(app: App) -> None:
+        """Run the jobs ``app`` still owes now, on this thread: it left, or the engine closed (the
+        frames are answered all the same)."""
+        while app.jobs:
+            app.jobs.popleft()()
 
     def _split_failed(self, app: App, frame: Frame, level: int, e: BaseException) -> None:
         with self._cond:

@@ -33,12 +33,12 @@ frame, and the scheduler's decisions are applied live, between frames:
 **Split apps** (issue 41): an app added with ``tail=`` (a ``nestflex serve`` address, or a tail
 client) runs its frames through the same queue with the
 :class:`~nestflex.deploy.split.offload.Offloader`: head, send and local continuation on the worker at
-the app's share, the wait for the server and the fallback on waiter threads of the app's own
-(:mod:`._engine_split`), so a failing server or link never stalls the other apps, and every frame is
-answered. With ``scheduler="joint_total"`` (or ``"joint_max"``, or a
-:class:`~nestflex.deploy.scheduler.joint.JointScheduler`) the engine plans level x exit operating
-point x split x bitwidth for all apps at once over the shared device, memory, link and server
-(:mod:`._engine_joint`); other schedulers run split apps on the device.
+the app's share, the wait for the server and the fallback on waiter threads of the app's own (a
+fallback that runs the whole tail goes back to the worker, charged to the app; :mod:`._engine_split`),
+so a failing server or link never stalls the other apps, and every frame is answered. With a joint
+scheduler (``"joint_total"``, ``"joint_max"``, a :class:`~nestflex.deploy.scheduler.joint.JointScheduler`)
+the engine plans level x exit operating point x split x bitwidth for all apps at once over the shared
+device, memory, link and server (:mod:`._engine_joint`); other schedulers run split apps on the device.
 
 Re-planning happens on events: an app joins or leaves, a budget changes, or the profiler's
 slowdown factor drifts by more than ``replan_drift`` from the value the last plan used (another
@@ -529,7 +529,7 @@ class Engine(SplitServing):
         while True:
             with self._cond:
                 while not self._closed and not self._controls and not any(
-                        a.queue for a in self._apps.values()):
+                        a.queue or a.jobs for a in self._apps.values()):
                     self._cond.wait()
                 if self._closed:
                     break
@@ -553,6 +553,8 @@ class Engine(SplitServing):
             for fn, fut in self._controls:
                 fut.set_exception(EngineError("the engine closed before this call ran"))
             self._controls.clear()
+        for a in self._apps.values():  # fallbacks owed to frames already accepted: answered
+            self._run_owed(a)
 
     def _drop(self, app: App, frame: Frame, reason: str) -> None:
         app.counts["dropped"] += 1
@@ -560,29 +562,32 @@ class Engine(SplitServing):
         frame.future.set_result(FrameResult(app.name, frame.seq, frame.tag, None, None, None, None, latency, 0.0,
                                             True, reason))
 
-    def _pick(self) -> tuple[App, Frame] | None:
-        """Start-time fair queueing over the backlogged apps; stale and superseded frames dropped.
-        Called with the lock held."""
+    def _pick(self) -> tuple[App, Frame | Callable[[], float]] | None:
+        """Start-time fair queueing over the backlogged apps (a frame, or a job a split app owes);
+        stale and superseded frames dropped. Called with the lock held."""
         now = time.perf_counter()
         best, best_tag = None, math.inf
         for app in self._apps.values():
             q = app.queue
-            if not q:
-                continue
-            while len(q) > 1:  # a camera wants the newest frame
-                self._drop(app, q.popleft(), "superseded")
-            if 1e3 * (now - q[0].arrival) > self.max_delay_periods * app.period_ms:
-                self._drop(app, q.popleft(), "late")
-                continue
+            if not app.jobs:  # a split app's owed fallback (_engine_split) runs first and is never dropped
+                if not q:
+                    continue
+                while len(q) > 1:  # a camera wants the newest frame
+                    self._drop(app, q.popleft(), "superseded")
+                if 1e3 * (now - q[0].arrival) > self.max_delay_periods * app.period_ms:
+                    self._drop(app, q.popleft(), "late")
+                    continue
             tag = max(self._vclock, app.finish)
             if tag < best_tag:
                 best, best_tag = app, tag
         if best is None:
             return None
         self._vclock = best_tag
-        return best, best.queue.popleft()
+        return best, (best.jobs or best.queue).popleft()
 
-    def _serve(self, app: App, frame: Frame) -> None:
+    def _serve(self, app: App, frame: Frame | Callable[[], float]) -> None:
+        if not isinstance(frame, Frame):
+            return self._serve_job(app, frame)
         s = app.split
         if s is not None and s.config is not None and s.inflight < s.depth:
             return self._serve_split(app, frame)
@@ -686,6 +691,7 @@ class Engine(SplitServing):
             app = self._apps.pop(name)
             while app.queue:
                 self._drop(app, app.queue.popleft(), "closed")
+        self._run_owed(app)
         self.profiler.forget(name)
         app.runtime = app.progressive = None  # release the resident weights
         if app.split is not None:

@@ -294,8 +294,21 @@ class Offloader:
                     return self._answer(f, rt.combine(head, _local_tail(local, passed=True)), "local"), None
         return None, local
 
-    def _finish_remote(self, f: _InFlight, local: Any) -> SplitAnswer:
-        """Wait for the server's answer (up to the deadline) or fall back to ``local``."""
+    def _finish_remote(self, f: _InFlight, local: Any, *, device_fallback: bool = True) -> SplitAnswer:
+        """Wait for the server's answer (up to the deadline) or fall back to ``local``.
+
+        Args:
+            f: the frame :meth:`_start` sent.
+            local: the local continuation's exit from :meth:`_finish_here`, or ``None``.
+            device_fallback: when the fallback has to run the whole tail on the device (no exit
+                ran here: :meth:`_tail_on_device`), run it on this thread. If false, raise the
+                server's :class:`SplitError` instead (its failure recorded), so that a caller
+                waiting off its device thread (the engine's waiters) runs :meth:`_fallback` as
+                device work where the rest of it runs.
+
+        Raises:
+            SplitError: the server failed, ``device_fallback`` is false and only the tail answers.
+        """
         rt, head, cfg = f.rt, f.head, f.config
         remaining = cfg.deadline_ms / 1000 - (time.perf_counter() - f.start)
         try:
@@ -303,6 +316,8 @@ class Offloader:
         except SplitError as e:
             if self.profiler is not None:
                 self.profiler.record_failure(e.code)
+            if not device_fallback and self._tail_on_device(f, local):
+                raise
             return self._fallback(f, local, e)
         if self.profiler is not None:
             predicted = None
@@ -316,9 +331,17 @@ class Offloader:
                                           reply.queue_ms, predicted_server_ms=predicted)
         return self._answer(f, rt.combine(head, reply.result), "server", reply=reply)
 
+    @staticmethod
+    def _tail_on_device(f: _InFlight, local: Any) -> bool:
+        """Whether a fallback for ``f`` runs the whole tail on the device: no exit ran here (a
+        server-only split, with no local continuation), so nothing else can answer the frame."""
+        return local is None and f.head.best_logits is None
+
     def _fallback(self, f: _InFlight, local: Any, error: SplitError) -> SplitAnswer:
+        """The frame's answer without the server: the best local exit, or the tail run here when
+        no exit ran on the device (invariant 8: every frame is answered)."""
         rt, head = f.rt, f.head
-        if local is None and head.best_logits is None:
+        if self._tail_on_device(f, local):
             # no exit ran on this device (server-only split): the tail runs here, so the frame is answered
             tail, ms = self._device(rt.tail, head.crossing, f.config.thresholds)
             f.device_ms += ms

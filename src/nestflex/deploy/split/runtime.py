@@ -93,6 +93,7 @@ class _Segment:
     exit: int | None  # global exit index; the final exit is num_exits - 1
     run: Callable[..., State]  # fn(*inputs) -> outputs (the logits alone for the last segment)
     input_shapes: list[tuple[int, ...]]  # per-sample shapes of the inputs
+    bytes: int = 0  # what its session holds: its graph file's size
 
 
 def _open(bundle: Bundle, path: Path, threads: int, providers: Sequence[str] | None) -> Any:
@@ -142,7 +143,7 @@ def _segments(bundle: Bundle, cuts: Sequence[str], tap_exit: Mapping[str, int], 
         session = _open(bundle, path, threads, providers)
         shapes = [tuple(int(d) for d in i.shape[1:]) for i in session.get_inputs()]
         exit_ = num_exits - 1 if cut is None else tap_exit.get(cut)
-        out.append(_Segment(ins, outs, exit_, _stage_fn(session), shapes))
+        out.append(_Segment(ins, outs, exit_, _stage_fn(session), shapes, path.stat().st_size))
     return out
 
 
@@ -237,6 +238,9 @@ class SplitRuntime:
         fallback: the exit set's shipped fallback (what answers a sample no early exit takes).
         crossing_names: the values that cross the cut.
         crossing_shapes: their per-sample shapes.
+        own_bytes: what its sessions hold (the segments and the exit heads, both sides of the
+            split), counted as the engine counts a level's or an exit set's sessions: each
+            session's graph file size, weights included.
 
     Raises:
         BundleError: unknown split or exit set, an exit set with its own backbone, or bad
@@ -288,6 +292,7 @@ class SplitRuntime:
         self.device_exits = sum(s.exit is not None for s in self._device)
         self.next_exit = self._server[0].exit if self._server[0].exit != self.num_exits - 1 else None
         self.crossing_names = list(self._server[0].inputs)
+        self.own_bytes = sum(p.stat().st_size for p in head_files) + sum(s.bytes for s in segments)
         self.crossing_shapes = list(self._server[0].input_shapes)
 
     # -- plumbing ------------------------------------------------------------------------------
