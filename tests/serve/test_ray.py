@@ -306,7 +306,7 @@ def test_autoscaling_on_ongoing_requests_and_a_killed_replica(tail, path, bundle
         client = RayTailClient(handle, bundle)
         rt = SplitRuntime(bundle, "features.relu7", "exits")
         frame = encode(list(rt.head(_x(1), [1.0, 1.0]).crossing), bits=None)
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 90  # a busy 2-core CI machine took over 30 s to start the second replica
         while replicas().get("RUNNING", 0) < 2 and time.monotonic() < deadline:
             calls = [client.submit(frame, split=rt.split, exit_set="exits", n=1, num_exits=3, deadline_s=30)
                      for _ in range(6)]
