@@ -14,12 +14,13 @@ Per model:
   blocked kernels, a MobileNet-V2 at 0.68 of every width ran 2.2x slower than the full model on
   the machine this was written on, and 0.52x at multiples of 8) and
   *latency-driven* (:func:`nestflex.pruning.cost_allocation` on a latency table measured here at
-  batch 1, 1 thread: steps by time saved, measured fast widths; levels at shares of the table's
-  time, the table's unmeasured floor included; ``--snap up``: a group takes a fast width only once
-  the schedule reaches it, FilterPruning's ``snap``; ``--pick measured``: each level is the
-  footprint whose whole-model time, measured here, is nearest its share, among the ``--candidates``
-  nearest in the table's cost). Reported: each level's time share against its MACs share
-  (MACs-driven) and against its target share (latency-driven);
+  batch 1, 1 thread: steps by time saved, measured fast widths; ``--snap up``: a group takes a
+  fast width only once the schedule reaches it, FilterPruning's ``snap``). Its levels: by default
+  (``--pick measured``) the footprint whose whole-model time, measured here, is nearest each
+  share, searched along the roadmap from the table's nearest (:func:`pick_measured`);
+  ``--pick table``: the footprint nearest each share of the table's time (its unmeasured floor
+  included). Reported: each level's time share against its MACs share (MACs-driven) and against
+  its target share (latency-driven);
 * **early exits** at ``--exits`` (25/50/75%) of the depth (the model's cut points): the time of
   the layers up to the exit plus a pooled linear exit head against the full model's, as a saving
   next to the MACs saving;
@@ -248,26 +249,59 @@ def pick(steps: list[dict[str, Any]], shares: tuple[float, ...]) -> list[dict[st
 
 
 def pick_measured(model: nn.Module, shape: tuple[int, ...], steps: list[dict[str, Any]], shares: tuple[float, ...],
-                  candidates: int, repeats: int) -> list[dict[str, Any]]:
-    """The footprint whose *measured* time share is nearest each share, among the ``candidates``
-    footprints nearest each share in the table's cost (the start itself for 1.0): the table narrows
-    the choice, the whole model timed in context decides (a layer timed alone pays layout
-    conversions a layer inside the model does not, so the table overprices small widths; the
-    capacity module spaces levels in such measured times: ``choose_levels(costs=...)``). Each pick
-    records ``pick_time_share``, the share this selection timed (the rows' times are timed again)."""
-    start = steps[0]["cost"]
-    near = sorted({i for share in shares if share < 1
-                   for i in sorted(range(1, len(steps)), key=lambda j: abs(steps[j]["cost"] / start - share))[:candidates]})
-    ms = time_models({"full": model} | {f"c{i}": at_widths(model, shape, steps[i]["widths"]) for i in near},
-                     shape, [(1, 1)], repeats)
-    measured = {i: ms[f"c{i}"]["b1t1"] / ms["full"]["b1t1"] for i in near}
+                  repeats: int) -> list[dict[str, Any]]:
+    """The footprint whose *measured* time share is nearest each share (the start itself for 1.0):
+    the table's nearest footprint first, then a search along the roadmap in the direction of the
+    miss (footprints get faster step by step): doubling strides until the share is bracketed, then
+    bisection, each footprint timed as a whole model against the full one (:func:`time_models`).
+    The table prices a layer timed alone, with layout conversions a layer inside the model does not
+    pay, so it overprices small widths (time over the table's cost 0.70-0.73 at ResNet-18's and
+    EfficientNet-B0's 25% levels); the capacity module spaces levels in such measured times
+    (``choose_levels(costs=...)``). Each pick records ``pick_time_share``, the share this search
+    timed (the rows' times are timed again, with every variant in alternation), and ``pick_timed``,
+    how many footprints it timed."""
+    start, last = steps[0]["cost"], len(steps) - 1
+    measured: dict[int, float] = {0: 1.0}
+
+    def share_of(i: int) -> float:
+        if i not in measured:
+            ms = time_models({"full": model, "c": at_widths(model, shape, steps[i]["widths"])}, shape, [(1, 1)], repeats)
+            measured[i] = ms["c"]["b1t1"] / ms["full"]["b1t1"]
+        return measured[i]
+
     out = []
     for share in shares:
-        if share >= 1 or not near:
-            out.append(steps[0] | {"target": share, "pick_time_share": 1.0})
+        if share >= 1 or last == 0:
+            out.append(steps[0] | {"target": share, "pick_time_share": 1.0, "pick_timed": 0})
             continue
-        i = min(near, key=lambda j: abs(measured[j] - share))
-        out.append(steps[i] | {"target": share, "pick_time_share": round(measured[i], 4)})
+        before = len(measured)
+        i = min(range(1, last + 1), key=lambda j: abs(steps[j]["cost"] / start - share))
+        # bracket [hi, lo] in step index: share_of(hi) >= share >= share_of(lo), widening by doubling
+        if share_of(i) > share:
+            hi, stride, lo = i, 1, None
+            while lo is None:
+                j = min(hi + stride, last)
+                if share_of(j) <= share or j == last:
+                    lo = j
+                else:
+                    hi, stride = j, stride * 2
+        else:
+            lo, stride, hi = i, 1, None
+            while hi is None:  # never the start itself: a level below 1.0 is a pruned footprint
+                j = max(lo - stride, 1)
+                if share_of(j) >= share or j == 1:
+                    hi = j
+                else:
+                    lo, stride = j, stride * 2
+        while lo - hi > 1:
+            mid = (hi + lo) // 2
+            if share_of(mid) > share:
+                hi = mid
+            else:
+                lo = mid
+        best = min((hi, lo), key=lambda j: abs(share_of(j) - share))
+        out.append(steps[best] | {"target": share, "pick_time_share": round(measured[best], 4),
+                                  "pick_timed": len(measured) - before})
     return out
 
 
@@ -301,7 +335,7 @@ def measure_model(name: str, model: nn.Module, shape: tuple[int, ...], args: arg
         steps = roadmap(model, shape, cost, min(args.levels) * 0.9, args.step, latency=kind == "latency",
                         round_to=args.macs_round_to if kind.startswith("macs_round") else 1,
                         snap=args.snap if kind == "latency" else "nearest")
-        chosen = pick_measured(model, shape, steps, tuple(args.levels), args.candidates, args.repeats) \
+        chosen = pick_measured(model, shape, steps, tuple(args.levels), args.repeats) \
             if kind == "latency" and args.pick == "measured" else pick(steps, tuple(args.levels))
         picked[kind] = [fp | {"start": steps[0]["cost"]} for fp in chosen]
     variants = {"full": model}
@@ -331,7 +365,7 @@ def measure_model(name: str, model: nn.Module, shape: tuple[int, ...], args: arg
                          # footprint came in the schedule's own cost, and how well that cost predicted time
                          "cost_over_target": round(fp["cost"] / fp["start"] / fp["target"], 3),
                          "time_over_cost": {k: round(v * fp["start"] / fp["cost"], 3) for k, v in share.items()}}
-                        | ({"pick_time_share": fp["pick_time_share"]} if "pick_time_share" in fp else {}))
+                        | {k: fp[k] for k in ("pick_time_share", "pick_timed") if k in fp})
             log(f"{name} {kind} level {fp['target']:.2f}: MACs share {macs_share:.3f}, time share {share}")
         result["levels"][kind] = rows
     for e in exits:
@@ -459,10 +493,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=15, help="timed samples per measurement (median)")
     p.add_argument("--table-repeats", type=int, default=7, help="timed samples per point of each latency table (median)")
     p.add_argument("--step", type=float, default=0.05, help="share of each group pruned per roadmap step")
-    p.add_argument("--pick", choices=("measured", "table"), default="table",
-                   help="latency-driven levels: the footprint nearest each share in the table's cost (table), or "
-                        "in the whole model's time measured here among --candidates table-nearest ones (measured)")
-    p.add_argument("--candidates", type=int, default=3, help="footprints timed per level with --pick measured")
+    p.add_argument("--pick", choices=("measured", "table"), default="measured",
+                   help="latency-driven levels: the footprint nearest each share in the whole model's time measured "
+                        "here, searched along the roadmap from the table's nearest (measured), or in the table's "
+                        "cost alone (table)")
     p.add_argument("--snap", choices=("nearest", "up"), default="nearest",
                    help="how the latency schedule's targets become measured fast widths (plan_step's snap)")
     p.add_argument("--macs-round-to", type=int, default=8,

@@ -74,30 +74,48 @@ def test_time_vs_macs_keys_fp32_as_before_and_int8_beside_and_judges_goals_in_fp
         bench.main(["--quick", "--precisions", "int8", "--out", str(tmp_path / "x")])
 
 
-def test_time_vs_macs_picks_latency_levels_by_measured_time_among_the_table_nearest(tmp_path):
+def test_time_vs_macs_picks_latency_levels_by_measured_time(tmp_path):
     bench = load_script("benchmarks/synthesis/time_vs_macs.py")
     out = tmp_path / "out"
-    assert bench.main(["--quick", "--size", "32", "--precisions", "fp32", "--pick", "measured", "--candidates", "2",
-                       "--snap", "up", "--out", str(out)]) == 0
+    assert bench.main(["--quick", "--size", "32", "--precisions", "fp32", "--pick", "measured", "--snap", "up",
+                       "--out", str(out)]) == 0
     summary = json.loads((out / "summary.json").read_text())
     (res,) = summary["results"]
     assert summary["settings"]["pick"] == "measured" and summary["settings"]["snap"] == "up"
     level, full = res["levels"]["latency"]
-    # the pick's own timing is recorded beside the rows' second timing; the full model is the start
-    assert 0 < level["pick_time_share"] < 1.5 and full["pick_time_share"] == 1.0 and full["cost_share"] == 1.0
+    # the search's own timing is recorded beside the rows' second timing; the full model is the start
+    assert 0 < level["pick_time_share"] < 1.5 and level["pick_timed"] >= 1
+    assert full["pick_time_share"] == 1.0 and full["cost_share"] == 1.0
     assert all("pick_time_share" not in r for r in res["levels"]["macs"])  # MACs levels stay spaced in MACs
 
 
-def test_pick_measured_takes_the_candidate_whose_measured_share_is_nearest(monkeypatch):
+def _fake_roadmap(monkeypatch, bench, shares):
+    """A roadmap of ``len(shares)`` footprints whose table cost falls 10% a step and whose
+    measured time share is ``shares`` (the timings counted)."""
+    steps = [{"cost": 10.0 - i, "widths": {"i": i}, "macs": 100 - 10 * i} for i in range(len(shares))]
+    timed = []
+
+    def time_models(models, *a, **k):
+        i = models["c"]["i"]
+        timed.append(i)
+        return {"full": {"b1t1": 10.0}, "c": {"b1t1": 10.0 * shares[i]}}
+
+    monkeypatch.setattr(bench, "at_widths", lambda model, shape, widths: widths)
+    monkeypatch.setattr(bench, "time_models", time_models)
+    return steps, timed
+
+
+def test_pick_measured_searches_along_the_roadmap_in_the_direction_of_the_miss(monkeypatch):
     bench = load_script("benchmarks/synthesis/time_vs_macs.py")
-    steps = [{"cost": 10.0, "widths": {}, "macs": 100}, {"cost": 8.0, "widths": {}, "macs": 80},
-             {"cost": 5.0, "widths": {}, "macs": 50}, {"cost": 4.0, "widths": {}, "macs": 40},
-             {"cost": 2.0, "widths": {}, "macs": 20}]
-    # measured shares: the table overprices the small footprints (step 3 runs at 0.25 of the full model)
-    times = {"full": 10.0, "c1": 8.0, "c2": 3.5, "c3": 2.5, "c4": 1.0}
-    monkeypatch.setattr(bench, "at_widths", lambda model, shape, widths: None)
-    monkeypatch.setattr(bench, "time_models", lambda models, *a, **k: {n: {"b1t1": times[n]} for n in models})
-    picks = bench.pick_measured(None, (3, 8, 8), steps, (0.25, 0.5, 1.0), candidates=2, repeats=1)
-    # 0.25: table-nearest are steps 4 (0.2) and 3 (0.4); measured 0.10 and 0.25: step 3
-    assert [p["cost"] for p in picks] == [4.0, 5.0, 10.0]
-    assert [p["pick_time_share"] for p in picks] == [0.25, 0.35, 1.0]
+    # the table overprices small footprints: the one it puts at 0.5 (step 5) runs at 0.32, the one
+    # at 0.2 (step 8) at 0.1; the search walks back up the roadmap to the footprint measured nearest
+    shares = [1.0, 0.93, 0.85, 0.74, 0.62, 0.32, 0.27, 0.2, 0.1, 0.06]
+    steps, timed = _fake_roadmap(monkeypatch, bench, shares)
+    picks = bench.pick_measured(None, (3, 8, 8), steps, (0.25, 0.5, 0.75, 1.0), repeats=1)
+    assert [p["cost"] for p in picks] == [4.0, 6.0, 7.0, 10.0]  # steps 6, 4, 3 and the start
+    assert [p["pick_time_share"] for p in picks] == [0.27, 0.62, 0.74, 1.0]
+    assert len(timed) == len(set(timed)) and len(timed) < len(shares)  # each timed once, not all of them
+    # a share beyond the roadmap's end takes its last footprint; one above its first pruned
+    # footprint takes that one, never the unpruned start (noise can time a footprint above 1.0)
+    assert bench.pick_measured(None, (3, 8, 8), steps, (0.01, 1.0), repeats=1)[0]["cost"] == 1.0
+    assert bench.pick_measured(None, (3, 8, 8), steps, (0.99, 1.0), repeats=1)[0]["cost"] == 9.0
