@@ -33,8 +33,7 @@ def _blocks(w: int) -> int:
     return -(-int(w) // 16)
 
 
-@pytest.fixture(scope="module")
-def stepped(table):
+def stepped_table(table: LatencyTable) -> LatencyTable:
     """``table``'s layers and sweep points with times that step every 16 channels, as this CPU's
     3x3 convs do, minus the timer's noise: a plan judged on it cannot turn on a noisy sample."""
     entries = {}
@@ -42,6 +41,11 @@ def stepped(table):
         entries[key] = {**e, "fine_ms": [0.01 * _blocks(w) for w in e["fine"]],
                         "grid_ms": [[0.01 * _blocks(i) * _blocks(o) for o in e["grid_out"]] for i in e["grid_in"]]}
     return LatencyTable(entries, table.threads, table.batch, table.backend, table.meta)
+
+
+@pytest.fixture(scope="module")
+def stepped(table):
+    return stepped_table(table)
 
 
 def test_macs_cost_is_the_graphs_macs_at_any_widths():

@@ -146,8 +146,8 @@ class FilterPruning(Callback):
         snap: which of the widths a group may take (a multiple of ``round_to``, or a width the
             ``cost`` model says is faster) its unrounded target becomes: ``nearest`` (default; every
             committed result was made with it) or ``up``, the smallest at or above the target,
-            so a group drops to a faster width only once the schedule has reached it and a retried
-            step with half the step size is smaller, not the same jump (docs/pruning.md#cost).
+            so a group drops to a faster width only once the schedule has reached it
+            (docs/pruning.md#cost-macs-or-measured-latency).
         eval_batches: validation batches per evaluation (``None``: all).
         dirpath: where ``roadmap.json``, ``sensitivity.json``, ``seed.ckpt`` and the footprint
             checkpoints go (default ``<default_root_dir>/pruning``).

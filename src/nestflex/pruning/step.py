@@ -72,8 +72,9 @@ def plan_step(
             smaller. ``up``: the smallest one at or above the target, so a group drops to a width
             only once the unrounded schedule has reached it: where the allowed widths are far
             apart (a CPU that runs 3x3 convs in blocks of 16 or 32 channels: 64 -> 32 -> 16) a
-            step never removes channels the schedule has not yet removed, and a retried step
-            with half the step size is a smaller step, not the same jump rounded alike.
+            step never removes channels the schedule has not yet removed. (A retried step starts
+            from the targets the seed footprint recorded: where those already passed a width, half
+            the step still takes it.)
 
     Returns:
         The indices of the channels to keep (ascending, current indexing), by group id, for the
