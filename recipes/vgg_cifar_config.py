@@ -74,6 +74,11 @@ class PruneConfig:
     snap: str = option("nearest", "how a group's schedule becomes a width it may take (--prune-round-to's "
                        "multiples, --prune-cost latency's fast widths): nearest, or up (only once the schedule "
                        "reaches it; docs/pruning.md#cost)", choices=("nearest", "up"))
+    step_cap: float | None = option(None, "with --prune-cost latency: a step cuts at most this multiple of its "
+                                    "share of the cost; groups past it wait for the next step (none: no cap; "
+                                    "docs/pruning.md#cost)",
+                                    check=Check(lambda v: v >= 1, "is a multiple of the step's share, >= 1",
+                                                "2 lets a step cut at most twice its share"))
     finetune_epochs: int = option(2, "epochs of fine-tuning for the seed once the roadmap ends (0: none)",
                                   check=at_least(0))
     lr: float = option(0.02, "peak learning rate of each retraining")
@@ -180,6 +185,10 @@ def check_budget(p: PruneConfig) -> None:
     if p.target is not None and p.target_cost is not None:
         raise ConfigError(f"--prune-target and --prune-target-cost are two budgets, got {p.target!r} and "
                           f"{p.target_cost!r}. HINT: pass one: MACs (--prune-target) or time (--prune-target-cost)")
+    if p.step_cap is not None and p.cost != "latency":
+        raise ConfigError(f"--prune-step-cap {p.step_cap!r} caps a step in the latency table's time, got --prune-cost "
+                          f"{p.cost}. HINT: add --prune-cost latency, or leave --prune-step-cap out (MACs fall channel "
+                          f"by channel and need no cap)")
     if p.target_cost is not None and p.cost != "latency":
         raise ConfigError(f"--prune-target-cost {p.target_cost!r} is a share of the time the latency table "
                           f"predicts, got --prune-cost {p.cost}. HINT: add --prune-cost latency (and --latency-table "

@@ -15,7 +15,10 @@ Per model:
   the machine this was written on, and 0.52x at multiples of 8) and
   *latency-driven* (:func:`nestflex.pruning.cost_allocation` on a latency table measured here at
   batch 1, 1 thread: steps by time saved, measured fast widths; ``--snap up``: a group takes a
-  fast width only once the schedule reaches it, FilterPruning's ``snap``). Its levels: by default
+  fast width only once the schedule reaches it, FilterPruning's ``snap``; ``--step-cap``, 2 by
+  default: a step cuts at most twice its share of the table's cost, so same-width groups that reach
+  their next fast width together, ResNet-50's bottlenecks, go over several steps and the roadmap has
+  footprints between; FilterPruning's ``step_cap``). Its levels: by default
   (``--pick measured``) the footprint whose whole-model time, measured here, is nearest each
   share, searched along the roadmap from the table's nearest (:func:`pick_measured`);
   ``--pick table``: the footprint nearest each share of the table's time (its unmeasured floor
@@ -210,10 +213,12 @@ def at_widths(model: nn.Module, shape: tuple[int, ...], widths: dict[int, int]) 
 
 
 def roadmap(model: nn.Module, shape: tuple[int, ...], cost: Any, floor: float, step: float,
-            latency: bool, round_to: int = 1, snap: str = "nearest") -> list[dict[str, Any]]:
+            latency: bool, round_to: int = 1, snap: str = "nearest", step_cap: float | None = None
+            ) -> list[dict[str, Any]]:
     """Footprints of L1 pruning in small steps until the cost is at most ``floor`` of the start:
     each ``{"widths", "cost", "macs"}``. Latency-driven: the allocation and widths of
-    :func:`cost_allocation`; MACs-driven: every group the same share."""
+    :func:`cost_allocation`; MACs-driven: every group the same share. ``step_cap``: a step cuts at
+    most this multiple of its share of the cost (plan_step's ``max_cut``, FilterPruning's ``step_cap``)."""
     net = copy.deepcopy(model)
     graph = trace(net, shape)
     groups = [g.id for g in graph.prunable_groups]
@@ -227,8 +232,10 @@ def roadmap(model: nn.Module, shape: tuple[int, ...], cost: Any, floor: float, s
     scale = 1.0  # doubled while every group waits for its next allowed width, so a roadmap never crawls
     while steps[-1]["cost"] > floor * start and step * scale < 1.0:
         scores = l1(net, graph, [graph.group(g) for g in groups], None)
+        capped = step_cap is not None
         plan = plan_step(graph, scores, weights, step * scale, round_to=round_to, targets=targets, allowed=allowed,
-                         snap=snap)
+                         snap=snap, price=(lambda w, graph=graph: cost(graph, w)) if capped else None,
+                         max_cut=step_cap * step * scale * steps[-1]["cost"] if capped else None)
         for g in groups:
             targets[g] = shrink(targets[g], weights[g], step * scale)
         if not plan:
@@ -334,7 +341,8 @@ def measure_model(name: str, model: nn.Module, shape: tuple[int, ...], args: arg
     for kind, cost in costs.items():
         steps = roadmap(model, shape, cost, min(args.levels) * 0.9, args.step, latency=kind == "latency",
                         round_to=args.macs_round_to if kind.startswith("macs_round") else 1,
-                        snap=args.snap if kind == "latency" else "nearest")
+                        snap=args.snap if kind == "latency" else "nearest",
+                        step_cap=args.step_cap if kind == "latency" and args.step_cap > 0 else None)
         chosen = pick_measured(model, shape, steps, tuple(args.levels), args.repeats) \
             if kind == "latency" and args.pick == "measured" else pick(steps, tuple(args.levels))
         picked[kind] = [fp | {"start": steps[0]["cost"]} for fp in chosen]
@@ -499,6 +507,9 @@ def main(argv: list[str] | None = None) -> int:
                         "cost alone (table)")
     p.add_argument("--snap", choices=("nearest", "up"), default="nearest",
                    help="how the latency schedule's targets become measured fast widths (plan_step's snap)")
+    p.add_argument("--step-cap", type=float, default=2.0,
+                   help="latency schedule: a step cuts at most this multiple of its share of the cost, groups past it "
+                        "wait (FilterPruning's step_cap; 0: no cap)")
     p.add_argument("--macs-round-to", type=int, default=8,
                    help="also a MACs schedule with widths at multiples of this (1: none); the goals judge the plain one")
     p.add_argument("--quick", action="store_true",

@@ -204,9 +204,9 @@ def test_round_to_keeps_every_footprint_at_multiples(tmp_path, pretrained):
     assert trace(module.model).macs() == road.seed.macs
 
 
-def test_a_rounded_retry_starts_from_the_seeds_targets(tmp_path, pretrained, monkeypatch):
+def test_a_rounded_retry_starts_from_the_seeds_widths(tmp_path, pretrained, monkeypatch):
     """Scripted accuracies (start, broken step, kept retry): the retry's half step shrinks the
-    targets the seed recorded, not those the broken step had already moved."""
+    seed's widths, not the targets the broken step had already moved."""
     pl.seed_everything(0)
     module = _module(pretrained)
     cb = _prune(criterion="l1", max_drop=0.05, step=0.3, max_steps=1, backoff=1, recover_epochs=0,
@@ -217,6 +217,24 @@ def test_a_rounded_retry_starts_from_the_seeds_targets(tmp_path, pretrained, mon
     assert [f.step for f in road.footprints] == [0, 1] and len(road.rejected) == 1
     assert road.rejected[0].targets == {g: shrink(w, 1.0, 0.3, cb.min_channels) for g, w in road.groups.items()}
     assert road.seed.targets == {g: shrink(w, 1.0, 0.15, cb.min_channels) for g, w in road.groups.items()}
+
+
+def test_a_retry_after_kept_steps_restarts_the_schedule_from_the_seeds_widths(tmp_path, pretrained, monkeypatch):
+    """Scripted accuracies (start, kept step, broken step, kept retry), widths in multiples of 4: the
+    seed (step 1) recorded targets off its widths (8 channels at 0.3: target 6, rounded to 4). A
+    retry that shrank those targets took the same widths whatever its step size (the latency
+    roadmap's seed 1: three retries, one plan); it now shrinks the seed's widths."""
+    pl.seed_everything(0)
+    module = _module(pretrained)
+    cb = _prune(criterion="l1", max_drop=0.05, step=0.3, max_steps=2, backoff=1, recover_epochs=0,
+                finetune_epochs=0, round_to=4)
+    _script(cb, monkeypatch, [0.9, 0.9, 0.1, 0.9], then=0.9)
+    _trainer(tmp_path, [cb], epochs=5).fit(module, datamodule=_dm())
+    road = Roadmap.load(tmp_path / "pruning" / "roadmap.json")
+    assert [f.step for f in road.footprints] == [0, 1, 2] and len(road.rejected) == 1
+    seed = road.footprints[1]
+    assert any(seed.targets[g] != w for g, w in seed.widths.items())  # the case the fix is about
+    assert road.footprints[2].targets == {g: shrink(w, 1.0, 0.15, cb.min_channels) for g, w in seed.widths.items()}
 
 
 def _script(cb, monkeypatch, values, then):

@@ -44,7 +44,7 @@ from nestflex.pruning._optim import prune_with_optimizers
 from nestflex.pruning._rng import _rng_state, _set_rng_state
 from nestflex.pruning.budget import COST_DIGITS, Budget, make_budget
 from nestflex.pruning.cost import CostModel, cost_allocation, get_cost
-from nestflex.pruning.decision import PairedDecision, check_pairable, paired_decision
+from nestflex.pruning.decision import PairedDecision, check_pairable, describe_verdict, paired_decision
 from nestflex.pruning.evaluate import accuracy, trainer_eval_loader
 from nestflex.pruning.importance import Importance, get_importance
 from nestflex.pruning.roadmap import Footprint, Roadmap
@@ -148,6 +148,11 @@ class FilterPruning(Callback):
             committed result was made with it) or ``up``, the smallest at or above the target,
             so a group drops to a faster width only once the schedule has reached it
             (docs/pruning.md#cost-macs-or-measured-latency).
+        step_cap: with ``cost``, the most of the model's cost one step may cut, as a multiple of
+            ``step`` (2.0: a 5% step cuts at most 10% of the cost); groups past it wait for the
+            next step, the most overdue first (:func:`~nestflex.pruning.plan_step`'s ``max_cut``).
+            Where many groups share a width they reach their next fast width in the same step,
+            and the roadmap jumps past the levels between. ``None`` (default): no cap.
         eval_batches: validation batches per evaluation (``None``: all).
         dirpath: where ``roadmap.json``, ``sensitivity.json``, ``seed.ckpt`` and the footprint
             checkpoints go (default ``<default_root_dir>/pruning``).
@@ -211,6 +216,7 @@ class FilterPruning(Callback):
         min_channels: int = 1,
         round_to: int = 1,
         snap: str = "nearest",
+        step_cap: float | None = None,
         eval_batches: int | None = None,
         sensitivity_batches: int | None = 4,
         dirpath: str | os.PathLike | None = None,
@@ -272,6 +278,12 @@ class FilterPruning(Callback):
         if not isinstance(approximate, bool):
             raise PruningError(f"`approximate` must be True or False, got {approximate!r}. HINT: True also prunes "
                                f"LayerNorm-normalised streams (ViT, ConvNeXt), approximately")
+        if step_cap is not None and (cost is None or isinstance(step_cap, bool)
+                                     or not isinstance(step_cap, (int, float)) or not step_cap >= 1):
+            raise PruningError(f"`step_cap` must be None or a number >= 1 with a `cost` model, got step_cap="
+                               f"{step_cap!r}, cost={cost!r}. HINT: 2.0 lets a step cut at most twice its share of "
+                               f"the cost; without `cost` widths fall channel by channel and need no cap")
+        self.step_cap = None if step_cap is None else float(step_cap)
         self.approximate = approximate
         self.decision, self.confidence = decision, float(confidence)
         self.cost = get_cost(cost) if cost is not None else None
@@ -495,7 +507,7 @@ class FilterPruning(Callback):
             weights, allowed = cost_allocation(graph, {i: self._weights[n] for i, n in ids.items()}, self.cost,
                                                self.step, self.min_channels)
             self._weights = {ids[i]: w for i, w in weights.items()}
-            self.roadmap.cost = self.cost.describe() | {"snap": self.snap,
+            self.roadmap.cost = self.cost.describe() | {"snap": self.snap, "step_cap": self.step_cap,
                                                         "widths": {ids[i]: w for i, w in allowed.items()}}
         self.roadmap.allocation = {k: round(v, 4) for k, v in self._weights.items()}
         self._record(trainer, pl_module, graph, start, trainer.current_epoch)
@@ -519,8 +531,10 @@ class FilterPruning(Callback):
         allowed = {i: self.roadmap.cost["widths"].get(n) for i, n in names.items()} if self.roadmap.cost else None
 
         def plan_at(step: float) -> dict[int, torch.Tensor]:
+            capped = self.step_cap is not None and self.cost is not None
             return plan_step(graph, group_scores, weights, step, self.min_channels, self.round_to, targets, allowed,
-                             self.snap)
+                             self.snap, price=(lambda w: self.cost(graph, w)) if capped else None,
+                             max_cut=self.step_cap * step * self.cost(graph) if capped else None)
 
         step = self.step * self._scale
         if self.budget is not None:
@@ -570,7 +584,7 @@ class FilterPruning(Callback):
         decision = decide_step(acc, self.roadmap.goal, self._scale, self._retries, self.backoff,
                                self._recovered, self.recover_epochs, len(self.roadmap.rejected), self.retry_budget,
                                meets=None if paired is None else not paired.broken)
-        verdict = self._verdict(acc, paired)
+        verdict = describe_verdict(acc, self.roadmap.goal, paired)
         if decision.action == "recover":
             self._pending = True
             self._recovered += 1
@@ -595,6 +609,10 @@ class FilterPruning(Callback):
         self._retries, self._scale = decision.retries, decision.scale
         self._step_index = self.roadmap.seed.step
         self._rollback(trainer, pl_module)
+        # the retry's smaller step starts from the seed's widths, not from the targets it recorded:
+        # a target that already passed a width (waiting for it under `snap`) would take it again
+        # whatever the step size, and every retry would prune the same plan (latency_roadmap seed 1)
+        self._targets = {k: len(v) for k, v in self._kept.items()}
         self._save_roadmap(trainer)
         rank_zero_info(f"pruning: back to step {self._step_index}; retrying with step {self.step * self._scale:.4g}")
 
@@ -607,15 +625,6 @@ class FilterPruning(Callback):
                                "(a checkpoint from a run without it?). HINT: resume with the run's own `decision`")
         return paired_decision(self._start_hits, self._last_hits,
                                max(self.roadmap.start_accuracy - self.roadmap.goal, 0.0), self.confidence)
-
-    def _verdict(self, acc: float, paired: PairedDecision | None) -> str:
-        """The log line's account of a verdict: the figures the rule compared."""
-        if paired is None:
-            return f"accuracy {acc:.4f} {'>=' if acc >= self.roadmap.goal else '<'} goal {self.roadmap.goal:.4f}"
-        return (f"accuracy {acc:.4f} (goal {self.roadmap.goal:.4f}); paired difference to the start "
-                f"{100 * paired.estimate:+.2f} points, {100 * paired.confidence:g}% upper bound "
-                f"{100 * paired.bound:+.2f} {'<' if paired.broken else '>='} {-100 * paired.max_drop:+.2f} "
-                f"(se {100 * paired.se:.2f}, n {paired.n})")
 
     def _rollback(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """Restore the seed footprint into the module; optimizers get the restored parameters."""

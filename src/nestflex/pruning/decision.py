@@ -19,7 +19,7 @@ import torch
 
 from nestflex.errors import PruningError
 
-__all__ = ["PairedDecision", "check_pairable", "paired_decision"]
+__all__ = ["PairedDecision", "check_pairable", "describe_verdict", "paired_decision"]
 
 
 @dataclass(frozen=True)
@@ -50,6 +50,17 @@ class PairedDecision:
         for k in ("estimate", "bound", "se", "max_drop"):
             d[k] = round(d[k], 6)
         return d
+
+
+def describe_verdict(accuracy: float, goal: float, paired: PairedDecision | None) -> str:
+    """A log line's account of a step's verdict: the figures the rule compared (the threshold
+    rule's accuracy and goal; with ``paired``, the paired rule's difference and bound)."""
+    if paired is None:
+        return f"accuracy {accuracy:.4f} {'>=' if accuracy >= goal else '<'} goal {goal:.4f}"
+    return (f"accuracy {accuracy:.4f} (goal {goal:.4f}); paired difference to the start "
+            f"{100 * paired.estimate:+.2f} points, {100 * paired.confidence:g}% upper bound "
+            f"{100 * paired.bound:+.2f} {'<' if paired.broken else '>='} {-100 * paired.max_drop:+.2f} "
+            f"(se {100 * paired.se:.2f}, n {paired.n})")
 
 
 def _flags(x: Any, name: str) -> np.ndarray:
