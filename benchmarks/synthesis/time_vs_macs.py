@@ -265,21 +265,24 @@ def pick_measured(model: nn.Module, shape: tuple[int, ...], steps: list[dict[str
     pay, so it overprices small widths (time over the table's cost 0.70-0.73 at ResNet-18's and
     EfficientNet-B0's 25% levels); the capacity module spaces levels in such measured times
     (``choose_levels(costs=...)``). Each pick records ``pick_time_share``, the share this search
-    timed (the rows' times are timed again, with every variant in alternation), and ``pick_timed``,
-    how many footprints it timed."""
+    timed (the rows' times are timed again, with every variant in alternation), ``pick_timed``,
+    how many footprints it timed, and ``pick_full_ms``, the full model's time beside the picked
+    footprint's (against the final pass's, it shows a machine that changed speed in between)."""
     start, last = steps[0]["cost"], len(steps) - 1
     measured: dict[int, float] = {0: 1.0}
+    full_ms: dict[int, float | None] = {0: None}
 
     def share_of(i: int) -> float:
         if i not in measured:
             ms = time_models({"full": model, "c": at_widths(model, shape, steps[i]["widths"])}, shape, [(1, 1)], repeats)
             measured[i] = ms["c"]["b1t1"] / ms["full"]["b1t1"]
+            full_ms[i] = ms["full"]["b1t1"]
         return measured[i]
 
     out = []
     for share in shares:
         if share >= 1 or last == 0:
-            out.append(steps[0] | {"target": share, "pick_time_share": 1.0, "pick_timed": 0})
+            out.append(steps[0] | {"target": share, "pick_time_share": 1.0, "pick_timed": 0, "pick_full_ms": None})
             continue
         before = len(measured)
         i = min(range(1, last + 1), key=lambda j: abs(steps[j]["cost"] / start - share))
@@ -308,7 +311,7 @@ def pick_measured(model: nn.Module, shape: tuple[int, ...], steps: list[dict[str
                 lo = mid
         best = min((hi, lo), key=lambda j: abs(share_of(j) - share))
         out.append(steps[best] | {"target": share, "pick_time_share": round(measured[best], 4),
-                                  "pick_timed": len(measured) - before})
+                                  "pick_timed": len(measured) - before, "pick_full_ms": full_ms[best]})
     return out
 
 
@@ -373,7 +376,7 @@ def measure_model(name: str, model: nn.Module, shape: tuple[int, ...], args: arg
                          # footprint came in the schedule's own cost, and how well that cost predicted time
                          "cost_over_target": round(fp["cost"] / fp["start"] / fp["target"], 3),
                          "time_over_cost": {k: round(v * fp["start"] / fp["cost"], 3) for k, v in share.items()}}
-                        | {k: fp[k] for k in ("pick_time_share", "pick_timed") if k in fp})
+                        | {k: fp[k] for k in ("pick_time_share", "pick_timed", "pick_full_ms") if k in fp})
             log(f"{name} {kind} level {fp['target']:.2f}: MACs share {macs_share:.3f}, time share {share}")
         result["levels"][kind] = rows
     for e in exits:
@@ -458,6 +461,12 @@ def goals(results: list[dict[str, Any]], ref: dict[str, Any]) -> dict[str, Any]:
                                                           for r in results},
                                      "time_over_cost": {r["model"]: [x["time_over_cost"][key] for x in r["levels"]["latency"]]
                                                         for r in results},
+                                     # the full model's time in the final pass over its time beside each
+                                     # picked footprint in the search: far from 1, the machine changed speed
+                                     "full_final_over_pick": {
+                                         r["model"]: [round(r["full_ms"][key] / x["pick_full_ms"], 3)
+                                                      for x in r["levels"]["latency"] if x.get("pick_full_ms")]
+                                         for r in results},
                                      "met": sum(lat_ok.values()) >= need},
         "exit_time_saving": {"target": f"every exit's time saving >= {EXIT_RATIO}x its MACs saving (batch 1)",
                              "measured": {r["model"]: [x["saving_ratio"][key] for x in r["exits"]] for r in results},

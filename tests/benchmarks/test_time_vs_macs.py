@@ -125,6 +125,7 @@ def test_pick_measured_searches_along_the_roadmap_in_the_direction_of_the_miss(m
     picks = bench.pick_measured(None, (3, 8, 8), steps, (0.25, 0.5, 0.75, 1.0), repeats=1)
     assert [p["cost"] for p in picks] == [4.0, 6.0, 7.0, 10.0]  # steps 6, 4, 3 and the start
     assert [p["pick_time_share"] for p in picks] == [0.27, 0.62, 0.74, 1.0]
+    assert [p["pick_full_ms"] for p in picks] == [10.0, 10.0, 10.0, None]
     assert len(timed) == len(set(timed)) and len(timed) < len(shares)  # each timed once, not all of them
     # a share beyond the roadmap's end takes its last footprint; one above its first pruned
     # footprint takes that one, never the unpruned start (noise can time a footprint above 1.0)
