@@ -131,3 +131,22 @@ def test_pick_measured_searches_along_the_roadmap_in_the_direction_of_the_miss(m
     # footprint takes that one, never the unpruned start (noise can time a footprint above 1.0)
     assert bench.pick_measured(None, (3, 8, 8), steps, (0.01, 1.0), repeats=1)[0]["cost"] == 1.0
     assert bench.pick_measured(None, (3, 8, 8), steps, (0.99, 1.0), repeats=1)[0]["cost"] == 9.0
+
+
+def test_the_latency_roadmap_caps_each_step_at_the_base_steps_share():
+    """With fast widths in blocks of 16 a 5% step moves no group and the roadmap doubles the step
+    until one does; the cap stays at twice the base step's share of the cost (it grew with the
+    doubled step: EfficientNet-B0's first step-cap run jumped to 0.62 of the cost in one step)."""
+    from nestflex.graph import trace
+    from nestflex.models import create_model
+    from nestflex.pruning import LatencyCost, build_latency_table
+
+    bench = load_script("benchmarks/synthesis/time_vs_macs.py")
+    model = create_model("vgg11", width=0.125).eval()
+    cost = LatencyCost(stepped_table(build_latency_table(model, (3, 32, 32), repeats=1)))
+    steps = bench.roadmap(model, (3, 32, 32), cost, 0.3, 0.05, latency=True, step_cap=2.0)
+    assert len(steps) > 3 and steps[-1]["cost"] <= 0.3 * steps[0]["cost"]
+    for before, after in zip(steps, steps[1:]):
+        changed = [g for g, w in after["widths"].items() if w != before["widths"][g]]
+        assert before["cost"] - after["cost"] <= 0.1 * before["cost"] + 1e-9 or len(changed) == 1
+    assert trace(model, (3, 32, 32)).macs() == steps[0]["macs"]
