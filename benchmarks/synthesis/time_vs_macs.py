@@ -102,6 +102,10 @@ from nestflex.pruning.step import shrink  # noqa: E402
 MODELS = ("resnet18", "resnet50", "mobilenet_v2", "efficientnet_b0")
 LEVELS = (0.25, 0.5, 0.75, 1.0)
 EXITS = (0.25, 0.5, 0.75)
+#: no group of a roadmap goes below this: a depthwise conv cut to one channel traces as a plain conv
+#: (groups 1), so the pruned graph's groups and their ids differ from the full model's and its
+#: footprint's widths no longer apply to it (MobileNet-V2's capped latency roadmap got there)
+MIN_CHANNELS = 2
 #: the acceptance of issue 38 (batch 1): a MACs-driven level's time share at most this times its MACs share ...
 MACS_RATIO = 1.2
 #: ... a latency-driven level's time share within this of its target share, an exit's time saving at
@@ -224,7 +228,7 @@ def roadmap(model: nn.Module, shape: tuple[int, ...], cost: Any, floor: float, s
     groups = [g.id for g in graph.prunable_groups]
     weights, allowed = {g: 1.0 for g in groups}, None
     if latency:
-        weights, allowed = cost_allocation(graph, weights, cost, step)
+        weights, allowed = cost_allocation(graph, weights, cost, step, MIN_CHANNELS)
     targets = {g: graph.group(g).width for g in groups}
     l1 = get_importance("l1")
     start = cost(graph)
@@ -233,14 +237,14 @@ def roadmap(model: nn.Module, shape: tuple[int, ...], cost: Any, floor: float, s
     while steps[-1]["cost"] > floor * start and step * scale < 1.0:
         scores = l1(net, graph, [graph.group(g) for g in groups], None)
         capped = step_cap is not None
-        plan = plan_step(graph, scores, weights, step * scale, round_to=round_to, targets=targets, allowed=allowed,
+        plan = plan_step(graph, scores, weights, step * scale, MIN_CHANNELS, round_to, targets, allowed,
                          snap=snap, price=(lambda w, graph=graph: cost(graph, w)) if capped else None,
                          # the cap stays at the base step's share while `scale` grows: a step doubled
                          # until some group moves would otherwise cap nothing (EfficientNet-B0's first
                          # footprint of the first step-cap run: 0.62 of the cost in one step)
                          max_cut=step_cap * step * steps[-1]["cost"] if capped else None)
         for g in groups:
-            targets[g] = shrink(targets[g], weights[g], step * scale)
+            targets[g] = shrink(targets[g], weights[g], step * scale, MIN_CHANNELS)
         if not plan:
             scale *= 2
             continue

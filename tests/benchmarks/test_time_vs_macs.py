@@ -150,3 +150,23 @@ def test_the_latency_roadmap_caps_each_step_at_the_base_steps_share():
         changed = [g for g, w in after["widths"].items() if w != before["widths"][g]]
         assert before["cost"] - after["cost"] <= 0.1 * before["cost"] + 1e-9 or len(changed) == 1
     assert trace(model, (3, 32, 32)).macs() == steps[0]["macs"]
+
+
+def test_every_roadmap_footprint_applies_to_the_full_model_down_to_small_widths():
+    """A depthwise conv cut to one channel traces as a plain conv, its groups (and their ids) then
+    differ from the full model's, and the footprint's widths cannot be applied to it (the capped
+    MobileNet-V2 roadmap stopped there: a locked group asked to shrink). Groups stop at MIN_CHANNELS."""
+    import torchvision
+
+    from nestflex.graph import trace
+    from nestflex.pruning import MacsCost
+
+    bench = load_script("benchmarks/synthesis/time_vs_macs.py")
+    model = torchvision.models.mobilenet_v2(weights=None, width_mult=0.25, num_classes=10).eval()
+    shape = (3, 32, 32)
+    steps = bench.roadmap(model, shape, MacsCost(), 0.01, 0.5, latency=False)
+    assert min(min(s["widths"].values()) for s in steps) == bench.MIN_CHANNELS
+    full = trace(model, shape)
+    for s in steps[1:]:
+        assert s["widths"].keys() == full.widths().keys()
+        assert trace(bench.at_widths(model, shape, s["widths"]), shape).macs() == s["macs"]
