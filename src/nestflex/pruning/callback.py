@@ -531,7 +531,7 @@ class FilterPruning(Callback):
         allowed = {i: self.roadmap.cost["widths"].get(n) for i, n in names.items()} if self.roadmap.cost else None
 
         def plan_at(step: float) -> dict[int, torch.Tensor]:
-            capped = self.step_cap is not None and self.cost is not None
+            capped = self.step_cap is not None  # the constructor refused a cap without a cost
             return plan_step(graph, group_scores, weights, step, self.min_channels, self.round_to, targets, allowed,
                              self.snap, price=(lambda w: self.cost(graph, w)) if capped else None,
                              max_cut=self.step_cap * step * self.cost(graph) if capped else None)

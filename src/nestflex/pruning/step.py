@@ -128,7 +128,7 @@ def plan_step(
         widths = (allowed or {}).get(gid)
         # the target may sit above the width (the last multiple was the lower one): never grows
         target = width if targets is None or (round_to == 1 and widths is None) else targets.get(gid, width)
-        keep = min(shrink(target, weights.get(gid, 0.0), step, min_channels), width)
+        keep = unrounded = min(shrink(target, weights.get(gid, 0.0), step, min_channels), width)
         if round_to > 1 and keep < width:
             lower = (keep // round_to) * round_to
             up = lower + (round_to if keep > lower else 0)
@@ -142,7 +142,6 @@ def plan_step(
                 keep = min(options, key=lambda w: (abs(w - keep), w))
         if keep < width:
             plan[gid] = keep_top(s, keep)
-            unrounded = min(shrink(target, weights.get(gid, 0.0), step, min_channels), width)
             overdue[gid] = (width - unrounded) / (width - keep)
     return plan if price is None else _capped(plan, overdue, price, max_cut)
 
