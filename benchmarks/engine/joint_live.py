@@ -533,6 +533,21 @@ def plot(timeline: list[dict[str, Any]], out: Path) -> None:
     plt.close(fig)
 
 
+def option_costs(engine: Engine, name: str) -> dict[str, Any]:
+    """What the joint planner charges the device for app ``name`` of ``engine`` (this machine at full
+    speed, before ``--device-cpu``): each level's ms per frame and, at the server-only split, a
+    request's ms with the local continuation and without it (``:direct``), the cheapest of each."""
+    options = engine._apps[name].joint[0].options
+    levels = {o.level: o for o in options if o.split is None and o.point is None}
+    server_only = [o for o in options if o.split == "input"]
+    return {"level_ms": [round(levels[k].device_ms, 4) for k in sorted(levels)],
+            "level_memory_mb": [round(levels[k].memory_mb, 3) for k in sorted(levels)],
+            "server_only_ms": {("with_continuation" if local else "direct"):
+                               round(min(o.device_ms for o in server_only if o.continue_locally == local), 4)
+                               for local in (True, False) if any(o.continue_locally == local for o in server_only)},
+            "server_only_memory_mb": round(min((o.memory_mb for o in server_only), default=float("nan")), 3)}
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     out = Path(args.out)
@@ -546,6 +561,9 @@ def main(argv: list[str] | None = None) -> int:
         # the Offloaders' profile is): every engine of this process reuses them
         with Engine("joint_total") as e:
             e.add_app("warmup", pool.served, tail=f"127.0.0.1:{server.port}", profile_repeats=3)
+            device_costs = option_costs(e, "warmup")
+    else:
+        device_costs = None
     if "split" in args.systems:
         pool.splitter(args)
     per: dict[str, list[dict[str, Any]]] = {s: [] for s in args.systems}
@@ -601,7 +619,7 @@ def main(argv: list[str] | None = None) -> int:
                     "engine answers as dropped; failed counts frames whose future raised"}
     summary = {"benchmark": "joint_live", "machine": machine(), "seconds_total": round(time.perf_counter() - t_start, 1),
                "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}, "data_labels": sorted({s["data"] for s in pool.sources}),
-               "memory_mb": pool.memory_mb, "systems": systems, "failures": failures, "goals": goals,
+               "memory_mb": pool.memory_mb, "device_costs": device_costs, "systems": systems, "failures": failures, "goals": goals,
                "timeline": timeline}
     write_json(out / "summary.json", summary)
     if timeline:

@@ -194,6 +194,44 @@ def test_the_joint_planner_offloads_only_when_the_device_is_short(bundle, server
         assert engine.plans[-1]["apps"]["cam"]["option"] == engine.decision.allocation("cam").option.label
 
 
+def test_each_split_row_comes_with_and_without_the_local_continuation(bundle, server):
+    with nd.Engine("joint_total", link_mbps=1000.0, server_speedup=50.0) as engine:
+        engine.add_app("cam", bundle, fps=30, tail=server.address, profile_repeats=1)
+        specs = engine._apps["cam"].joint[1]
+        sending = [o for o in specs if o.bytes > 0]
+        assert sending and all(specs[o].config.continue_locally == o.continue_locally for o in sending)
+        key = lambda o: (o.split, o.bits, o.point)  # noqa: E731
+        direct = {key(o): o for o in sending if not o.continue_locally}
+        with_local = {key(o): o for o in sending if o.continue_locally}
+        assert direct.keys() == with_local.keys()
+        for k, o in with_local.items():  # the same row, less the continuation's device time
+            d = direct[k]
+            assert d.label == o.label + ":direct"
+            assert (d.accuracy, d.bytes, d.server_ms, d.memory_mb) == (o.accuracy, o.bytes, o.server_ms, o.memory_mb)
+            assert d.device_ms <= o.device_ms
+        # a split point with an exit after it: its continuation runs that exit's segment on every frame sent
+        assert any(direct[k].device_ms < o.device_ms for k, o in with_local.items())
+        assert all(o.continue_locally for o in specs if o.split is None)
+
+
+def test_an_offloading_app_keeps_its_level_unless_the_budget_needs_level_0():
+    from types import SimpleNamespace as NS
+
+    from nestflex.deploy._engine_apps import MB
+    from nestflex.deploy._engine_joint import RunSpec, capacity_levels
+    from nestflex.deploy.split.offload import SplitConfig
+
+    held = [1 * MB, 2 * MB, 4 * MB]  # each level's bytes
+    apps = [NS(name=n, level=k, level_bytes=held.__getitem__) for n, k in (("a", 2), ("b", 2), ("c", 1))]
+    away = RunSpec(2, None, SplitConfig("s"))
+    specs = {"a": away, "b": away, "c": RunSpec(1)}
+    decision = NS(memory_mb=2 * (1 + 3) + 2)  # a and b charged level 0 + a 3 MB split runtime, c its level 1
+    assert capacity_levels(apps, decision, specs, None) == {"a": 2, "b": 2, "c": 1}
+    assert capacity_levels(apps, decision, specs, 16.0) == {"a": 2, "b": 2, "c": 1}  # 10 + 2 x 3 MB above level 0
+    assert capacity_levels(apps, decision, specs, 13.0) == {"a": 0, "b": 2, "c": 1}
+    assert capacity_levels(apps, decision, specs, 10.0) == {"a": 0, "b": 0, "c": 1}
+
+
 def _dead_address() -> str:
     """An address on 127.0.0.1 nothing listens on (a port the OS gave and took back)."""
     with socket.socket() as sock:
@@ -292,17 +330,20 @@ def test_a_fallback_owed_when_its_app_leaves_is_still_answered(bundle, monkeypat
 def test_a_split_option_is_charged_its_split_runtime_sessions(bundle, server):
     from nestflex.deploy._engine_apps import MB
     from nestflex.deploy._engine_joint import joint_app
+    from nestflex.deploy._engine_split import _RUNTIMES
 
     with nd.Engine("joint_total", link_mbps=1000.0, server_speedup=50.0) as engine:
         engine.add_app("cam", bundle, fps=30, tail=server.address, profile_repeats=1)
         app = engine._apps["cam"]
-        top_bytes = app.level_bytes(app.top)
-        local = next(o for o, spec in app.joint[1].items() if spec.config is None and spec.level == app.top)
+        shared = _RUNTIMES[app.split.runtime_key].runtimes
+        assert not shared  # measured at the join, then dropped: no app runs a split yet
+        level0 = app.level_bytes(0)
         runs_split = [o for o, spec in app.joint[1].items() if spec.config is not None]
-        assert runs_split and all(o.memory_mb > local.memory_mb for o in runs_split)
-        held = app.split.offloader.runtime(SPLIT).own_bytes  # its sessions' graph files
-        for o in (o for o in runs_split if o.split == SPLIT):
-            assert o.memory_mb == pytest.approx((top_bytes + held) / MB)
+        assert runs_split and all(o.memory_mb > level0 / MB for o in runs_split)
+        held = {r["split"]: r["runtime_bytes"] for r in app.split.rows if r["split"] is not None}
+        assert held[SPLIT] > 0
+        for o in (o for o in runs_split if o.split is not None):  # level 0 waits beside its split runtime
+            assert o.memory_mb == pytest.approx((level0 + held[o.split]) / MB)
 
         def slow_device():  # the levels 2000 times slower: the planner wants to offload (as above)
             app.level_ms = [v * 2000.0 for v in app.level_ms]
@@ -312,12 +353,20 @@ def test_a_split_option_is_charged_its_split_runtime_sessions(bundle, server):
 
         engine._control(slow_device)
         engine.replan()
-        assert engine.decision.allocation("cam").option.split is not None
-        # room for the largest level, not for it and any split runtime's sessions
-        budget = (top_bytes + min(o.memory_mb * MB - top_bytes for o in runs_split) / 2) / MB
+        chosen = engine.decision.allocation("cam").option
+        level = app.level
+        assert chosen.split is not None and level > 0  # no budget: the capacity runtime stays where it was
+        # the process holds the split runtime it runs and nothing else of the bundle's
+        assert [rt.split for rt in shared.values()] == [chosen.split]
+        engine.set_budget(memory_mb=chosen.memory_mb)  # what the option was charged: level 0 and its runtime
+        assert engine.decision.allocation("cam").option == chosen and app.level == 0
+        assert engine.resident_bytes() <= chosen.memory_mb * MB + 1
+        # room for level 0, not for it and any split runtime's sessions
+        budget = (level0 + min(held.values()) / 2) / MB
         engine.set_budget(memory_mb=budget)
         chosen = engine.decision.allocation("cam").option
         assert chosen.memory_mb <= budget and app.joint[1][chosen].config is None, chosen
+        assert not shared and engine.resident_bytes() <= budget * MB
         assert engine.stats()["apps"]["cam"]["split"]["config"] is None
 
 

@@ -112,6 +112,8 @@ def test_bad_arguments_are_refused_naming_them():
         JointOption(level=0, accuracy=0.8, device_ms=-1.0, memory_mb=1.0)
     with pytest.raises(SchedulerError, match="sends nothing"):
         JointOption(level=0, accuracy=0.8, device_ms=1.0, memory_mb=1.0, bytes=10.0)
+    with pytest.raises(SchedulerError, match="no local continuation"):
+        JointOption(level=0, accuracy=0.8, device_ms=1.0, memory_mb=1.0, continue_locally=False)
     with pytest.raises(SchedulerError, match="`fps`"):
         JointApp("a", (ok,), fps=0)
     with pytest.raises(SchedulerError, match="duplicates"):

@@ -13,8 +13,12 @@ An app's options (built once, when it joins, from what the engine measured on th
   here (:func:`~nestflex.deploy.split.costs.measure_costs`), request bytes measured on the bundle's
   samples, the quantisation profile's accuracy drops. Their accuracy is put on the levels' scale
   the way the engine's exit points are (the largest level's accuracy moved by the row's gain or
-  loss against the exit set's final exit). Their memory is the largest level's bytes plus what the
-  offloader's split runtime for that split point holds (its own sessions, measured when the rows are).
+  loss against the exit set's final exit). Their memory is level 0's bytes (the capacity runtime
+  waits there while the app offloads) plus what the offloader's split runtime for that split point
+  holds (its own sessions, measured when the rows are; a runtime no app runs is dropped).
+  Each one that sends comes with the local continuation and without it (``:direct``): the
+  continuation's earlier answers and local fallback cost device time on every frame sent, which
+  a loaded device may not have.
 
 At each plan the online profiler's slowdown over the CPU share scales every device time, the
 network profiler's bandwidth is the link's capacity and its server slowdown the server's; when
@@ -36,7 +40,7 @@ from nestflex.deploy._engine_apps import MB, App
 from nestflex.deploy.scheduler.joint import JointApp, JointDecision, JointOption, JointResources, JointScheduler
 from nestflex.deploy.split.offload import SplitConfig
 
-__all__ = ["RunSpec", "measure_split", "joint_app", "plan_joint", "JOINT_NAMES"]
+__all__ = ["RunSpec", "measure_split", "joint_app", "plan_joint", "capacity_levels", "JOINT_NAMES"]
 
 #: scheduler names the engine plans with the joint scheduler
 JOINT_NAMES = {"joint_total": "total", "joint_max": "max"}
@@ -64,7 +68,8 @@ def measure_split(app: App, *, bits: Sequence[int], repeats: int, server_speedup
     per split point (:func:`_request_overhead`: packing, the client's submit, the local continuation
     to the next exit while the request is in flight) times the share of frames sent: about a
     millisecond a request on this machine, several times a small split's head, which the segment
-    times alone leave out.
+    times alone leave out. ``direct_ms`` is the same row without the local continuation (packing
+    and submit only: a quarter of that on this machine, see :class:`~nestflex.deploy.scheduler.joint.JointOption`).
 
     Each row also gets ``runtime_bytes``: what the offloader's split runtime for its split point
     holds (:attr:`~nestflex.deploy.split.runtime.SplitRuntime.own_bytes`, its sessions' graph
@@ -91,38 +96,45 @@ def measure_split(app: App, *, bits: Sequence[int], repeats: int, server_speedup
     overhead = _request_overhead(app, samples[:1], {r["split"] for r in rows if r["split"] is not None}, repeats)
     for r in rows:
         if r["split"] is not None:
-            r["device_ms"] += overhead.get(r["split"], 0.0) * r["sent"]
+            with_local, direct = overhead.get(r["split"], (0.0, 0.0))
+            r["device_ms"], r["direct_ms"] = (r["device_ms"] + with_local * r["sent"], r["device_ms"] + direct * r["sent"])
         # every runtime a row runs in was built above (the overhead's, or the offloader's first): a lookup
         r["runtime_bytes"] = s.offloader.runtime(r["split"]).own_bytes
     return rows, points, ref
 
 
-def _request_overhead(app: App, x: np.ndarray, splits: set[str], repeats: int) -> dict[str, float]:
+def _request_overhead(app: App, x: np.ndarray, splits: set[str], repeats: int) -> dict[str, tuple[float, float]]:
     """Per split point, the device's ms for one request beyond the head (no early exit taken: every
-    frame sent), the server answering or not; 0 where nothing could be measured."""
+    frame sent), the server answering or not, with the local continuation and without it; 0 where
+    nothing could be measured."""
     import time
 
     s = app.split
     off, before = s.offloader, s.offloader.config
-    out: dict[str, float] = {}
+    out: dict[str, tuple[float, float]] = {}
     try:
         for split in sorted(splits):
             rt = off.runtime(split)
             never = tuple([1.0] * (rt.num_exits - 1)) if off.exit_set is not None else None
-            off.set_config(SplitConfig(split, bits=8, thresholds=never, deadline_ms=s.deadline_ms))
-            head, full = [], []
-            for _ in range(max(5, repeats)):
-                t0 = time.perf_counter()
-                rt.head(x, never)
-                t1 = time.perf_counter()
-                f = off._start(x, t1)
-                answer, local = off._finish_here(f)
-                full.append(1e3 * (time.perf_counter() - t1))
-                head.append(1e3 * (t1 - t0))
-                if answer is None:
-                    off._finish_remote(f, local)
-            # the fastest of each: the cost itself, not the scheduling noise of a shared CPU on top
-            out[split] = max(0.0, min(full) - min(head))
+            both = []
+            for local in (True, False):
+                off.set_config(SplitConfig(split, bits=8, thresholds=never, deadline_ms=s.deadline_ms,
+                                           continue_locally=local))
+                head, full = [], []
+                for _ in range(max(5, repeats)):
+                    t0 = time.perf_counter()
+                    rt.head(x, never)
+                    t1 = time.perf_counter()
+                    f = off._start(x, t1)
+                    answer, cont = off._finish_here(f)
+                    full.append(1e3 * (time.perf_counter() - t1))
+                    head.append(1e3 * (t1 - t0))
+                    if answer is None:
+                        off._finish_remote(f, cont)
+                # the fastest of each: the cost itself, not the scheduling noise of a shared CPU on top
+                both.append(max(0.0, min(full) - min(head)))
+            # the continuation's share can only add to a request: a noisy pair keeps the order
+            out[split] = (max(both), min(both))
     finally:
         off.set_config(before)
     return out
@@ -177,16 +189,21 @@ def _options(app: App) -> dict[JointOption, RunSpec]:
             acc = r["accuracy"] if s.accuracy_ref is None else base + r["accuracy"] - s.accuracy_ref
             sends = r["split"] is not None
             thresholds = None if r["point"] is None else tuple(s.points[r["point"]].thresholds)
-            # the offloader's split runtime holds its own sessions beside the capacity runtime (still
-            # charged its largest level: the app may come back to it without a split)
-            memory = (app.level_bytes(top) + r["runtime_bytes"]) / MB
-            option = JointOption(level=top, accuracy=min(1.0, max(0.0, float(acc))), device_ms=float(r["device_ms"]),
-                                 memory_mb=memory, point=r["point"], split=r["split"],
-                                 bits=r["bits"] if sends else None, sent=float(r["sent"]) if sends else 0.0,
-                                 bytes=float(r["bytes"]) if sends else 0.0,
-                                 server_ms=float(r["server_ms"]) if sends else 0.0)
-            config = SplitConfig(r["split"], bits=r["bits"], thresholds=thresholds, deadline_ms=s.deadline_ms)
-            opts.setdefault(option, RunSpec(top, None, config))
+            # the offloader's split runtime holds its own sessions beside the capacity runtime, which
+            # waits at level 0 while the app offloads (the engine's plan puts it there)
+            memory = (app.level_bytes(0) + r["runtime_bytes"]) / MB
+            # a row that sends comes twice: with the local continuation (SPINN's, the Offloader's
+            # default) and without it (cheaper on the device; the scheduler weighs the two)
+            for local in ((True, False) if sends else (True,)):
+                option = JointOption(level=top, accuracy=min(1.0, max(0.0, float(acc))),
+                                     device_ms=float(r["device_ms"] if local else r["direct_ms"]),
+                                     memory_mb=memory, point=r["point"], split=r["split"],
+                                     bits=r["bits"] if sends else None, sent=float(r["sent"]) if sends else 0.0,
+                                     bytes=float(r["bytes"]) if sends else 0.0,
+                                     server_ms=float(r["server_ms"]) if sends else 0.0, continue_locally=local)
+                config = SplitConfig(r["split"], bits=r["bits"], thresholds=thresholds, deadline_ms=s.deadline_ms,
+                                     continue_locally=local)
+                opts.setdefault(option, RunSpec(top, None, config))
     return opts
 
 
@@ -202,3 +219,24 @@ def plan_joint(scheduler: JointScheduler, apps: Sequence[App], *, scale: float, 
     demand = {a.name: a.fps * max(al.option.device_ms, MIN_DEVICE_MS) for a, al in zip(apps, decision.allocations)}
     total = sum(demand.values())
     return decision, specs, {n: d / total for n, d in demand.items()}
+
+
+def capacity_levels(apps: Sequence[App], decision: JointDecision, specs: dict[str, RunSpec],
+                    memory_mb: float | None) -> dict[str, int]:
+    """The level each app's capacity runtime holds under ``decision``: its option's level for an app
+    on the device; for an app that offloads (it runs in its split runtime) the level it is at, so
+    that going back and forth between a split and the device rebuilds no session, unless that
+    holds more than the decision charged and the budget allows: then level 0, which the decision
+    charged (the largest first, until it fits)."""
+    levels = {a.name: a.level if specs[a.name].config is not None else specs[a.name].level for a in apps}
+    if memory_mb is None:
+        return levels
+    away = sorted((a for a in apps if specs[a.name].config is not None),
+                  key=lambda a: a.level_bytes(0) - a.level_bytes(a.level))  # the most held above level 0 first
+    held = decision.memory_mb * MB + sum(a.level_bytes(a.level) - a.level_bytes(0) for a in away)
+    for a in away:
+        if held <= memory_mb * MB:
+            break
+        held -= a.level_bytes(a.level) - a.level_bytes(0)
+        levels[a.name] = 0
+    return levels

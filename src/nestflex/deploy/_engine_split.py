@@ -51,7 +51,8 @@ from nestflex.errors import NestflexError
 if TYPE_CHECKING:
     from nestflex.deploy._engine_apps import App, Frame
 
-__all__ = ["LinkState", "SplitApp", "SplitServing", "open_split", "serve_split", "probe", "close_split"]
+__all__ = ["LinkState", "SplitApp", "SplitServing", "open_split", "serve_split", "probe", "close_split",
+           "split_runtime_bytes"]
 
 
 class LinkState:
@@ -103,10 +104,12 @@ class SplitApp:
     runtime_key: str | None = None  # its entry in _RUNTIMES while it holds one (None once released)
 
     def set_config(self, config: SplitConfig | None, predicted_ms: float | None) -> None:
-        """Run the next frames under ``config`` (builds its split runtime now, between frames)."""
+        """Run the next frames under ``config`` (builds its split runtime now, between frames); the
+        bundle's split runtimes no app runs any more are dropped (:func:`_use_runtime`)."""
         if config is not None and config != self.offloader.config:
             self.offloader.set_config(config)
         self.config, self.predicted_ms = config, predicted_ms
+        _use_runtime(self, None if config is None else self.offloader.runtime(config.split))
 
     def stats(self) -> dict[str, Any]:
         return {"config": None if self.config is None else
@@ -118,10 +121,12 @@ class SplitApp:
 
 @dataclass
 class _Shared:
-    """One bundle's split runtimes (by split point) and how many split apps use them."""
+    """One bundle's split runtimes (by split point), how many split apps use them, and the split
+    each of those apps runs now (``None``: none, it runs on the engine's runtimes)."""
 
     runtimes: dict
     users: int = 0
+    active: dict = field(default_factory=dict)  # id(SplitApp) -> the SplitRuntime it runs, or None
 
 
 #: split runtimes by bundle path and exit set, shared by every offloader of that bundle in this process:
@@ -143,6 +148,30 @@ def _share_runtimes(off: Offloader, key: str) -> None:
     off._runtimes = shared.runtimes
 
 
+def _use_runtime(s: SplitApp, runtime: Any) -> None:
+    """``s`` runs ``runtime`` now (``None``: none): the runtimes of its bundle that no app runs are
+    dropped, so what the process holds is what the planner charged (the measurement at the first
+    join builds every split point's runtime; a split chosen again is rebuilt from the graphs the
+    bundle's tuned folder keeps, as a level switch is). Frames in flight keep the runtime they run."""
+    if s.runtime_key is None:
+        return
+    with _RUNTIMES_LOCK:
+        shared = _RUNTIMES.get(s.runtime_key)
+        if shared is None:
+            return
+        shared.active[id(s)] = runtime
+        used = {id(rt) for rt in shared.active.values() if rt is not None}
+        for name in [n for n, rt in shared.runtimes.items() if id(rt) not in used]:
+            del shared.runtimes[name]
+
+
+def split_runtime_bytes(splits: list[SplitApp]) -> int:
+    """What the split runtimes of these apps' bundles hold, each shared runtime counted once."""
+    with _RUNTIMES_LOCK:
+        keys = {s.runtime_key for s in splits if s.runtime_key is not None}
+        return sum(rt.own_bytes for k in keys if k in _RUNTIMES for rt in list(_RUNTIMES[k].runtimes.values()))
+
+
 def _release_runtimes(s: SplitApp) -> None:
     """``s`` no longer uses its bundle's runtimes; the last user drops them from :data:`_RUNTIMES`
     (requests still in flight keep the runtime they run until they finish)."""
@@ -152,6 +181,7 @@ def _release_runtimes(s: SplitApp) -> None:
     with _RUNTIMES_LOCK:
         shared = _RUNTIMES.get(key)
         if shared is not None:
+            shared.active.pop(id(s), None)
             shared.users -= 1
             if shared.users <= 0:
                 del _RUNTIMES[key]
@@ -287,6 +317,12 @@ class SplitServing:
             app.split = None
             raise
         app.split.rows, app.split.points, app.split.accuracy_ref = _SPLIT_ROWS[key]
+        app.split.set_config(None, None)  # on the engine's runtimes until a plan: the measured runtimes go
+
+    def _resident(self) -> int:
+        """Bytes resident for all apps: their runtimes, and their bundles' split runtimes once each."""
+        apps = self._apps.values()
+        return sum(a.resident_bytes for a in apps) + split_runtime_bytes([a.split for a in apps if a.split is not None])
 
     @property
     def _joint(self) -> bool:
@@ -294,18 +330,23 @@ class SplitServing:
 
         return isinstance(self.scheduler, JointScheduler)
 
-    def _plan_joint(self, apps: list[App], scale: float) -> tuple[Any, dict[str, Any], dict[str, float]]:
-        """The joint scheduler's decision over the device, memory, the link and the server."""
-        from nestflex.deploy._engine_joint import plan_joint
+    def _plan_joint(self, apps: list[App], scale: float
+                    ) -> tuple[Any, dict[str, Any], dict[str, float], dict[str, int]]:
+        """The joint scheduler's decision over the device, memory, the link and the server: the
+        decision, how each app runs, its compute share, and its capacity runtime's level
+        (:func:`~nestflex.deploy._engine_joint.capacity_levels`)."""
+        from nestflex.deploy._engine_joint import capacity_levels, plan_joint
 
         memory = (self.memory_mb if self.memory_mb is not None
                   else sum(max(o.memory_mb for o in a.joint[0].options) for a in apps) + 1)
         up = self._link is not None and self._link.up
         bw = self.network.bandwidth_mbps("realtime", default=self.link_mbps) if up else 0.0
         self._plan_link = (bw or self.link_mbps, up)
-        return plan_joint(self.scheduler, apps, scale=scale, memory_mb=memory, link_mbps=bw,
-                          server_capacity=self.server_capacity if up else 0.0,
-                          server_slowdown=self.network.server_slowdown() if up else 1.0, alpha=self.alpha)
+        decision, specs, shares = plan_joint(self.scheduler, apps, scale=scale, memory_mb=memory, link_mbps=bw,
+                                             server_capacity=self.server_capacity if up else 0.0,
+                                             server_slowdown=self.network.server_slowdown() if up else 1.0,
+                                             alpha=self.alpha)
+        return decision, specs, shares, capacity_levels(apps, decision, specs, self.memory_mb)
 
     def _serve_split(self, app: App, frame: Frame) -> None:
         """A split app's frame: the device part here, the wait on its waiters (:mod:`._engine_split`)."""

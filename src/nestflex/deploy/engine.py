@@ -450,8 +450,8 @@ class Engine(SplitServing):
         return list(self._apps)
 
     def resident_bytes(self) -> int:
-        """Bytes resident for all apps (sessions and paged weights)."""
-        return self._control(lambda: sum(a.resident_bytes for a in self._apps.values()))
+        """Bytes resident for all apps (sessions and paged weights; split runtimes once per bundle)."""
+        return self._control(self._resident)
 
     def stats(self) -> dict[str, Any]:
         """Live view: per app its configuration, counts, frames/s, latency percentiles and paging;
@@ -712,10 +712,9 @@ class Engine(SplitServing):
         specs = None
         try:
             if self._joint:
-                decision, specs, shares = self._plan_joint(apps, scale)
-                # an app that offloads runs in its offloader's own split runtime: its capacity runtime
-                # stays where it is (no session rebuilt on the worker for a configuration it does not run)
-                levels = {a.name: a.level if specs[a.name].config is not None else specs[a.name].level for a in apps}
+                # an app that offloads runs in its offloader's split runtime; its capacity runtime stays
+                # where it is, or waits at level 0 (as the planner charged it) when the budget needs it
+                decision, specs, shares, levels = self._plan_joint(apps, scale)
             else:
                 profiles = app_profiles(apps, scale)
                 memory = (self.memory_mb if self.memory_mb is not None
@@ -763,7 +762,7 @@ class Engine(SplitServing):
             apps = {a.name: app_stats(a, now) for a in self._apps.values()}
         rss = rss_bytes()
         return {"scheduler": self.scheduler.name, "memory_mb": self.memory_mb, "cpu": self.cpu,
-                "resident_bytes": sum(a.resident_bytes for a in self._apps.values()),
+                "resident_bytes": self._resident(),
                 # what the process really holds (the OS's resident set; None where it gives none), and
                 # its growth since the engine was made: the sessions' arenas, kernels and the runtime
                 # libraries loaded for the first app, beside the bytes the budget plans with

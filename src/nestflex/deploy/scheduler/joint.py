@@ -35,7 +35,7 @@ accurate and no more costly on every resource), so the search runs over small fr
 :class:`JointScheduler` (the live heuristic) does coordinate descent from several starts (every
 app on its lightest option, every app on its most accurate one, and the last decision when the
 apps are the same): it moves one app at a time to its best option given the others, until no
-move helps. :class:`ExactJointScheduler` enumerates every combination of the fronts (small
+move helps; from the best of those ends, moves of two apps at once as well. :class:`ExactJointScheduler` enumerates every combination of the fronts (small
 instances) to measure the heuristic's gap.
 
 Examples:
@@ -97,6 +97,10 @@ class JointOption:
         sent: share of frames sent to the server.
         bytes: bytes sent per frame (``sent`` x one frame's bytes).
         server_ms: server time per frame (``sent`` x the tail's time).
+        continue_locally: a split option that runs past the split to the next exit while the request
+            is in flight (SPINN's local continuation, the :class:`~nestflex.deploy.split.offload.Offloader`'s
+            default); ``False``: the device sends and waits (its ``device_ms`` is then only the head
+            and the send, and a failed request runs the rest of the network on the device).
     """
 
     level: int
@@ -109,6 +113,7 @@ class JointOption:
     sent: float = 0.0
     bytes: float = 0.0
     server_ms: float = 0.0
+    continue_locally: bool = True
 
     def __post_init__(self) -> None:
         for name in ("accuracy", "device_ms", "memory_mb", "sent", "bytes", "server_ms"):
@@ -118,12 +123,18 @@ class JointOption:
         if self.split is None and (self.sent or self.bytes or self.server_ms):
             raise SchedulerError(f"a local JointOption (split=None) sends nothing, got sent={self.sent}, "
                                  f"bytes={self.bytes}, server_ms={self.server_ms}. HINT: name its split")
+        if self.split is None and not self.continue_locally:
+            raise SchedulerError("a local JointOption (split=None) has no local continuation to turn off, got "
+                                 "continue_locally=False. HINT: leave it True")
 
     @property
     def label(self) -> str:
-        """``L<level>[/p<point>][@<split>:<bits or f32>]``, e.g. ``L4/p2@conv3:4``."""
+        """``L<level>[/p<point>][@<split>:<bits or f32>[:direct]]``, e.g. ``L4/p2@conv3:4``
+        (``:direct``: without the local continuation)."""
         out = f"L{self.level}" + ("" if self.point is None else f"/p{self.point}")
-        return out if self.split is None else out + f"@{self.split}:{self.bits or 'f32'}"
+        if self.split is None:
+            return out
+        return out + f"@{self.split}:{self.bits or 'f32'}" + ("" if self.continue_locally else ":direct")
 
     def demand(self) -> tuple[float, float, float]:
         """(device ms, bytes, server ms) per frame."""
@@ -482,11 +493,12 @@ class JointScheduler:
                 starts.append(prev)
         best, best_key = None, None
         seen: set[tuple[int, ...]] = set()
-        for choice in starts:
+        for choice in starts:  # single moves from each start: the pair moves' cost is paid once, below
             choice = self._fit(p, list(choice))
-            done = self._descend(p, choice, seen)
+            done = self._descend(p, choice, seen, pairs=False)
             if done is not None and (best_key is None or _better(done[1], best_key)):
                 best, best_key = done
+        best, _ = self._descend(p, best, set(), pairs=True)  # the best of them, with pair moves too
         self.last = p.decision(self.name, best, start)
         return self.last
 
@@ -499,51 +511,61 @@ class JointScheduler:
             choice[v] = int(np.argmin(p.memory[v] + p.deficit[v] * 1e-6))
         return choice
 
-    def _descend(self, p: _Problem, choice: list[int], seen: set[tuple[int, ...]]
+    def _descend(self, p: _Problem, choice: list[int], seen: set[tuple[int, ...]], pairs: bool = True
                  ) -> tuple[list[int], np.ndarray] | None:
         """Moves that improve the objective until none does: one app at a time over its whole front
         (:func:`_single_moves`, a few array operations per app), then (when that is stuck) the best
         move of two apps at once over each one's ``pair_candidates`` best options given the others,
-        all pairs in one evaluation, which is what trades memory or load between two apps. Returns
+        all pairs in one evaluation, which is what trades memory or load between two apps (only with
+        ``pairs``: :meth:`schedule` runs them on the best start's end, not on every start's). Returns
         the assignment and its sort key, or ``None`` when it reaches an assignment an earlier start
         passed through (``seen``, the assignments at the start of each pass): the descent is
         deterministic, so from there it ends where that one did, which is already a candidate."""
         n = len(choice)
         cur = _keys(p, np.asarray(choice, dtype=np.int64)[None, :])[0]
-        for _ in range(self.max_sweeps):
-            state = tuple(choice)
-            if state in seen:
-                return None
-            seen.add(state)
-            moved, best_alone = False, []
-            totals = _totals(p, choice)
-            for v in range(n):
-                keys = _single_moves(p, choice, v, totals)
-                order = _order(keys)
-                # against the current option in the same evaluation: float noise is no improvement
-                if order[0] != choice[v] and _better(keys[order[0]], keys[choice[v]]):
-                    totals = _moved(p, totals, v, choice[v], int(order[0]))
-                    choice[v], cur, moved = int(order[0]), keys[order[0]], True
-                best_alone.append(order[:self.pair_candidates])
-            if moved:
+        totals = _totals(p, choice)
+        per_app: list[np.ndarray] = [np.empty(0)] * n  # each app's keys, the others as they were then
+        quiet = 0  # apps in a row at their best given the others: n of them end the descent
+        for step in range(self.max_sweeps * n):
+            v = step % n
+            if v == 0:
+                state = tuple(choice)
+                if state in seen:
+                    return None
+                seen.add(state)
+            keys = _single_moves(p, choice, v, totals)
+            first = _first(keys)
+            per_app[v] = keys
+            # against the current option in the same evaluation: float noise is no improvement
+            if first != choice[v] and _better(keys[first], keys[choice[v]]):
+                totals = _moved(p, totals, v, choice[v], first)
+                choice[v], cur, quiet = first, keys[first], 1  # v is at its best given the others now
                 continue
-            if n < 2:
+            quiet += 1
+            if quiet < n:
+                continue
+            if n < 2 or not pairs:
                 break
-            picks = _pair_moves(choice, best_alone)
+            # no app moved in the last n, so each one's keys are given the others as they are now
+            picks = _pair_moves(choice, [_order(k)[:self.pair_candidates] for k in per_app])
             keys = _keys(p, picks)
             best = int(_order(keys)[0])
             if best == 0 or not _better(keys[best], keys[0]):  # row 0 is the current assignment
                 break
-            choice, cur = [int(c) for c in picks[best]], keys[best]
+            choice, cur, quiet = [int(c) for c in picks[best]], keys[best], 0
+            totals = _totals(p, choice)
         return choice, cur
 
 
 def _peaks(rho: np.ndarray) -> np.ndarray:
     """(G, 4) slowdown of an app of each resource pattern (see ``_Problem.pattern``) under the loads
     ``rho`` (G, 3): the peak load of the resources it waits on, at least 1."""
-    dev = np.maximum(rho[:, 0], 1.0)
-    link, server = np.maximum(dev, rho[:, 1]), np.maximum(dev, rho[:, 2])
-    return np.stack([dev, link, server, np.maximum(link, rho[:, 2])], axis=1)
+    out = np.empty((len(rho), 4))  # filled in place: np.stack's own overhead is this loop's cost
+    np.maximum(rho[:, 0], 1.0, out=out[:, 0])
+    np.maximum(out[:, 0], rho[:, 1], out=out[:, 1])
+    np.maximum(out[:, 0], rho[:, 2], out=out[:, 2])
+    np.maximum(out[:, 1], rho[:, 2], out=out[:, 3])
+    return out
 
 
 def _evaluate(p: _Problem, picks: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -634,13 +656,25 @@ def _key_rows(p: _Problem, value: np.ndarray, total: np.ndarray, memory: Any, ti
     """Sort keys, one row per assignment: the objective (inf over the memory budget), then the sum of
     costs (MinMaxCost: lowers the apps below the worst one, which gets single moves off a plateau),
     then bytes and server time. Rounded so that float noise in a sum is no improvement."""
-    value = np.where(memory <= p.budget, value, np.inf)
-    return np.stack([np.round(value, 12), np.round(total, 12), tie], axis=1)
+    out = np.empty((len(value), 3))
+    np.round(np.where(memory <= p.budget, value, np.inf), 12, out=out[:, 0])
+    np.round(total, 12, out=out[:, 1])
+    out[:, 2] = tie
+    return out
 
 
 def _order(keys: np.ndarray) -> np.ndarray:
     """Row indices of ``keys`` from the best."""
     return np.lexsort((keys[:, 2], keys[:, 1], keys[:, 0]))
+
+
+def _first(keys: np.ndarray) -> int:
+    """``_order(keys)[0]`` without sorting every row: the rows tied on the objective, if several."""
+    tied = np.flatnonzero(keys[:, 0] == keys[:, 0].min())
+    if len(tied) == 1:
+        return int(tied[0])
+    sub = keys[tied]
+    return int(tied[np.lexsort((sub[:, 2], sub[:, 1]))[0]])
 
 
 def _better(a: np.ndarray, b: np.ndarray) -> bool:

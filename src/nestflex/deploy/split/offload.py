@@ -37,7 +37,7 @@ from nestflex.deploy.bundle.loader import Bundle
 from nestflex.deploy.codec import encode
 from nestflex.deploy.exits import ExitResult, _cut
 from nestflex.deploy.split.client import SplitError, TailCall, TailClient
-from nestflex.deploy.split.runtime import SERVER_ONLY, HeadResult, SplitRuntime, TailResult
+from nestflex.deploy.split.runtime import SERVER_ONLY, HeadResult, SplitRuntime, TailResult, exit_count
 from nestflex.errors import NestflexError
 
 __all__ = ["SplitConfig", "SplitAnswer", "Offloader"]
@@ -237,10 +237,11 @@ class Offloader:
             return False
         try:
             self.profiler.record_ping(self.client.ping_ms(timeout=deadline_ms / 1000))
-            rt = self.runtime(SERVER_ONLY)
+            # the exit count, not the server-only runtime: a device that never runs it holds no sessions for it
             frame = encode([np.ascontiguousarray(to_numpy(x), dtype=np.float32)], None, "raw")
             reply = self.client.submit(frame, split=SERVER_ONLY, exit_set=self.exit_set, n=int(x.shape[0]),
-                                       num_exits=rt.num_exits, deadline_s=deadline_ms / 1000).result(deadline_ms / 1000 + 1)
+                                       num_exits=exit_count(self.bundle, self.exit_set),
+                                       deadline_s=deadline_ms / 1000).result(deadline_ms / 1000 + 1)
         except SplitError as e:
             self.profiler.record_failure(e.code)
             self._last_transfer = time.perf_counter()  # do not probe a dead server on every frame

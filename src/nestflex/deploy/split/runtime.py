@@ -70,7 +70,7 @@ from nestflex.deploy.runtime.capacity import check_input as _check_input
 #: the arrays one stage hands the next (numpy)
 State = tuple[np.ndarray, ...]
 
-__all__ = ["SERVER_ONLY", "CPU", "HeadResult", "TailResult", "SplitRuntime", "split_names"]
+__all__ = ["SERVER_ONLY", "CPU", "HeadResult", "TailResult", "SplitRuntime", "split_names", "exit_count"]
 
 #: the split name that sends the input itself: the whole network runs on the server
 SERVER_ONLY = "input"
@@ -161,6 +161,12 @@ def _exit_spec(bundle: Bundle, exit_set: str | None) -> tuple[str, ExitSet] | No
         raise BundleError(f"exit set {exit_set!r} has its own backbone, so a split of the capacity program "
                           f"cannot carry it. HINT: pass exit_set=None to split the backbone alone")
     return key, ex
+
+
+def exit_count(bundle: Bundle, exit_set: str | None) -> int:
+    """:attr:`SplitRuntime.num_exits` of any split of ``bundle`` with ``exit_set``, without building one."""
+    spec = _exit_spec(bundle, exit_set)
+    return 1 if spec is None else len(spec[1].taps) + 1
 
 
 @dataclass
