@@ -204,13 +204,14 @@ def test_each_split_row_comes_with_and_without_the_local_continuation(bundle, se
         direct = {key(o): o for o in sending if not o.continue_locally}
         with_local = {key(o): o for o in sending if o.continue_locally}
         assert direct.keys() == with_local.keys()
-        for k, o in with_local.items():  # the same row, less the continuation's device time
+        for k, o in with_local.items():  # the same row, less the continuation's device time and sessions
             d = direct[k]
             assert d.label == o.label + ":direct"
-            assert (d.accuracy, d.bytes, d.server_ms, d.memory_mb) == (o.accuracy, o.bytes, o.server_ms, o.memory_mb)
-            assert d.device_ms <= o.device_ms
+            assert (d.accuracy, d.bytes, d.server_ms) == (o.accuracy, o.bytes, o.server_ms)
+            assert d.device_ms <= o.device_ms and d.memory_mb <= o.memory_mb
         # a split point with an exit after it: its continuation runs that exit's segment on every frame sent
-        assert any(direct[k].device_ms < o.device_ms for k, o in with_local.items())
+        assert any(direct[k].device_ms < o.device_ms and direct[k].memory_mb < o.memory_mb
+                   for k, o in with_local.items())
         assert all(o.continue_locally for o in specs if o.split is None)
 
 
@@ -245,31 +246,41 @@ def test_a_server_only_fallback_runs_on_the_engine_worker_charged_to_its_app(bun
         engine.add_app("other", bundle, fps=30, profile_repeats=1)
         app = engine._apps["cam"]
         # the whole network on the server and no local continuation: a failed request leaves no exit
-        # to answer from, so the fallback is the whole tail on the device (a greedy plan keeps it)
+        # to answer from, so the frame runs again on the app's capacity runtime (a greedy plan keeps it)
         config = SplitConfig(SERVER_ONLY, bits=8, continue_locally=False, deadline_ms=2000)
         engine._control(lambda: app.split.set_config(config, None))
-        tails: list[tuple[str, float]] = []
-        real_tail = SplitRuntime.tail
+        runs: list[tuple[str, float]] = []
+        capacity = app.runtime
+        real_call = type(capacity).__call__
 
-        def tail(self, *args, **kwargs):
+        def timed(self, *args, **kwargs):
             t0 = time.perf_counter()
-            out = real_tail(self, *args, **kwargs)
-            tails.append((threading.current_thread().name, 1e3 * (time.perf_counter() - t0)))
+            out = real_call(self, *args, **kwargs)
+            if self is capacity:  # the other app runs the same class
+                runs.append((threading.current_thread().name, 1e3 * (time.perf_counter() - t0)))
             return out
 
-        monkeypatch.setattr(SplitRuntime, "tail", tail)
+        tails = []
+        monkeypatch.setattr(SplitRuntime, "tail", lambda self, *a, **k: tails.append(1))
+        monkeypatch.setattr(type(capacity), "__call__", timed)
         before = engine._control(lambda: app.finish)
         got, other = [], []
         for i in range(6):
             got.append(engine.infer("cam", _x(i), timeout=30))
             other.append(engine.infer("other", _x(i), timeout=30))
         charged = engine._control(lambda: app.finish) - before
+        split_rt = app.split.offloader.runtime(SERVER_ONLY)
+        opened = split_rt.resident_bytes
     assert all(r.answered and r.prediction is not None for r in got + other)
-    assert sum(r.where == "fallback" for r in got) >= 3 and tails
-    # the tails ran as device work on the worker, never on the app's waiter threads ...
-    assert {name for name, _ in tails} == {"nestflex-engine"}, tails
+    fallbacks = [r for r in got if r.where == "fallback"]
+    assert len(fallbacks) >= 3 and runs and not tails
+    assert all(r.level == app.level and r.exit is None for r in fallbacks)  # the capacity runtime's answer
+    # the split runtime opened no tail session: it holds what sending frames needs (nothing, server only)
+    assert opened == split_rt.device_bytes(continue_locally=False) == 0
+    # the runs were device work on the worker, never on the app's waiter threads ...
+    assert {name for name, _ in runs} == {"nestflex-engine"}, runs
     # ... and advanced the app's virtual finish time (by ms / share, share <= 1) like its frames
-    assert charged >= sum(ms for _, ms in tails)
+    assert charged >= sum(ms for _, ms in runs)
 
 
 class HeldTail:
@@ -293,14 +304,17 @@ class HeldTail:
 
 @pytest.mark.parametrize("leave", ["remove_app", "close"])
 def test_a_fallback_owed_when_its_app_leaves_is_still_answered(bundle, monkeypatch, leave):
+    from nestflex.deploy.runtime import CapacityRuntime
+
     tail, names = HeldTail(), []
-    real_tail = SplitRuntime.tail
+    # the fallback runs the frame on the app's capacity runtime, or once that is gone the split
+    # runtime's tail: either way on the waiter thread, as no worker serves the app any more
+    for cls, method in ((SplitRuntime, "tail"), (CapacityRuntime, "__call__")):
+        def named(self, *args, _real=getattr(cls, method), **kwargs):
+            names.append(threading.current_thread().name)
+            return _real(self, *args, **kwargs)
 
-    def named_tail(self, *args, **kwargs):
-        names.append(threading.current_thread().name)
-        return real_tail(self, *args, **kwargs)
-
-    monkeypatch.setattr(SplitRuntime, "tail", named_tail)
+        monkeypatch.setattr(cls, method, named)
     engine = nd.Engine("greedy_total")
     try:
         engine.add_app("cam", bundle, fps=30, tail=tail, deadline_ms=10_000, profile_repeats=1)
@@ -339,11 +353,15 @@ def test_a_split_option_is_charged_its_split_runtime_sessions(bundle, server):
         assert not shared  # measured at the join, then dropped: no app runs a split yet
         level0 = app.level_bytes(0)
         runs_split = [o for o, spec in app.joint[1].items() if spec.config is not None]
-        assert runs_split and all(o.memory_mb > level0 / MB for o in runs_split)
+        rows = {(r["split"], r["bits"], r["point"]): r for r in app.split.rows}
+        for o in runs_split:  # level 0 waits beside the sessions its split runtime opens to run it
+            r = rows[(o.split, o.bits, o.point)]
+            held = r["runtime_bytes"] if o.continue_locally else r["direct_bytes"]
+            assert o.memory_mb == pytest.approx((level0 + held) / MB)
         held = {r["split"]: r["runtime_bytes"] for r in app.split.rows if r["split"] is not None}
-        assert held[SPLIT] > 0
-        for o in (o for o in runs_split if o.split is not None):  # level 0 waits beside its split runtime
-            assert o.memory_mb == pytest.approx((level0 + held[o.split]) / MB)
+        assert held[SPLIT] > 0 and held[SERVER_ONLY] > 0  # the head's sessions, or the continuation's
+        # sending the whole frame without the continuation opens nothing on the device
+        assert min(o.memory_mb for o in runs_split) == pytest.approx(level0 / MB)
 
         def slow_device():  # the levels 2000 times slower: the planner wants to offload (as above)
             app.level_ms = [v * 2000.0 for v in app.level_ms]
@@ -361,13 +379,12 @@ def test_a_split_option_is_charged_its_split_runtime_sessions(bundle, server):
         engine.set_budget(memory_mb=chosen.memory_mb)  # what the option was charged: level 0 and its runtime
         assert engine.decision.allocation("cam").option == chosen and app.level == 0
         assert engine.resident_bytes() <= chosen.memory_mb * MB + 1
-        # room for level 0, not for it and any split runtime's sessions
+        # room for level 0 and less than any continuation's sessions: what runs fits, and is held
         budget = (level0 + min(held.values()) / 2) / MB
         engine.set_budget(memory_mb=budget)
         chosen = engine.decision.allocation("cam").option
-        assert chosen.memory_mb <= budget and app.joint[1][chosen].config is None, chosen
-        assert not shared and engine.resident_bytes() <= budget * MB
-        assert engine.stats()["apps"]["cam"]["split"]["config"] is None
+        assert chosen.memory_mb <= budget and not (chosen.split is not None and chosen.continue_locally), chosen
+        assert app.level == 0 and engine.resident_bytes() <= budget * MB
 
 
 def test_apps_of_one_bundle_share_a_split_runtime_released_with_the_last(bundle, server):

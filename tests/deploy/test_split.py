@@ -135,6 +135,26 @@ def test_every_split_agrees_with_the_torch_eager_reference(bundle, thresholds):
         np.testing.assert_array_equal(out.answer_index, ref.answer_index.numpy(), err_msg=name)
 
 
+def test_a_device_opens_the_heads_sessions_and_the_tails_only_when_a_frame_runs_them(bundle):
+    x = _x(4)
+    for split in split_names(bundle):
+        rt = SplitRuntime(bundle, split)
+        # what crosses the cut, named by the bundle, is what the first tail session reads
+        first = rt._server[0].run.open().session.get_inputs()
+        assert rt.crossing_shapes == [tuple(int(d) for d in i.shape[1:]) for i in first], split
+        rt = SplitRuntime(bundle, split)
+        assert rt.resident_bytes == rt.device_bytes(continue_locally=False) < rt.own_bytes, split
+        never = [1.0] * (rt.num_exits - 1)
+        head = rt.head(x, never)
+        assert rt.resident_bytes == rt.device_bytes(False)  # the head ran on what was open
+        if rt.next_exit is not None:
+            rt.next_local_exit(head)
+            assert rt.resident_bytes == rt.device_bytes(continue_locally=True) > rt.device_bytes(False), split
+        rt.combine(head, rt.tail(head.crossing, never))
+        assert rt.resident_bytes == rt.own_bytes, split  # a frame ran the tail here: every session is open
+    assert SplitRuntime(bundle, SERVER_ONLY).device_bytes(False) == 0  # sending the input needs no session
+
+
 def test_torch_in_gives_torch_out_and_the_parts_stay_numpy(bundle):
     x = _x(6, seed=2)
     rt = SplitRuntime(bundle, "features.relu4", "exits")

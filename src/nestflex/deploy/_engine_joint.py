@@ -14,8 +14,10 @@ An app's options (built once, when it joins, from what the engine measured on th
   samples, the quantisation profile's accuracy drops. Their accuracy is put on the levels' scale
   the way the engine's exit points are (the largest level's accuracy moved by the row's gain or
   loss against the exit set's final exit). Their memory is level 0's bytes (the capacity runtime
-  waits there while the app offloads) plus what the offloader's split runtime for that split point
-  holds (its own sessions, measured when the rows are; a runtime no app runs is dropped).
+  waits there while the app offloads) plus the sessions the offloader's split runtime opens to run
+  it: the head's and the continuation's (the tail's open only to run a device-only row; a failed
+  request with no exit to answer from runs the frame on the capacity runtime instead). A runtime
+  no app runs is dropped.
   Each one that sends comes with the local continuation and without it (``:direct``): the
   continuation's earlier answers and local fallback cost device time on every frame sent, which
   a loaded device may not have.
@@ -71,10 +73,11 @@ def measure_split(app: App, *, bits: Sequence[int], repeats: int, server_speedup
     times alone leave out. ``direct_ms`` is the same row without the local continuation (packing
     and submit only: a quarter of that on this machine, see :class:`~nestflex.deploy.scheduler.joint.JointOption`).
 
-    Each row also gets ``runtime_bytes``: what the offloader's split runtime for its split point
-    holds (:attr:`~nestflex.deploy.split.runtime.SplitRuntime.own_bytes`, its sessions' graph
-    sizes, as the engine counts a level's), read from the runtimes built here; a device-only row
-    runs in the first split point's runtime (:meth:`Offloader.runtime`)."""
+    Each row also gets ``runtime_bytes`` and ``direct_bytes``: what the offloader's split runtime
+    for its split point holds to run it, with the local continuation and without it
+    (:meth:`~nestflex.deploy.split.runtime.SplitRuntime.device_bytes`, sessions' graph sizes, as
+    the engine counts a level's), read from the runtimes built here; a device-only row runs in the
+    first split point's runtime (:meth:`Offloader.runtime`), every session of it open."""
     from nestflex.deploy.operating_points import operating_points
     from nestflex.deploy.scheduler.split import SplitScheduler
     from nestflex.deploy.split.costs import accuracy_drops, measure_bytes, measure_costs
@@ -98,8 +101,11 @@ def measure_split(app: App, *, bits: Sequence[int], repeats: int, server_speedup
         if r["split"] is not None:
             with_local, direct = overhead.get(r["split"], (0.0, 0.0))
             r["device_ms"], r["direct_ms"] = (r["device_ms"] + with_local * r["sent"], r["device_ms"] + direct * r["sent"])
-        # every runtime a row runs in was built above (the overhead's, or the offloader's first): a lookup
-        r["runtime_bytes"] = s.offloader.runtime(r["split"]).own_bytes
+        # every runtime a row runs in was built above (the overhead's, or the offloader's first): a lookup.
+        # A device-only row opens every session; one that sends, the head's (and the continuation's)
+        rt = s.offloader.runtime(r["split"])
+        r["runtime_bytes"], r["direct_bytes"] = ((rt.own_bytes, rt.own_bytes) if r["split"] is None
+                                                 else (rt.device_bytes(True), rt.device_bytes(False)))
     return rows, points, ref
 
 
@@ -191,10 +197,10 @@ def _options(app: App) -> dict[JointOption, RunSpec]:
             thresholds = None if r["point"] is None else tuple(s.points[r["point"]].thresholds)
             # the offloader's split runtime holds its own sessions beside the capacity runtime, which
             # waits at level 0 while the app offloads (the engine's plan puts it there)
-            memory = (app.level_bytes(0) + r["runtime_bytes"]) / MB
             # a row that sends comes twice: with the local continuation (SPINN's, the Offloader's
             # default) and without it (cheaper on the device; the scheduler weighs the two)
             for local in ((True, False) if sends else (True,)):
+                memory = (app.level_bytes(0) + r["runtime_bytes" if local else "direct_bytes"]) / MB
                 option = JointOption(level=top, accuracy=min(1.0, max(0.0, float(acc))),
                                      device_ms=float(r["device_ms"] if local else r["direct_ms"]),
                                      memory_mb=memory, point=r["point"], split=r["split"],

@@ -13,9 +13,10 @@ One frame of a split app, when the planner gave it a split configuration:
   a link outage costs the other apps nothing; a frame that finds ``depth`` requests of its app in
   flight runs on the device at the app's level instead (answered, not queued behind the link).
   A fallback with no exit to answer from (a server-only split, :meth:`Offloader._tail_on_device`)
-  runs the whole tail on the device: the waiter hands it back to the engine as a job of the app
-  (``App.jobs``), which the worker runs before the app's next frame and charges to the app's
-  virtual time like a frame, so it stays within the app's share and the CPU quota.
+  runs the frame again on the app's capacity runtime at its level (not the split runtime's tail,
+  whose sessions would hold the model a second time): the waiter hands it back to the engine as a
+  job of the app (``App.jobs``), which the worker runs before the app's next frame and charges to
+  the app's virtual time like a frame, so it stays within the app's share and the CPU quota.
 
 Every frame is answered: by the server, by a local exit, or by the device alone. The shared
 :class:`~nestflex.deploy.split.network.NetworkProfiler` is fed by every app's transfers (the link and
@@ -166,10 +167,11 @@ def _use_runtime(s: SplitApp, runtime: Any) -> None:
 
 
 def split_runtime_bytes(splits: list[SplitApp]) -> int:
-    """What the split runtimes of these apps' bundles hold, each shared runtime counted once."""
+    """What the split runtimes of these apps' bundles hold (their opened sessions), each shared
+    runtime counted once."""
     with _RUNTIMES_LOCK:
         keys = {s.runtime_key for s in splits if s.runtime_key is not None}
-        return sum(rt.own_bytes for k in keys if k in _RUNTIMES for rt in list(_RUNTIMES[k].runtimes.values()))
+        return sum(rt.resident_bytes for k in keys if k in _RUNTIMES for rt in list(_RUNTIMES[k].runtimes.values()))
 
 
 def _release_runtimes(s: SplitApp) -> None:
@@ -207,7 +209,7 @@ def open_split(bundle: Any, tail: Any, network: NetworkProfiler, *, deadline_ms:
 
 def serve_split(s: SplitApp, x: np.ndarray, arrival: float, answer: Callable[[SplitAnswer, float], None],
                 fail: Callable[[BaseException], None], done: Callable[[bool | None], None], lock: Any,
-                defer: Callable[[Callable[[], SplitAnswer], float], None]) -> float:
+                defer: Callable[[Callable[[], SplitAnswer], float, int], None]) -> float:
     """Run one frame's device part here (the worker), hand its wait to a waiter thread; returns the
     device time in ms.
 
@@ -216,9 +218,9 @@ def serve_split(s: SplitApp, x: np.ndarray, arrival: float, answer: Callable[[Sp
     waiter after a request finished (``ok``: the server answered; ``None``: no request was made),
     holding nothing, before ``answer``. ``lock`` guards ``s.inflight`` (the engine's, which ``done``
     takes to lower it). When the server failed and only the whole tail can answer (a server-only
-    split), the waiter calls ``defer(run, device_ms)`` instead of ``answer``: ``run()`` is that
-    device work (:meth:`Offloader._fallback`) and returns the frame's answer, for the caller to run
-    where the app's device work runs.
+    split), the waiter calls ``defer(run, device_ms, bytes_sent)`` instead of ``answer``: ``run()``
+    is that device work (:meth:`Offloader._fallback`) and returns the frame's answer, for the caller
+    to run where the app's device work runs, or to answer the frame its own way.
     """
     start = time.perf_counter()
     s.last_x = x
@@ -236,7 +238,7 @@ def serve_split(s: SplitApp, x: np.ndarray, arrival: float, answer: Callable[[Sp
             out = s.offloader._finish_remote(f, local, device_fallback=False)
         except SplitError as e:  # the server failed, and the fallback is the whole tail: device work
             done(False)
-            defer(partial(s.offloader._fallback, f, local, e), device_ms)
+            defer(partial(s.offloader._fallback, f, local, e), device_ms, f.call.bytes_sent if f.call is not None else 0)
             return
         except BaseException as e:  # a bug, not the network: the frame still gets its answer (an error)
             done(None)
@@ -356,41 +358,59 @@ class SplitServing:
                                      lambda answer, ms: self._split_answer(app, frame, answer, level, ms),
                                      lambda e: self._split_failed(app, frame, level, e),
                                      lambda ok: self._split_done(app, ok), self._cond,
-                                     lambda run, ms: self._split_fallback(app, frame, level, run, ms))
+                                     lambda run, ms, sent: self._split_fallback(app, frame, level, run, ms, sent))
         except BaseException as e:  # one failing app never stops the others
             return self._split_failed(app, frame, level, e)
         self._after_frame(app, level, None, compute_ms, app.split.predicted_ms, time.perf_counter())
 
     def _split_answer(self, app: App, frame: Frame, answer: Any, level: int, device_ms: float) -> None:
         """A split app's frame answered (on the worker or a waiter thread)."""
-        r, s = answer.result, app.split
-        logits = r.logits[0]
+        r = answer.result
+        self._deliver(app, frame, r.logits[0], level, int(r.exit_index[0]), answer.where, device_ms,
+                      answer.bytes_sent, answer.reply.server_ms if answer.reply is not None else 0.0,
+                      answer.latency_ms)
+
+    def _deliver(self, app: App, frame: Frame, logits: Any, level: int, exit_k: int | None, where: str,
+                 device_ms: float, bytes_sent: int, server_ms: float, latency_ms: float) -> None:
+        """Count a split app's answered frame and set its result."""
+        s = app.split
         with self._cond:
             app.counts["answered"] += 1
-            app.latencies.append(answer.latency_ms)
-            s.where[answer.where] += 1
-            s.bytes_sent += answer.bytes_sent
-            s.server_ms += answer.reply.server_ms if answer.reply is not None else 0.0
+            app.latencies.append(latency_ms)
+            s.where[where] += 1
+            s.bytes_sent += bytes_sent
+            s.server_ms += server_ms
         scores = np.asarray(logits).tolist()
         frame.future.set_result(self._result(app.name, frame.seq, frame.tag, max(range(len(scores)), key=scores.__getitem__),
-                                            frame.back(logits), level, int(r.exit_index[0]), answer.latency_ms,
-                                            device_ms, where=answer.where, bytes_sent=answer.bytes_sent))
+                                            frame.back(logits), level, exit_k, latency_ms, device_ms, where=where,
+                                            bytes_sent=bytes_sent))
 
     def _split_fallback(self, app: App, frame: Frame, level: int, run: Callable[[], SplitAnswer],
-                        device_ms: float) -> None:
-        """A split app's frame whose fallback runs the whole tail on the device (from a waiter
+                        device_ms: float, bytes_sent: int) -> None:
+        """A split app's frame that no exit can answer after its request failed (from a waiter
         thread): queued as a job of the app, which the worker runs at the app's share and charges
         like a frame (:meth:`_serve_job`); an app that left, or a closed engine, runs it here, so
-        the frame is still answered."""
+        the frame is still answered. The job runs the frame again on the app's capacity runtime at
+        its level, not ``run`` (the split runtime's tail): the tail's sessions would hold the
+        model's weights a second time, which the plan did not charge; ``run`` only once the app
+        has left and its capacity runtime is gone."""
         def job() -> float:
             start = time.perf_counter()
+            rt, at = app.runtime, app.level
             try:
-                out = run()
+                if rt is not None:
+                    logits = rt(frame.x)[0]
+                else:
+                    out = run()
             except BaseException as e:  # one failing app never stops the others
                 self._split_failed(app, frame, level, e)
                 return 1e3 * (time.perf_counter() - start)
             ms = 1e3 * (time.perf_counter() - start)
-            self._split_answer(app, frame, out, level, device_ms + ms)
+            if rt is None:
+                self._split_answer(app, frame, out, level, device_ms + ms)
+            else:
+                self._deliver(app, frame, logits, at, None, "fallback", device_ms + ms, bytes_sent, 0.0,
+                              1e3 * (time.perf_counter() - frame.arrival))
             return ms
 
         with self._cond:

@@ -424,7 +424,8 @@ class _Problem:
         self.s_load, self.s_pattern = stack(self.load, 0.0), stack(self.pattern, 0)
         self.s_deficit, self.s_memory, self.s_tie = stack(self.deficit, 0.0), stack(self.memory, 0.0), stack(self.tie, 0.0)
         self.rows_n = np.arange(len(apps))
-        self.front_rows = [np.arange(len(f)) for f in self.fronts]
+        # where each option's own slowdown sits in _single_moves' (M, 4) peaks, flattened
+        self.own_peak = [np.arange(len(f)) * 4 + pat for f, pat in zip(self.fronts, self.pattern)]
         self.budget = res.memory_mb + MEMORY_TOL
 
     def costs(self, choice: Sequence[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -497,8 +498,8 @@ class JointScheduler:
             choice = self._fit(p, list(choice))
             done = self._descend(p, choice, seen, pairs=False)
             if done is not None and (best_key is None or _better(done[1], best_key)):
-                best, best_key = done
-        best, _ = self._descend(p, best, set(), pairs=True)  # the best of them, with pair moves too
+                best, best_key, keys = done
+        best, _, _ = self._descend(p, best, set(), pairs=True, keys=keys)  # the best of them, with pair moves too
         self.last = p.decision(self.name, best, start)
         return self.last
 
@@ -511,50 +512,53 @@ class JointScheduler:
             choice[v] = int(np.argmin(p.memory[v] + p.deficit[v] * 1e-6))
         return choice
 
-    def _descend(self, p: _Problem, choice: list[int], seen: set[tuple[int, ...]], pairs: bool = True
-                 ) -> tuple[list[int], np.ndarray] | None:
+    def _descend(self, p: _Problem, choice: list[int], seen: set[tuple[int, ...]], pairs: bool = True,
+                 keys: list[np.ndarray] | None = None) -> tuple[list[int], np.ndarray, list[np.ndarray]] | None:
         """Moves that improve the objective until none does: one app at a time over its whole front
         (:func:`_single_moves`, a few array operations per app), then (when that is stuck) the best
         move of two apps at once over each one's ``pair_candidates`` best options given the others,
         all pairs in one evaluation, which is what trades memory or load between two apps (only with
         ``pairs``: :meth:`schedule` runs them on the best start's end, not on every start's). Returns
-        the assignment and its sort key, or ``None`` when it reaches an assignment an earlier start
-        passed through (``seen``, the assignments at the start of each pass): the descent is
-        deterministic, so from there it ends where that one did, which is already a candidate."""
+        the assignment, its sort key and each app's single-move keys, or ``None`` when it reaches
+        an assignment an earlier start passed through (``seen``, the assignments at the start of each
+        pass): the descent is deterministic, so from there it ends where that one did, which is
+        already a candidate. ``keys``: the single-move keys of ``choice`` where a descent that
+        ended there returned them (no single move helps: it goes on with pair moves at once)."""
         n = len(choice)
         cur = _keys(p, np.asarray(choice, dtype=np.int64)[None, :])[0]
         totals = _totals(p, choice)
-        per_app: list[np.ndarray] = [np.empty(0)] * n  # each app's keys, the others as they were then
-        quiet = 0  # apps in a row at their best given the others: n of them end the descent
-        for step in range(self.max_sweeps * n):
-            v = step % n
+        per_app: list[np.ndarray] = list(keys) if keys is not None else [np.empty(0)] * n  # each app's keys
+        quiet = n if keys is not None else 0  # apps in a row at their best given the others: n end the singles
+        step = 0
+        while step < self.max_sweeps * n:
+            step += 1
+            if quiet >= n:  # no app moved in the last n, so each one's keys are given the others as they are now
+                if n < 2 or not pairs:
+                    break
+                picks = _pair_moves(choice, [_order(k)[:self.pair_candidates] for k in per_app])
+                pair_keys = _keys(p, picks)
+                best = int(_order(pair_keys)[0])
+                if best == 0 or not _better(pair_keys[best], pair_keys[0]):  # row 0 is the current assignment
+                    break
+                choice, cur, quiet = [int(c) for c in picks[best]], pair_keys[best], 0
+                totals = _totals(p, choice)
+                continue
+            v = (step - 1) % n
             if v == 0:
                 state = tuple(choice)
                 if state in seen:
                     return None
                 seen.add(state)
-            keys = _single_moves(p, choice, v, totals)
-            first = _first(keys)
-            per_app[v] = keys
+            row_keys = _single_moves(p, choice, v, totals)
+            first = _first(row_keys)
+            per_app[v] = row_keys
             # against the current option in the same evaluation: float noise is no improvement
-            if first != choice[v] and _better(keys[first], keys[choice[v]]):
+            if first != choice[v] and _better(row_keys[first], row_keys[choice[v]]):
                 totals = _moved(p, totals, v, choice[v], first)
-                choice[v], cur, quiet = first, keys[first], 1  # v is at its best given the others now
-                continue
-            quiet += 1
-            if quiet < n:
-                continue
-            if n < 2 or not pairs:
-                break
-            # no app moved in the last n, so each one's keys are given the others as they are now
-            picks = _pair_moves(choice, [_order(k)[:self.pair_candidates] for k in per_app])
-            keys = _keys(p, picks)
-            best = int(_order(keys)[0])
-            if best == 0 or not _better(keys[best], keys[0]):  # row 0 is the current assignment
-                break
-            choice, cur, quiet = [int(c) for c in picks[best]], keys[best], 0
-            totals = _totals(p, choice)
-        return choice, cur
+                choice[v], cur, quiet = first, row_keys[first], 1  # v is at its best given the others now
+            else:
+                quiet += 1
+        return choice, cur, (per_app if quiet >= n else None)
 
 
 def _peaks(rho: np.ndarray) -> np.ndarray:
@@ -612,21 +616,24 @@ def _single_moves(p: _Problem, choice: Sequence[int], v: int,
     load, deficit_all, count, memory_all, tie_all = _totals(p, choice) if totals is None else totals
     rho = (load - p.load[v][c]) + p.load[v]  # (M, 3)
     peaks = _peaks(rho)  # (M, 4)
-    own = p.deficit[v] + p.alpha * (peaks[p.front_rows[v], p.pattern[v]] - 1.0)
+    mine = np.take(peaks, p.own_peak[v])  # each option's own slowdown (its pattern's peak)
     others = count.copy()
     others[p.pattern[v][c]] -= 1.0
-    total = own + ((deficit_all - p.deficit[v][c]) + p.alpha * ((peaks - 1.0) @ others))
+    # sum of costs: own deficit + alpha (own slowdown - 1) + the others' deficits + alpha (their slowdowns - 1)
+    base = (deficit_all - float(p.deficit[v][c])) - p.alpha * (1.0 + float(others.sum()))
+    total = p.deficit[v] + p.alpha * (mine + peaks @ others) + base
     if p.objective == "total":
-        value = total
+        value = None
     else:  # the worst other app of each pattern is its largest deficit there
+        own = p.deficit[v] + p.alpha * (mine - 1.0)
         keep = p.rows_n != v
         on, oc = p.rows_n[keep], np.asarray(choice, dtype=np.int64)[keep]
         worst = np.full(4, -np.inf)
         np.maximum.at(worst, p.s_pattern[on, oc], p.s_deficit[on, oc])
         value = np.maximum(own, (worst + p.alpha * (peaks - 1.0)).max(axis=1)) if len(on) else own
-    memory = (memory_all - p.memory[v][c]) + p.memory[v]
+    fits = p.memory[v] <= p.budget - (memory_all - float(p.memory[v][c]))
     tie = (tie_all - p.tie[v][c]) + p.tie[v]
-    return _key_rows(p, value, total, memory, tie)
+    return _key_rows(value, total, fits, tie)
 
 
 def _pair_moves(choice: Sequence[int], best_alone: Sequence[np.ndarray]) -> np.ndarray:
@@ -648,17 +655,21 @@ def _pair_moves(choice: Sequence[int], best_alone: Sequence[np.ndarray]) -> np.n
 def _keys(p: _Problem, picks: np.ndarray) -> np.ndarray:
     """Sort keys of the assignment rows of ``picks`` (G, n)."""
     costs, _, _, memory, tie = _evaluate(p, picks)
-    total = costs.sum(axis=1)
-    return _key_rows(p, total if p.objective == "total" else costs.max(axis=1), total, memory, tie)
+    return _key_rows(None if p.objective == "total" else costs.max(axis=1), costs.sum(axis=1), memory <= p.budget, tie)
 
 
-def _key_rows(p: _Problem, value: np.ndarray, total: np.ndarray, memory: Any, tie: np.ndarray) -> np.ndarray:
-    """Sort keys, one row per assignment: the objective (inf over the memory budget), then the sum of
-    costs (MinMaxCost: lowers the apps below the worst one, which gets single moves off a plateau),
-    then bytes and server time. Rounded so that float noise in a sum is no improvement."""
-    out = np.empty((len(value), 3))
-    np.round(np.where(memory <= p.budget, value, np.inf), 12, out=out[:, 0])
+def _key_rows(value: np.ndarray | None, total: np.ndarray, fits: np.ndarray, tie: np.ndarray) -> np.ndarray:
+    """Sort keys, one row per assignment: the objective (``None``: the sum of costs, MinTotalCost;
+    inf over the memory budget, where not ``fits``), then the sum of costs (MinMaxCost: lowers the
+    apps below the worst one, which gets single moves off a plateau), then bytes and server time.
+    Rounded so that float noise in a sum is no improvement."""
+    out = np.empty((len(total), 3))
     np.round(total, 12, out=out[:, 1])
+    if value is None:
+        out[:, 0] = out[:, 1]
+    else:
+        np.round(value, 12, out=out[:, 0])
+    out[~fits, 0] = np.inf
     out[:, 2] = tie
     return out
 

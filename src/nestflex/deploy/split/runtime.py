@@ -43,6 +43,7 @@ Example::
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
@@ -84,6 +85,39 @@ def split_names(bundle: Bundle) -> list[str]:
     return [SERVER_ONLY, *(s.name for s in bundle.spec.splits)]
 
 
+class _Stage:
+    """One graph's session, opened on its first run (or :meth:`open`), once, from any thread.
+
+    Why lazily: a device that sends every frame to the server (the server-only split, no local
+    continuation) never runs the tail's sessions, and one that is opened holds the model's weights
+    again; they open when a run needs them (a fallback, a device-only frame, the server's first
+    request). The head's own sessions are opened with the runtime, so its first frame builds nothing.
+    """
+
+    def __init__(self, bundle: Bundle, path: Path, threads: int, providers: Sequence[str] | None,
+                 head: bool = False) -> None:
+        self._args, self._head = (bundle, path, threads, providers), head
+        self.bytes = path.stat().st_size  # what its session holds: its graph file's size
+        self.session: Any = None
+        self._fn: Callable[..., Any] | None = None
+        self._lock = threading.Lock()
+
+    def open(self) -> _Stage:
+        if self._fn is None:
+            with self._lock:
+                if self._fn is None:
+                    self.session = _open(*self._args)
+                    self._fn = _head_fn(self.session) if self._head else _stage_fn(self.session)
+        return self
+
+    @property
+    def opened(self) -> bool:
+        return self._fn is not None
+
+    def __call__(self, *values: Any) -> Any:
+        return (self._fn or self.open()._fn)(*values)
+
+
 @dataclass(frozen=True)
 class _Segment:
     """A run of program nodes between two cuts as one session, and the exit that ends it (if any)."""
@@ -91,9 +125,11 @@ class _Segment:
     inputs: list[str]
     outputs: list[str]
     exit: int | None  # global exit index; the final exit is num_exits - 1
-    run: Callable[..., State]  # fn(*inputs) -> outputs (the logits alone for the last segment)
-    input_shapes: list[tuple[int, ...]]  # per-sample shapes of the inputs
-    bytes: int = 0  # what its session holds: its graph file's size
+    run: _Stage  # run(*inputs) -> outputs (the logits alone for the last segment)
+
+    @property
+    def bytes(self) -> int:
+        return self.run.bytes
 
 
 def _open(bundle: Bundle, path: Path, threads: int, providers: Sequence[str] | None) -> Any:
@@ -140,11 +176,21 @@ def _segments(bundle: Bundle, cuts: Sequence[str], tap_exit: Mapping[str, int], 
     paths, io = cut_graphs(bundle, cuts)
     out = []
     for path, (ins, outs), cut in zip(paths, io, [*cuts, None]):
-        session = _open(bundle, path, threads, providers)
-        shapes = [tuple(int(d) for d in i.shape[1:]) for i in session.get_inputs()]
         exit_ = num_exits - 1 if cut is None else tap_exit.get(cut)
-        out.append(_Segment(ins, outs, exit_, _stage_fn(session), shapes, path.stat().st_size))
+        out.append(_Segment(ins, outs, exit_, _Stage(bundle, path, threads, providers)))
     return out
+
+
+def _crossing_shapes(bundle: Bundle, split: Any, first: _Segment) -> list[tuple[int, ...]]:
+    """Per-sample shapes of what crosses the cut (``first``'s inputs): the bundle's input for the
+    server-only split, the split record's tensors for a split point; read from ``first``'s session
+    (opening it) only where the bundle does not name them all."""
+    known = ({first.inputs[0]: tuple(bundle.input_spec["shape"])} if split is None and len(first.inputs) == 1
+             else {} if split is None else {name: tuple(shape) for name, shape in split.tensors})
+    if all(n in known for n in first.inputs):
+        return [tuple(int(d) for d in known[n]) for n in first.inputs]
+    shapes = {i.name: i.shape[1:] for i in first.run.open().session.get_inputs()}
+    return [tuple(int(d) for d in shapes[n]) for n in first.inputs]
 
 
 def _exit_spec(bundle: Bundle, exit_set: str | None) -> tuple[str, ExitSet] | None:
@@ -244,9 +290,10 @@ class SplitRuntime:
         fallback: the exit set's shipped fallback (what answers a sample no early exit takes).
         crossing_names: the values that cross the cut.
         crossing_shapes: their per-sample shapes.
-        own_bytes: what its sessions hold (the segments and the exit heads, both sides of the
-            split), counted as the engine counts a level's or an exit set's sessions: each
-            session's graph file size, weights included.
+        own_bytes: what its sessions hold once all are open (the segments and the exit heads, both
+            sides of the split), counted as the engine counts a level's or an exit set's sessions:
+            each session's graph file size, weights included. The head's sessions open with the
+            runtime, the others on their first run (:attr:`resident_bytes`, :meth:`device_bytes`).
 
     Raises:
         BundleError: unknown split or exit set, an exit set with its own backbone, or bad
@@ -286,7 +333,7 @@ class SplitRuntime:
         self.num_exits = len(self.taps) + 1
         # one head per early exit (the exit set's head graphs, reading the tapped value), the final exit's logits last
         self._heads: list[Callable[[State], np.ndarray]] = [
-            *(_head_fn(_open(bundle, p, threads, providers)) for p in head_files), _final_head]
+            *(_Stage(bundle, p, threads, providers, head=True) for p in head_files), _final_head]
         index = {n.name: i for i, n in enumerate(bundle.spec.capacity.program.nodes)}
         cuts = sorted(set(self.taps) | ({self.node} if self.node else set()), key=index.__getitem__)
         segments = _segments(bundle, cuts, {t: k for k, t in enumerate(self.taps)}, self.num_exits, threads,
@@ -299,7 +346,31 @@ class SplitRuntime:
         self.next_exit = self._server[0].exit if self._server[0].exit != self.num_exits - 1 else None
         self.crossing_names = list(self._server[0].inputs)
         self.own_bytes = sum(p.stat().st_size for p in head_files) + sum(s.bytes for s in segments)
-        self.crossing_shapes = list(self._server[0].input_shapes)
+        self.crossing_shapes = _crossing_shapes(bundle, None if self.node is None else sp, self._server[0])
+        for stage in self._device_stages(False):  # the head runs on every frame: open now, not on the first
+            stage.open()
+
+    def _device_stages(self, continue_locally: bool) -> list[_Stage]:
+        """The sessions a device runs for the head (its segments and exit heads) and, with
+        ``continue_locally``, for the local continuation to the next early exit."""
+        out = [s.run for s in self._device] + [self._heads[s.exit] for s in self._device if s.exit is not None]
+        if continue_locally and self.next_exit is not None:
+            out += [self._server[0].run, self._heads[self.next_exit]]
+        return [s for s in out if isinstance(s, _Stage)]
+
+    def device_bytes(self, continue_locally: bool = True) -> int:
+        """What a device holds to send frames at this split: the head's sessions and, with
+        ``continue_locally``, the local continuation's (graph file sizes, as :attr:`own_bytes`). The
+        rest of :attr:`own_bytes` opens only when a frame runs the tail here (device only, or a
+        fallback with no exit to answer from)."""
+        return sum(s.bytes for s in self._device_stages(continue_locally))
+
+    @property
+    def resident_bytes(self) -> int:
+        """What its opened sessions hold now (graph file sizes): at least ``device_bytes(False)``
+        (:meth:`device_bytes`), at most :attr:`own_bytes`."""
+        stages = [s.run for s in self._device + self._server] + list(self._heads)
+        return sum(s.bytes for s in stages if isinstance(s, _Stage) and s.opened)
 
     # -- plumbing ------------------------------------------------------------------------------
 
