@@ -153,6 +153,16 @@ def test_a_device_opens_the_heads_sessions_and_the_tails_only_when_a_frame_runs_
         rt.combine(head, rt.tail(head.crossing, never))
         assert rt.resident_bytes == rt.own_bytes, split  # a frame ran the tail here: every session is open
     assert SplitRuntime(bundle, SERVER_ONLY).device_bytes(False) == 0  # sending the input needs no session
+    # a config switch opens what its frames run, between frames (no frame opens a session)
+    from nestflex.deploy.split.offload import Offloader, SplitConfig
+
+    split = next(s for s in split_names(bundle) if SplitRuntime(bundle, s).next_exit is not None)
+    for local in (True, False):
+        off = Offloader(bundle, object(), SplitConfig(split, continue_locally=local))  # a client never called
+        rt = off.runtime(split)
+        assert rt.resident_bytes == rt.device_bytes(local), local
+    off = Offloader(bundle, None, SplitConfig(split))  # no server: the device runs the whole network
+    assert off.runtime(split).resident_bytes == off.runtime(split).own_bytes
 
 
 def test_torch_in_gives_torch_out_and_the_parts_stay_numpy(bundle):

@@ -171,10 +171,12 @@ class Offloader:
         return self._runtimes[split]
 
     def set_config(self, config: SplitConfig) -> None:
-        """Use ``config`` from the next frame on (builds its split runtime now, not on the frame)."""
+        """Use ``config`` from the next frame on (builds its split runtime and opens the sessions
+        its frames run now, not on a frame; a fallback's tail opens when one needs it)."""
         if not isinstance(config, SplitConfig):
             raise NestflexError(f"`config` must be a SplitConfig, got {type(config).__name__}")
-        rt = self.runtime(config.split)
+        rt = self.runtime(config.split).open(continue_locally=config.continue_locally,
+                                             tail=config.split is None or self.client is None)
         if config.thresholds is not None and len(config.thresholds) != rt.num_exits - 1:
             raise NestflexError(f"`thresholds` must have one value per early exit ({rt.num_exits - 1}), got "
                                 f"{len(config.thresholds)}")

@@ -358,6 +358,18 @@ class SplitRuntime:
             out += [self._server[0].run, self._heads[self.next_exit]]
         return [s for s in out if isinstance(s, _Stage)]
 
+    def open(self, continue_locally: bool = True, tail: bool = False) -> SplitRuntime:
+        """Open now the sessions a device runs at this split: the head's (open already), the local
+        continuation's with ``continue_locally``, every one with ``tail`` (a device that runs the
+        whole network here). What a config switch calls between frames, so that no frame pays for
+        opening a session."""
+        stages = self._device_stages(continue_locally)
+        if tail:
+            stages += [s.run for s in self._server] + [h for h in self._heads if isinstance(h, _Stage)]
+        for stage in stages:
+            stage.open()
+        return self
+
     def device_bytes(self, continue_locally: bool = True) -> int:
         """What a device holds to send frames at this split: the head's sessions and, with
         ``continue_locally``, the local continuation's (graph file sizes, as :attr:`own_bytes`). The
