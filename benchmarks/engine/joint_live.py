@@ -24,7 +24,9 @@ every second, log-uniform in 0.5-20 Mbit/s). The device is ``--device-cpu`` of t
 
 **Measured** per system and run: frames/s answered (all apps), accuracy on all frames (a dropped
 frame counts as wrong), SLO violations (frames not answered within ``--slo-periods`` frame
-periods, dropped ones included), bytes sent, server time; the joint engine's decision time.
+periods, dropped ones included), bytes sent, server time; the joint engine's decision time; what
+each engine's process holds (``Engine.resident_bytes()`` after every join and before every leave)
+against its memory budget.
 A last phase (joint engine) stalls the link for ``--deadline-ms`` x 3 and then kills the server:
 every frame answered, and the other apps keep running.
 
@@ -229,7 +231,7 @@ class Pool:
 def run_engine(system: str, pool: Pool, trace: list[tuple[int, ...]], link_port: int | None, burner: Burner,
                args: argparse.Namespace, timeline: list | None, link: BandwidthTrace) -> dict[str, Any]:
     rec = Recorder()
-    server_ms, bytes_sent, plan_ms = 0.0, 0, []
+    server_ms, bytes_sent, plan_ms, resident = 0.0, 0, [], []
     with Engine(ENGINE_SCHEDULER[system], memory_mb=pool.memory_mb, cpu=args.device_cpu, alpha=args.alpha,
                 link_mbps=float(link.rate(0.0)) or 1.0, max_delay_periods=args.slo_periods) as engine:
         def add(i: int) -> None:
@@ -239,9 +241,11 @@ def run_engine(system: str, pool: Pool, trace: list[tuple[int, ...]], link_port:
             engine.add_app(a["name"], src["bundle"], fps=a["fps"], profile_repeats=3, tail=tail,
                            deadline_ms=args.deadline_ms,
                            exit_set=None if system in ("levels", "status_quo") else "auto")
+            resident.append(engine.resident_bytes())  # what the process holds after the join's plan
 
         def leave(i: int) -> None:
             nonlocal server_ms, bytes_sent
+            resident.append(engine.resident_bytes())  # and after the plans since the last event
             st = engine.stats()["apps"][pool.apps[i]["name"]]
             if st["split"] is not None:
                 server_ms += st["split"]["server_ms"]
@@ -268,7 +272,7 @@ def run_engine(system: str, pool: Pool, trace: list[tuple[int, ...]], link_port:
         for name in list(engine.apps):
             leave(next(i for i, a in enumerate(pool.apps) if a["name"] == name))
     return {**out, **totals(rec, out["seconds"], args.slo_periods), "server_ms": server_ms, "bytes_sent": bytes_sent,
-            "plan_ms": plan_ms, "plan_ms_6_apps": six}
+            "plan_ms": plan_ms, "plan_ms_6_apps": six, "resident_mb_peak": max(resident, default=0) / 1e6}
 
 
 def run_offloaders(pool: Pool, trace: list[tuple[int, ...]], link_port: int, burner: Burner,
@@ -333,7 +337,7 @@ def run_offloaders(pool: Pool, trace: list[tuple[int, ...]], link_port: int, bur
     for c in clients:
         c.close()
     return {**out, **totals(rec, out["seconds"], args.slo_periods), "server_ms": sum(b["server_ms"] for b in boxes),
-            "bytes_sent": sum(b["bytes"] for b in boxes), "plan_ms": [], "plan_ms_6_apps": []}
+            "bytes_sent": sum(b["bytes"] for b in boxes), "plan_ms": [], "plan_ms_6_apps": [], "resident_mb_peak": None}
 
 
 def drive(pool: Pool, trace: list[tuple[int, ...]], add, leave, submit, burner: Burner, args: argparse.Namespace,
@@ -589,7 +593,8 @@ def main(argv: list[str] | None = None) -> int:
         server.stop()
     systems = {s: {"median": medians(v), "runs": [{k: x[k] for k in ("run", "fps", "accuracy_all_frames",
                                                                      "slo_violations", "slo_violation_rate", "frames",
-                                                                     "bytes_sent", "server_ms")} for x in v]}
+                                                                     "bytes_sent", "server_ms", "resident_mb_peak")}
+                                                  for x in v]}
                for s, v in per.items()}
     goals: dict[str, Any] = {}
     if "joint" in per and any(s in per for s in SINGLE_KNOB):
@@ -609,6 +614,14 @@ def main(argv: list[str] | None = None) -> int:
                          f"{'6' if any(r['plan_ms_6_apps'] for r in per['joint']) else 'fewer than 6'} apps, "
                          f"live (the CPU shared with the apps and the burner); the first plan of a bundle cuts its "
                          f"Pareto front")}
+    if "joint" in per:
+        peak = max(r["resident_mb_peak"] for r in per["joint"])
+        goals["memory_within_budget"] = {
+            "target": "what the joint engine's process holds within its memory budget, every run",
+            "measured": round(peak, 3), "met": peak <= pool.memory_mb + 1e-6,
+            "note": (f"the largest Engine.resident_bytes() (sessions: capacity and exit runtimes, the split runtimes "
+                     f"once each) after every app's join and before every app's leave, over the {args.seeds} runs; "
+                     f"budget {pool.memory_mb:.3f} MB")}
     if failures is not None:
         goals["every_frame_answered_under_failures"] = {
             "target": "every frame answered under a link stall past the deadline and a killed server; the other "
