@@ -47,6 +47,7 @@ import numpy as np
 from nestflex.deploy.split.client import SplitError
 from nestflex.deploy.split.network import NetworkProfiler
 from nestflex.deploy.split.offload import Offloader, SplitAnswer, SplitConfig
+from nestflex.deploy.split.runtime import SERVER_ONLY
 from nestflex.errors import NestflexError
 
 if TYPE_CHECKING:
@@ -200,7 +201,11 @@ def open_split(bundle: Any, tail: Any, network: NetworkProfiler, *, deadline_ms:
     else:
         client = tail
     exit_set = "exits" if "exits" in bundle.exit_sets else None
-    off = Offloader(bundle, client, SplitConfig(None, deadline_ms=deadline_ms), exit_set=exit_set, profiler=network)
+    # a placeholder config that opens no session (the server-only split, no continuation): the app
+    # runs on the engine's runtimes until a plan gives it a split (SplitApp.config), and a device-only
+    # config here would open the whole network's sessions at every join, on the worker
+    off = Offloader(bundle, client, SplitConfig(SERVER_ONLY, deadline_ms=deadline_ms, continue_locally=False),
+                    exit_set=exit_set, profiler=network)
     key = f"{Path(bundle.path).resolve()}|{exit_set}"
     _share_runtimes(off, key)  # the offloader's runtime cache, shared (see _RUNTIMES)
     waiters = ThreadPoolExecutor(max_workers=depth, thread_name_prefix="nestflex-split")
