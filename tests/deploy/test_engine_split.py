@@ -387,6 +387,17 @@ def test_a_split_option_is_charged_its_split_runtime_sessions(bundle, server):
         assert app.level == 0 and engine.resident_bytes() <= budget * MB
 
 
+def test_a_config_taken_up_again_opens_its_sessions_again(bundle, server):
+    with nd.Engine("greedy_total") as engine:
+        engine.add_app("cam", bundle, fps=30, tail=server.address, profile_repeats=1)
+        s = engine._apps["cam"].split
+        config = SplitConfig(SPLIT, bits=8, continue_locally=True)
+        for c in (config, None, config):  # its runtime is dropped while no app runs it, then rebuilt
+            engine._control(lambda c=c: s.set_config(c, None))
+        rt = s.offloader.runtime(SPLIT)
+        assert rt.next_exit is not None and rt.resident_bytes == rt.device_bytes(continue_locally=True)
+
+
 def test_apps_of_one_bundle_share_a_split_runtime_released_with_the_last(bundle, server):
     from nestflex.deploy import _engine_split
 

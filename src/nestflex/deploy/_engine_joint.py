@@ -71,7 +71,7 @@ def measure_split(app: App, *, bits: Sequence[int], repeats: int, server_speedup
     to the next exit while the request is in flight) times the share of frames sent: about a
     millisecond a request on this machine, several times a small split's head, which the segment
     times alone leave out. ``direct_ms`` is the same row without the local continuation (packing
-    and submit only: a quarter of that on this machine, see :class:`~nestflex.deploy.scheduler.joint.JointOption`).
+    and submit only: about half of that at the server-only split here, see :class:`~nestflex.deploy.scheduler.joint.JointOption`).
 
     Each row also gets ``runtime_bytes`` and ``direct_bytes``: what the offloader's split runtime
     for its split point holds to run it, with the local continuation and without it
@@ -195,8 +195,8 @@ def _options(app: App) -> dict[JointOption, RunSpec]:
             acc = r["accuracy"] if s.accuracy_ref is None else base + r["accuracy"] - s.accuracy_ref
             sends = r["split"] is not None
             thresholds = None if r["point"] is None else tuple(s.points[r["point"]].thresholds)
-            # the offloader's split runtime holds its own sessions beside the capacity runtime, which
-            # waits at level 0 while the app offloads (the engine's plan puts it there)
+            # the offloader's split runtime holds its own sessions beside the capacity runtime, charged
+            # at level 0: the engine moves it there while the app offloads when the budget needs it
             # a row that sends comes twice: with the local continuation (SPINN's, the Offloader's
             # default) and without it (cheaper on the device; the scheduler weighs the two)
             for local in ((True, False) if sends else (True,)):

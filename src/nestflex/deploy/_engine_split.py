@@ -108,7 +108,7 @@ class SplitApp:
     def set_config(self, config: SplitConfig | None, predicted_ms: float | None) -> None:
         """Run the next frames under ``config`` (builds its split runtime now, between frames); the
         bundle's split runtimes no app runs any more are dropped (:func:`_use_runtime`)."""
-        if config is not None and config != self.offloader.config:
+        if config is not None:  # also when unchanged: its runtime may have been dropped while unused
             self.offloader.set_config(config)
         self.config, self.predicted_ms = config, predicted_ms
         _use_runtime(self, None if config is None else self.offloader.runtime(config.split))
