@@ -51,6 +51,22 @@ def test_the_bound_covers_the_true_difference_at_its_confidence():
     assert 0.87 <= np.mean(covered) <= 0.93  # one-sided 90%; 1000 draws: sd 0.01
 
 
+def test_the_bound_carries_a_continuity_correction_of_one_image():
+    # 40 of 1000 images lost, 10 won: without the correction the bound sits just under -0.01
+    # (broken); one image's worth (1/n) lifts it over, so a step on the lattice edge is kept
+    a = np.zeros(1000, dtype=bool)
+    a[:900] = True
+    b = a.copy()
+    b[:40] = False
+    b[900:910] = True
+    d = paired_decision(a, b, max_drop=0.0)
+    z = 1.2815515655446004
+    assert d.bound == pytest.approx(d.estimate + z * d.se + 1 / 1000)
+    mid = -(d.bound - 1 / 1000 + d.bound) / 2  # an allowed drop between the plain and the corrected bound
+    assert not paired_decision(a, b, max_drop=mid).broken
+    assert d.estimate + z * d.se < -mid  # the uncorrected rule would have rejected it
+
+
 def test_torch_flags_and_the_json_record():
     a = torch.tensor([True, False, True, True])
     d = paired_decision(a, torch.tensor([1, 0, 0, 1]), max_drop=0.0, confidence=0.95)
