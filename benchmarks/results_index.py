@@ -169,6 +169,11 @@ BENCHMARKS: dict[str, Benchmark] = {
         "benchmarks/engine/joint_live.py",
         "Does one joint scheduler beat each single-knob scheduler live (apps, CPU load, link trace, tail server)?",
         "engine.md", _goals),
+    "cpu_wait": Benchmark(
+        "benchmarks/engine/cpu_wait.py", "Does the online profiler see another process taking the CPU?",
+        "engine.md", lambda s: "slowdown rise under busy processes, call only / with the wait: " + ", ".join(
+            f"{k} {s['goals']['slowdown_sees_contention']['call_only'][k]:.2f}x / {v:.2f}x"
+            for k, v in s["goals"]["slowdown_sees_contention"]["measured"].items())),
     "multitenant": Benchmark(
         "benchmarks/engine/multitenant.py", "Does NestDNN's scheduler beat the status quo in a replay of its protocol?",
         "scheduler.md", lambda s: "knee of the sweep (measured latencies): "

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 import time
 
 import numpy as np
@@ -283,6 +284,33 @@ def test_profiler_slowdown_rises_under_load_and_the_engine_moves_cheaper(wide):
         assert burn, f"no drift re-plan while the CPU was taken ({cpu_slowdown:.2f}x slower for a Python loop)"
         assert max(p["slowdown"] for p in burn) > 1.3 * quiet, (quiet, cpu_slowdown, [p["slowdown"] for p in burn])
         assert min(p["apps"]["cam"]["level"] for p in burn) < before, burn
+
+
+def test_the_worker_charges_its_wait_for_a_cpu_to_the_slowdown(tiny):
+    """The engine's worker is the watched thread and marks each local frame's start, so a wait for a
+    CPU before the call (what another process taking the cores costs short calls) reaches the
+    slowdown factor; the latency the scheduler reads stays the call's own."""
+    from nestflex.deploy.profiler import OnlineProfiler
+
+    class Waiting(OnlineProfiler):
+        watched = None
+
+        def watch_thread(self):
+            type(self).watched = threading.current_thread().name
+            return super().watch_thread()
+
+        def frame_started(self):
+            self._wait_ms = 50.0  # as if the worker had waited 50 ms for a core before each frame
+
+    bundle, _, _ = tiny
+    with nd.Engine("greedy_total", profiler=Waiting(window=8)) as engine:
+        engine.add_app("cam", bundle, profile_repeats=1)
+        for i in range(8):
+            engine.infer("cam", _x(i))
+        assert Waiting.watched == "nestflex-engine"
+        assert engine.profiler.slowdown() > 5.0  # (call + 50 ms) / a sub-ms prediction, clipped at 20
+        latency = engine.profiler.stats()["apps"]["cam"]["latency_ms"]
+        assert latency and max(latency.values()) < 50.0
 
 
 # ---------------------------------------------------------------------------------------- bad input

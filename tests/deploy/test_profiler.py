@@ -72,3 +72,77 @@ def test_json_and_csv_logs(tmp_path):
 def test_bad_arguments(kwargs, match):
     with pytest.raises(ProfilerError, match=match):
         OnlineProfiler(**kwargs)
+
+
+def test_waits_for_the_cpu_enter_the_slowdown_as_contention_not_the_latency(monkeypatch, tmp_path):
+    from nestflex.deploy import profiler as mod
+
+    # the run-queue clock at: watch, frame 1 start, end, frame 2 start, end, frame 3 end
+    readings = iter([0.0, 4.0, 4.0, 4.0, 4.5, 4.5])
+    monkeypatch.setattr(mod._RunQueueClock, "read", lambda self: next(readings))
+    monkeypatch.setattr(mod._RunQueueClock, "watch", lambda self: True)
+    p = OnlineProfiler(window=4, log=tmp_path / "f.csv", flush_every=1)
+    assert p.watch_thread()
+    p.frame_started()  # 4 ms runnable, not running, since the watch began
+    p.record("cam", 0, None, 1.0, 2.0)
+    # median call ratio 0.5, times 1 + 4 ms waited / 1 ms run
+    assert p.slowdown() == pytest.approx(0.5 * 5.0) and p.latency_ms("cam", 0) == 1.0
+    p.frame_started()
+    p.record("cam", 0, None, 1.0, 2.0)  # 0.5 ms of its 1 ms wall time spent preempted
+    assert p.contention() == pytest.approx(1 + 4.5 / 1.5)
+    assert p.slowdown("cam") == pytest.approx(0.5 * 4.0) and p.stats()["cpu_wait_ms"] == pytest.approx(2.25)
+    p.record("cam", 0, None, 2.0, 2.0)  # a frame with no start mark (a split app's): no wait charged
+    rows = list(csv.reader((tmp_path / "f.csv").open()))
+    assert [r[-1] for r in rows[1:]] == ["4.0", "0.5", "0.0"]
+
+
+def test_one_long_stall_moves_the_contention_a_little():
+    class Clock:  # the run-queue clock: 50 ms of waiting arrive before the last frame
+        now = 0.0
+
+        def watch(self):
+            return True
+
+        def read(self):
+            return self.now
+
+        def close(self):
+            pass
+
+    p = OnlineProfiler(window=8, max_ratio=20.0)
+    p._runq = clock = Clock()
+    p.watch_thread()
+    for _ in range(31):
+        p.frame_started()
+        p.record("cam", 0, None, 1.0, 1.0)
+    clock.now = 50.0
+    p.frame_started()  # clipped to 19 x its 1 ms prediction
+    p.record("cam", 0, None, 1.0, 1.0)
+    assert p.contention() == pytest.approx(1 + 19.0 / 32) and p.slowdown() == pytest.approx(1 + 19.0 / 32)
+
+
+def test_the_real_clock_reads_this_threads_waits_where_linux_reports_them():
+    import os
+    import threading
+
+    p = OnlineProfiler()
+    if not os.path.exists("/proc/thread-self/schedstat"):
+        assert not p.watch_thread()
+        p.frame_started()
+        assert p._wait_ms == 0.0
+        return
+    seen = []
+
+    def worker():
+        seen.append(p.watch_thread())
+        p.frame_started()
+        seen.append(p._wait_ms)
+        p.record("cam", 0, None, 1.0, 1.0)
+
+    t = threading.Thread(target=worker)
+    t.start()
+    t.join()
+    assert seen[0] is True and seen[1] >= 0.0
+    p.close()  # the file is closed with the profiler; nothing is measured after
+    p.frame_started()
+    assert p._runq._fd is None and p._wait_ms == 0.0

@@ -526,6 +526,7 @@ class Engine(SplitServing):
         return fut.result()
 
     def _run(self) -> None:
+        self.profiler.watch_thread()  # this thread's waits for a CPU enter the slowdown (profiler.py)
         while True:
             with self._cond:
                 while not self._closed and not self._controls and not any(
@@ -592,6 +593,7 @@ class Engine(SplitServing):
         if s is not None and s.config is not None and s.inflight < s.depth:
             return self._serve_split(app, frame)
         level, point = app.level, app.point
+        self.profiler.frame_started()
         start = time.perf_counter()
         try:
             if point is not None:

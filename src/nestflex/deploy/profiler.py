@@ -9,6 +9,19 @@ left at), the compute time it took and the time the offline profile predicted fo
   ratios, per app and for the whole device. It rises when another process takes a core, and the
   scheduler multiplies every predicted latency by it, so it plans for the device as it is now.
 
+**Waiting for a CPU.** A frame's compute time is wall time on the runtime call, and a call of
+0.1-2 ms is rarely preempted: a scheduler time slice is several ms, and a thread that sleeps
+between frames is favoured when it wakes. Another process taking the cores therefore shows up as
+the engine's worker waiting for a core (runnable, not running) between and before calls, in
+bursts of a time slice that a few frames take, not as longer calls: a median of per-frame call
+ratios does not move (docs/results/cpu_wait). Where Linux reports it (``/proc/thread-self/schedstat``),
+the engine marks each frame's start on its worker thread (:meth:`OnlineProfiler.frame_started`),
+and the slowdown is the median call ratio times the **contention** ``1 + sum(wait) / sum(compute)``
+over the last ``4 * window`` frames: the worker waits that share of its running time for a core,
+so every frame costs it that much more. Each wait is clipped to ``(max_ratio - 1)`` times its
+frame's prediction, so one long stall moves the factor by at most ``max_ratio / (4 * window)``.
+Elsewhere the wait is 0 and the contention 1.
+
 Outlier guard: a single ratio is clipped to ``[1 / max_ratio, max_ratio]`` before it enters the
 window, and the statistics are medians, so one frame preempted by the OS for 50 ms moves nothing;
 a sustained change moves the median within ``window / 2`` frames.
@@ -43,7 +56,7 @@ from nestflex.errors import NestflexError
 __all__ = ["ProfilerError", "OnlineProfiler", "LOG_FIELDS"]
 
 #: columns of the per-frame CSV log
-LOG_FIELDS = ("t", "app", "level", "exit", "compute_ms", "predicted_ms", "ratio")
+LOG_FIELDS = ("t", "app", "level", "exit", "compute_ms", "predicted_ms", "ratio", "wait_ms")
 
 
 class ProfilerError(NestflexError, ValueError):
@@ -80,6 +93,14 @@ class OnlineProfiler:
         self._ratios: dict[str, deque[float]] = {}
         self._device: deque[float] = deque(maxlen=window)
         self._frames: dict[str, int] = {}
+        # the worker's waits for a CPU and its compute time, over a longer window than the ratios:
+        # waits come in bursts of a time slice, and a sum over few frames would swing with one
+        self._waits: deque[float] = deque(maxlen=4 * window)
+        self._busy: deque[float] = deque(maxlen=4 * window)
+        self._runq = _RunQueueClock()
+        self._wait_ms = 0.0  # the wait before the frame in progress (frame_started)
+        self._rq_mark: float | None = None  # the watched thread's run-queue clock at the last record
+        self._rq_start: float | None = None  # ... and at the start of the call in progress
         self._t0 = time.perf_counter()
         self._log_path = Path(log) if log is not None else None
         self._rows: list[tuple[Any, ...]] = []
@@ -89,16 +110,42 @@ class OnlineProfiler:
                 csv.writer(f).writerow(LOG_FIELDS)
 
     # ------------------------------------------------------------------ recording
+    def watch_thread(self) -> bool:
+        """Measure the calling thread's waits for a CPU from now on (the engine's worker calls it
+        once, first thing). ``False`` where the OS does not report them (the wait stays 0)."""
+        ok = self._runq.watch()
+        self._rq_mark, self._rq_start = self._runq.read(), None
+        return ok
+
+    def frame_started(self) -> None:
+        """A frame's runtime call starts now: the watched thread's wait for a CPU since the last
+        :meth:`record` is charged to this frame, and its waits during the call (a call preempted
+        by another process) will be when it is recorded; nothing when no thread is watched."""
+        now = self._runq.read()
+        self._wait_ms = max(0.0, now - self._rq_mark) if now is not None and self._rq_mark is not None else 0.0
+        self._rq_start = now
+
     def record(self, app: str, level: int, exit: int | None, compute_ms: float, predicted_ms: float | None) -> None:
         """One frame: ``app`` ran ``level`` and left at ``exit`` (``None``: no exits) in ``compute_ms``.
 
         ``predicted_ms`` is the offline profile's time for that configuration and exit; ``None``
-        records the latency without a slowdown sample.
+        records the latency without a slowdown sample. The wait for a CPU :meth:`frame_started`
+        measured enters the contention (not the latency window).
         """
+        wait_ms, self._wait_ms = self._wait_ms, 0.0
+        end, start, self._rq_start = self._runq.read(), self._rq_start, None
+        in_call = max(0.0, end - start) if end is not None and start is not None else 0.0
+        self._rq_mark = end
+        # the call's own waits are in its wall time: counted as waiting, not as running
+        wait_ms, busy_ms = wait_ms + in_call, max(compute_ms - in_call, 0.0)
         ratio = None
         if predicted_ms is not None and predicted_ms > 0 and math.isfinite(compute_ms):
             ratio = min(self.max_ratio, max(1.0 / self.max_ratio, compute_ms / predicted_ms))
-        with self._lock:  # get-then-create: this runs once per frame, a throwaway deque is not free
+            wait_ms = min(wait_ms, (self.max_ratio - 1.0) * predicted_ms)
+        with self._lock:
+            if math.isfinite(compute_ms):
+                self._waits.append(wait_ms)
+                self._busy.append(busy_ms)  # get-then-create: this runs once per frame, a throwaway deque is not free
             lat = self._latency.get((app, level, exit))
             if lat is None:
                 lat = self._latency[(app, level, exit)] = deque(maxlen=self.window)
@@ -118,7 +165,7 @@ class OnlineProfiler:
                 self._rows.append((round(time.perf_counter() - self._t0, 6), app, level,
                                    "" if exit is None else exit, round(compute_ms, 4),
                                    "" if predicted_ms is None else round(predicted_ms, 4),
-                                   "" if ratio is None else round(ratio, 4)))
+                                   "" if ratio is None else round(ratio, 4), round(wait_ms, 4)))
                 if len(self._rows) >= self._flush_every:
                     self._flush_locked()
 
@@ -133,13 +180,24 @@ class OnlineProfiler:
 
     # ------------------------------------------------------------------ reading
     def slowdown(self, app: str | None = None, default: float = 1.0) -> float:
-        """Median measured/predicted ratio over the window: of ``app``, or of the device (``None``).
+        """Median measured/predicted ratio over the window, of ``app`` or of the device (``None``),
+        times the worker's :meth:`contention` (capped at ``max_ratio``).
 
         ``default`` when nothing has been measured yet.
         """
         with self._lock:
             window = self._device if app is None else self._ratios.get(app)
-            return statistics.median(window) if window else default
+            return min(self.max_ratio, statistics.median(window) * self._contention()) if window else default
+
+    def contention(self) -> float:
+        """``1 + sum(wait) / sum(compute)`` over the last ``4 * window`` frames: the worker's wait for
+        a CPU per unit of its running time, plus one (1.0 with no wait measured)."""
+        with self._lock:
+            return self._contention()
+
+    def _contention(self) -> float:
+        busy = sum(self._busy)
+        return 1.0 + sum(self._waits) / busy if busy > 0 else 1.0
 
     def latency_ms(self, app: str, level: int, exit: int | None = None) -> float | None:
         """Moving median latency of ``app`` at ``level`` leaving at ``exit``, or ``None`` if unseen."""
@@ -177,8 +235,14 @@ class OnlineProfiler:
                         rates[str(lv)] = {k: round(c / len(w), 4) for k, c in sorted(counts.items())}
                 apps[app] = {"frames": n, "slowdown": round(statistics.median(ratios), 4) if ratios else None,
                              "latency_ms": lat, "exit_rates": rates}
-            return {"window": self.window, "slowdown": round(statistics.median(self._device), 4) if self._device
-                    else None, "apps": apps}
+            c = self._contention()
+            for a in apps.values():
+                if a["slowdown"] is not None:
+                    a["slowdown"] = round(min(self.max_ratio, a["slowdown"] * c), 4)
+            return {"window": self.window,
+                    "slowdown": round(min(self.max_ratio, statistics.median(self._device) * c), 4) if self._device
+                    else None, "contention": round(c, 4),
+                    "cpu_wait_ms": round(statistics.fmean(self._waits), 4) if self._waits else None, "apps": apps}
 
     def write_json(self, path: str | os.PathLike) -> Path:
         """Write :meth:`stats` atomically as JSON."""
@@ -200,10 +264,45 @@ class OnlineProfiler:
             self._flush_locked()
 
     def close(self) -> None:
-        """Flush the log."""
+        """Flush the log; stop watching the thread."""
         self.flush()
+        self._runq.close()
 
     def __repr__(self) -> str:
         return f"OnlineProfiler(window={self.window}, slowdown={self.slowdown():.3f}, apps={sorted(self._frames)})"
 
 
+
+
+class _RunQueueClock:
+    """One thread's cumulative time runnable but not running (Linux ``schedstat``'s second field),
+    in ms. The file is opened on the watched thread (``/proc/thread-self`` resolves to it then) and
+    read with ``pread`` from any thread: a few microseconds, no new file object per read."""
+
+    _PATH = "/proc/thread-self/schedstat"
+
+    def __init__(self) -> None:
+        self._fd: int | None = None
+
+    def watch(self) -> bool:
+        self.close()
+        try:
+            self._fd = os.open(self._PATH, os.O_RDONLY)
+        except OSError:  # not Linux, or no scheduler statistics: waits are not measured
+            return False
+        return self.read() is not None
+
+    def read(self) -> float | None:
+        """The clock in ms, or ``None`` when no thread is watched."""
+        if self._fd is None:
+            return None
+        try:
+            return int(os.pread(self._fd, 96, 0).split()[1]) / 1e6
+        except (OSError, ValueError, IndexError):  # unreadable: stop measuring
+            self.close()
+            return None
+
+    def close(self) -> None:
+        if self._fd is not None:
+            fd, self._fd = self._fd, None
+            os.close(fd)
