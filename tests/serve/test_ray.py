@@ -290,8 +290,8 @@ def test_offloader_runs_on_the_ray_client(tail, bundle):
 def test_autoscaling_on_ongoing_requests_and_a_killed_replica(tail, path, bundle):
     """One replica, one request per batch, each batch slowed 200x: a burst of requests keeps more
     than target_ongoing_requests in flight, and Ray Serve adds the second replica. Then one replica
-    is killed mid-stream: its calls fail with UNAVAILABLE (the device answers locally), the others
-    are answered, and the application keeps serving."""
+    is killed mid-stream: every call resolves, its own with UNAVAILABLE (the device answers locally)
+    or handed to the other replica by Ray, the others answered, and the application keeps serving."""
     app = "nestflex-tail-autoscale"
     autoscaling = {"min_replicas": 1, "max_replicas": 2, "target_ongoing_requests": 1, "upscale_delay_s": 0}
     tail_app = build(path, autoscaling=autoscaling, max_batch_size=1, batch_wait_timeout_s=0, slowdown=200,
@@ -339,7 +339,12 @@ def test_autoscaling_on_ongoing_requests_and_a_killed_replica(tail, path, bundle
                 codes.append(call.result().batch and "OK")
             except SplitError as e:
                 codes.append(e.code)
-        assert set(codes) == {"OK", "UNAVAILABLE"}, codes
+        # every call resolves, as an answer or as UNAVAILABLE (the device answers locally); the one the
+        # killed replica held may also come back OK: Ray Serve's router can hand a request whose
+        # replica died to the other one (seen on CI, 2026-11-28: all 8 OK). The mapping of a dead
+        # replica to UNAVAILABLE is tested without that race in test_ray_failures_map_to_split_error_codes
+        assert "OK" in codes and set(codes) <= {"OK", "UNAVAILABLE"}, codes
+        assert len(codes) == len(calls)
         assert client.submit(frame, split=rt.split, exit_set="exits", n=1, num_exits=3,
                              deadline_s=30).result().batch == 1  # still serving
         client.close()
