@@ -136,8 +136,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                             q.terminate()
                             q.join()
             for rate in args.rates:
-                med = {burn: {k: statistics.median(r[k] for r in got[(burn, rate)])
-                              for k in ("call_ms", "wait_ms", "fps", "contention", "ratio_with_wait")} for burn in (False, True)}
+                keys = ("call_ms", "wait_ms", "fps", "contention", "ratio_with_wait")
+                med = {burn: {k: statistics.median(r[k] for r in got[(burn, rate)]) for k in keys}
+                       for burn in (False, True)}
                 quiet_call = med[False]["call_ms"]
                 row = {"quiet": med[False], "burn": med[True],
                        # the profiler's slowdown as the engine reads it, against the quiet call time
@@ -150,8 +151,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                 rows[f"t{threads}@{'max' if rate == 0 else int(rate)}"] = row
                 print(f"threads {threads}, {'back to back' if rate == 0 else f'{rate:g} frames/s'}: call "
                       f"{med[False]['call_ms']:.3f} -> {med[True]['call_ms']:.3f} ms, wait per frame "
-                      f"{med[False]['wait_ms']:.3f} -> {med[True]['wait_ms']:.3f} ms, frames/s {med[False]['fps']:.0f} -> "
-                      f"{med[True]['fps']:.0f}; slowdown rise: call only {row['rise_call_only']:.2f}x, with the wait "
+                      f"{med[False]['wait_ms']:.3f} -> {med[True]['wait_ms']:.3f} ms, "
+                      f"frames/s {med[False]['fps']:.0f} -> {med[True]['fps']:.0f}; slowdown rise: call only {row['rise_call_only']:.2f}x, with the wait "
                       f"{row['rise_with_wait']:.2f}x", flush=True)
     rises = {k: v["rise_with_wait"] for k, v in rows.items()}
     goals = {"slowdown_sees_contention": {

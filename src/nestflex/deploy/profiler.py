@@ -23,7 +23,7 @@ frame's prediction, so one long stall moves the factor by at most ``max_ratio / 
 Elsewhere the wait is 0 and the contention 1.
 
 Outlier guard: a single ratio is clipped to ``[1 / max_ratio, max_ratio]`` before it enters the
-window, and the statistics are medians, so one frame preempted by the OS for 50 ms moves nothing;
+window, and the ratios' statistics are medians, so one frame preempted by the OS for 50 ms moves them not at all;
 a sustained change moves the median within ``window / 2`` frames.
 
 :meth:`OnlineProfiler.stats` is the live view (plain dict), :meth:`OnlineProfiler.write_json`
@@ -97,6 +97,7 @@ class OnlineProfiler:
         # waits come in bursts of a time slice, and a sum over few frames would swing with one
         self._waits: deque[float] = deque(maxlen=4 * window)
         self._busy: deque[float] = deque(maxlen=4 * window)
+        self._wait_sum = self._busy_sum = 0.0  # their running sums: the slowdown is read after every frame
         self._runq = _RunQueueClock()
         self._wait_ms = 0.0  # the wait before the frame in progress (frame_started)
         self._rq_mark: float | None = None  # the watched thread's run-queue clock at the last record
@@ -144,8 +145,14 @@ class OnlineProfiler:
             wait_ms = min(wait_ms, (self.max_ratio - 1.0) * predicted_ms)
         with self._lock:
             if math.isfinite(compute_ms):
+                if len(self._waits) == self._waits.maxlen:
+                    self._wait_sum -= self._waits[0]
+                    self._busy_sum -= self._busy[0]
                 self._waits.append(wait_ms)
-                self._busy.append(busy_ms)  # get-then-create: this runs once per frame, a throwaway deque is not free
+                self._busy.append(busy_ms)
+                self._wait_sum += wait_ms
+                self._busy_sum += busy_ms
+            # get-then-create: this runs once per frame, a throwaway deque is not free
             lat = self._latency.get((app, level, exit))
             if lat is None:
                 lat = self._latency[(app, level, exit)] = deque(maxlen=self.window)
@@ -196,8 +203,7 @@ class OnlineProfiler:
             return self._contention()
 
     def _contention(self) -> float:
-        busy = sum(self._busy)
-        return 1.0 + sum(self._waits) / busy if busy > 0 else 1.0
+        return 1.0 + max(self._wait_sum, 0.0) / self._busy_sum if self._busy_sum > 1e-9 else 1.0
 
     def latency_ms(self, app: str, level: int, exit: int | None = None) -> float | None:
         """Moving median latency of ``app`` at ``level`` leaving at ``exit``, or ``None`` if unseen."""
@@ -270,8 +276,6 @@ class OnlineProfiler:
 
     def __repr__(self) -> str:
         return f"OnlineProfiler(window={self.window}, slowdown={self.slowdown():.3f}, apps={sorted(self._frames)})"
-
-
 
 
 class _RunQueueClock:
