@@ -95,7 +95,9 @@ def run_prune(run: Run) -> dict[str, Any]:
     options = {k: v for k, v in asdict(p).items()
                if (k, v) not in (("round_to", 1), ("target", None), ("target_cost", None), ("cost", "macs"),
                                  ("latency_table", None), ("latency_threads", 1), ("snap", "nearest"),
-                                 ("step_cap", None))}
+                                 ("step_cap", None), ("decision", "threshold"), ("confidence", 0.9))}
+    if p.decision == "threshold":  # the bound's confidence judges nothing
+        options.pop("confidence", None)
     if p.cost == "macs" and p.round_to == 1:  # any width may be taken: nothing to snap to
         options.pop("snap", None)
     st = run.stage("prune", {"baseline": run.config("baseline"), **options, "retry_budget": budget})
@@ -120,7 +122,9 @@ def run_prune(run: Run) -> dict[str, Any]:
     cost = latency_table(run, st.dir) if p.cost == "latency" else None
     pruner = FilterPruning(p.criterion, **mode, step=p.step, epochs_per_step=p.epochs_per_step,
                            max_steps=p.max_steps, recover_epochs=p.recover_epochs, finetune_epochs=p.finetune_epochs,
-                           retry_budget=budget, round_to=p.round_to, snap=p.snap, step_cap=p.step_cap, dirpath=st.dir, criterion_kwargs=kwargs, cost=cost)
+                           retry_budget=budget, round_to=p.round_to, snap=p.snap, step_cap=p.step_cap, dirpath=st.dir,
+                           criterion_kwargs=kwargs, cost=cost,
+                           **({"decision": "paired", "confidence": p.confidence} if p.decision == "paired" else {}))
     trainer = st.trainer(c, [pruner], epochs, resume, num_sanity_val_steps=0)
     start = time.perf_counter()
     trainer.fit(module, datamodule=run.dm, ckpt_path=resume)

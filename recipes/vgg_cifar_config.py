@@ -69,6 +69,13 @@ class PruneConfig:
     retry_budget: int = option(2, "broken steps the roadmap retries in all; the next ends it (bounds the stage's "
                                "time: docs/pruning.md#time; -1: no bound)",
                                check=Check(lambda v: v >= -1, "is a count of tries (-1: no bound)"))
+    decision: str = option("threshold", "how the accuracy-goal mode judges a step: threshold (the step's "
+                           "accuracy against the goal) or paired (a one-sided bound on its paired difference to "
+                           "the start model on the same validation images; docs/pruning.md#the-paired-rule)",
+                           choices=("threshold", "paired"))
+    confidence: float = option(0.9, "with --prune-decision paired: the bound's confidence (a step exactly at the "
+                               "goal is rejected at most 1 - this of the time)",
+                               check=Check(lambda v: 0.5 <= v < 1, "is a confidence in [0.5, 1)", "0.9"))
     round_to: int = option(1, "keep channel counts at multiples of this (8, 16: SIMD-friendly widths; 1: any)",
                            check=at_least(1))
     snap: str = option("nearest", "how a group's schedule becomes a width it may take (--prune-round-to's "
@@ -189,6 +196,11 @@ def check_budget(p: PruneConfig) -> None:
         raise ConfigError(f"--prune-step-cap {p.step_cap!r} caps a step in the latency table's time, got --prune-cost "
                           f"{p.cost}. HINT: add --prune-cost latency, or leave --prune-step-cap out (MACs fall channel "
                           f"by channel and need no cap)")
+    if p.decision == "paired" and (p.target is not None or p.target_cost is not None):
+        flag = "--prune-target" if p.target is not None else "--prune-target-cost"
+        raise ConfigError(f"--prune-decision paired judges steps against the accuracy goal, got {flag} "
+                          f"{p.target if p.target is not None else p.target_cost!r} (the budget mode judges none). "
+                          f"HINT: leave {flag} out for the accuracy-goal mode, or --prune-decision out")
     if p.target_cost is not None and p.cost != "latency":
         raise ConfigError(f"--prune-target-cost {p.target_cost!r} is a share of the time the latency table "
                           f"predicts, got --prune-cost {p.cost}. HINT: add --prune-cost latency (and --latency-table "

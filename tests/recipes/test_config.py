@@ -142,6 +142,11 @@ def test_progressive_recipe_reads_a_config_file(tmp_path):
                                                               r"half the time"),
     (["--prune-cost", "latency", "--prune-target", "0.3", "--prune-target-cost", "0.5"],
      r"--prune-target and --prune-target-cost are two budgets, got 0.3 and 0.5. HINT: pass one"),
+    (["--prune-decision", "paired", "--prune-target", "0.3"], r"--prune-decision paired judges steps against the "
+                                                               r"accuracy goal, got --prune-target 0.3 .*HINT: leave "
+                                                               r"--prune-target out"),
+    (["--prune-decision", "bound"], r"argument --prune-decision: invalid choice: 'bound'"),
+    (["--prune-confidence", "1"], r"--prune-confidence is a confidence in \[0.5, 1\), got 1.0. HINT: 0.9"),
     (["--grow-levels", "1"], "--grow-levels must be >= 2, got 1"),
     (["--flex-train-samples", "0"], "--flex-train-samples must be >= 1, got 0. HINT: leave it out for all"),
     (["--flex-calibration-samples", "3"], r"--flex-calibration-samples must be 0 \(thresholds on the planning "

@@ -40,3 +40,23 @@ def test_prune_target_cost_prunes_the_baseline_to_the_latency_tables_budget(tmp_
     assert (road["mode"], road["target_cost"]) == ("cost", 0.5) and not road["rejected"]
     assert pr["cost"]["seed"] <= 0.5 * pr["cost"]["vanilla"] < road["footprints"][-2]["cost"]
     assert json.loads((out / "prune" / "config.json").read_text())["target_cost"] == 0.5  # part of the stage's config
+
+
+def test_prune_decision_paired_judges_every_step_with_the_bound(tmp_path):
+    """--prune-decision paired reaches FilterPruning: every judged footprint carries its verdict, and the
+    stage's config records the rule (a threshold run's config stays as before)."""
+    recipe = load_script("recipes/vgg_cifar.py")
+    out = tmp_path / "run"
+    args = [*TINY, "--out", str(out), "--stages", "baseline,prune", "--prune-criterion", "l1", "--prune-step", "0.5",
+            "--prune-max-steps", "2", "--prune-finetune-epochs", "0", "--prune-decision", "paired",
+            "--prune-confidence", "0.8"]
+    pr = recipe.main(args)["pruning"]
+    road = json.loads((out / pr["roadmap"]).read_text())
+    judged = road["footprints"][1:] + road["rejected"]
+    assert judged and all(f["decision"]["confidence"] == 0.8 and f["decision"]["n"] > 0 for f in judged)
+    config = json.loads((out / "prune" / "config.json").read_text())
+    assert (config["decision"], config["confidence"]) == ("paired", 0.8)
+    threshold = tmp_path / "threshold"
+    recipe.main([*TINY, "--out", str(threshold), "--stages", "baseline,prune", "--prune-criterion", "l1",
+                 "--prune-step", "0.5", "--prune-max-steps", "1", "--prune-finetune-epochs", "0"])
+    assert not {"decision", "confidence"} & set(json.loads((threshold / "prune" / "config.json").read_text()))
