@@ -96,12 +96,13 @@ def scratch_dir(out: str | Path) -> Path:
 
 
 def write_run(out: str | Path, script: str | Path, argv: Sequence[str] | None = None,
-              note: str | None = None) -> dict[str, Any]:
+              note: str | None = None, machine_record: str | None = None) -> dict[str, Any]:
     """Write ``out/run.json`` beside a run's results and return it.
 
     ``command`` is the script's path from the root with ``argv`` (default ``sys.argv[1:]``);
     ``commit`` the checked-out commit (marked when tracked files differ from it); ``date`` today
-    (UTC); ``machine`` one line of :func:`nestflex._machine.machine`. ``status`` is kept when the
+    (UTC); ``machine`` one line of :func:`nestflex._machine.machine`, or ``machine_record`` where the
+    figures were measured elsewhere (runs collected from another machine). ``status`` is kept when the
     folder had a ``run.json`` (a re-run in place keeps its place), else ``"new"``.
     """
     out, script = Path(out), Path(script).resolve()
@@ -114,7 +115,8 @@ def write_run(out: str | Path, script: str | Path, argv: Sequence[str] | None = 
     status = read_json(old).get("status", "new") if old.is_file() else "new"
     benchmark = out.parent.name if out.resolve().parent.parent == RESULTS else Path(script).stem
     record = {"benchmark": benchmark, "run": out.name, "command": shlex.join(["python", where, *argv]),
-              "commit": _commit(), "date": _today(), "machine": machine_line(machine()), "status": status}
+              "commit": _commit(), "date": _today(),
+              "machine": machine_record or machine_line(machine()), "status": status}
     if note:
         record["note"] = note
     write_json(old, record)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from tests.scripts import TINY, load_script
 
 FLAGS = [*TINY, "--prune-max-steps", "2", "--prune-triplets", "40", "--prune-max-drop", "50",
@@ -79,3 +81,54 @@ def test_sweep_runs_each_seed_in_its_own_directory_then_noise_reads_one(tmp_path
     assert abs(val["accuracy_a"] - noise["start_accuracy"]) < 1e-9  # the baseline, re-evaluated on the same split
     (epoch,) = noise["retraining"]["per_epoch"]
     assert epoch["extra_epochs"] == 1 and len(noise["retraining"]["runs"]) == 2 and epoch["val_sd"] is not None
+
+
+def _run_summary(machine, stages, macs=0.3, acc=0.865):
+    return {"data": {"synthetic": True}, "machine": machine, "baseline": {"accuracy": 0.87},
+            "pruning": {"macs_fraction": macs, "accuracy": acc, "status": "max_steps", "steps": 10},
+            "timing": {"stages": stages}}
+
+
+H200 = {"cpu": "Intel Xeon", "cpus": 16, "torch_threads": 3, "cuda": "NVIDIA H200"}
+
+
+def test_collect_reads_runs_made_elsewhere_with_the_stages_each_finished(tmp_path):
+    bench = load_script("benchmarks/recipe/recipe_seeds.py")
+    runs, out = tmp_path / "runs", tmp_path / "out"
+    for seed, stages in ((0, {"baseline": 90.0, "prune": 200.0, "grow": 90.0}), (1, {"baseline": 95.0, "prune": 300.0})):
+        (runs / f"seed_{seed}").mkdir(parents=True)
+        (runs / f"seed_{seed}" / "summary.json").write_text(json.dumps(_run_summary(H200, stages)))
+    summary = bench.main(["--collect", "--seeds", "0,1", "--runs", str(runs), "--out", str(out)])
+    assert summary["stages"] == ["baseline", "prune"] and summary["collected"] is True  # what every run finished
+    assert summary["machine"] == H200 and [r["machine_type"] for r in summary["runs"]] == ["Intel Xeon, 16 cores, NVIDIA H200"] * 2
+    assert summary["runs"][0]["machine"] == "Intel Xeon, 16 cores, 3 torch threads, NVIDIA H200"
+    assert json.loads((out / "run.json").read_text())["machine"] == "Intel Xeon, 16 cores, NVIDIA H200 (runs read here)"
+    with pytest.raises(SystemExit, match=r"--collect: no .*seed_2/summary.json for seed 2. HINT: --runs"):
+        bench.main(["--collect", "--seeds", "0,2", "--runs", str(runs), "--out", str(out)])
+
+
+def test_merge_pools_machine_types_for_nine_of_ten_and_times_each_type_that_ran_it_whole(tmp_path):
+    bench = load_script("benchmarks/recipe/recipe_seeds.py")
+    amd = {"cpu": "AMD EPYC", "cpus": 2, "torch_threads": 2, "cuda": None}
+    whole = dict.fromkeys(bench.ALL_STAGES.split(","), 60.0 * 25 / 7)  # 25 minutes in all
+    sweeps = []
+    for name, record, stages, macs in (("amd", amd, whole, [0.3] * 5), ("h200", H200, {"prune": 200.0},
+                                                                         [0.3, 0.3, 0.3, 0.3, 0.37])):
+        rows = [bench.row(s, _run_summary(record, stages, macs=m)) for s, m in enumerate(macs)]
+        path = tmp_path / name / "summary.json"
+        path.parent.mkdir()
+        path.write_text(json.dumps({"runs": rows, "machine": record, "extra_flags": ["--prune-decision", "paired"],
+                                    "stages": list(stages), "goals": bench.goals(rows, list(stages))}))
+        sweeps.append(str(path))
+    summary = bench.main(["--merge", *sweeps, "--out", str(tmp_path / "out")])
+    goal = summary["goals"]["seed_model_across_machines"]
+    assert goal["met"] is True and goal["measured"].startswith("9 of 10 runs")
+    assert "seed 4 on Intel Xeon, 16 cores, NVIDIA H200 (37.0% of the MACs" in goal["note"]
+    time = summary["goals"]["recipe_within_30_minutes_per_machine"]
+    assert time["measured"] == {"median_minutes": {"AMD EPYC, 2 cores": 25.0},
+                                "not_measured": ["Intel Xeon, 16 cores, NVIDIA H200"]} and time["met"] is True
+    assert set(summary["per_machine"]) == {"AMD EPYC, 2 cores", "Intel Xeon, 16 cores, NVIDIA H200"}
+    other = json.loads(open(sweeps[1]).read()) | {"extra_flags": []}
+    (tmp_path / "h200" / "summary.json").write_text(json.dumps(other))
+    with pytest.raises(SystemExit, match="--merge: the sweeps ran different recipe flags"):
+        bench.main(["--merge", *sweeps, "--out", str(tmp_path / "out")])
