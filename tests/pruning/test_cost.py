@@ -283,3 +283,30 @@ def test_a_table_for_another_model_is_named_in_the_error(tmp_path, pretrained):
     cb = _prune(max_drop=0.5, criterion="l1", cost=other)
     with pytest.raises(Exception, match="the latency table has no layer"):
         _trainer(tmp_path, [cb], epochs=2).fit(module, datamodule=_dm())
+
+
+def test_a_width_counts_by_the_time_of_the_layers_it_moves_not_the_whole_model():
+    """On the proportional table (a layer's time is in x out channels), the first group's width moves
+    conv 0 (flat here: its sweep shows no faster width, as a noisy or overhead-bound draw can) and
+    conv 1. Its consumer's time still falls with every channel, a few % of the moved layers' time
+    but well under 3% of the whole model's: the old rule (producer-fast widths, judged on the whole
+    model) left the group no width at all, and a roadmap stalled there."""
+    from tests.pruning.test_budget import proportional_table
+
+    table = proportional_table()
+    g = trace(create_model("vgg11", width=0.125))
+    first = g.prunable_groups[0]
+    conv0 = next(s for s in latency_specs(create_model("vgg11", width=0.125), (3, 32, 32)) if s.in_channels == 3)
+    e = table.entries[conv0.key]
+    table.entries[conv0.key] = {**e, "fine_ms": [e["fine_ms"][-1]] * len(e["fine"])}  # flat
+    cost = LatencyCost(table)
+    assert table.fast_widths(conv0) == [first.width]  # the producer alone offers nothing smaller
+    saving = cost(g) - cost(g, {first.id: first.width - 1})
+    assert 0 < saving < 0.03 * cost(g)
+    widths = cost.widths_for(g, first.id)
+    assert widths[-1] == first.width and len(widths) > 1
+    # each kept width beats the next larger kept one by the margin, on the moved layers' time
+    from nestflex.pruning.cost import _specs
+
+    moved = [sum(table.layer_time(s) for s in _specs(g, {first.id: w})[:2]) for w in widths]  # conv 0 and 1
+    assert all(a < b * (1 - cost.margin) for a, b in zip(moved, moved[1:]))
