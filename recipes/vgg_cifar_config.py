@@ -71,7 +71,7 @@ class PruneConfig:
                                check=Check(lambda v: v >= -1, "is a count of tries (-1: no bound)"))
     decision: str = option("threshold", "how the accuracy-goal mode judges a step: threshold (the step's "
                            "accuracy against the goal) or paired (a one-sided bound on its paired difference to "
-                           "the start model on the same validation images; docs/pruning.md#the-paired-rule)",
+                           "the start model on the same validation images; docs/pruning.md#the-paired-rule-opt-in)",
                            choices=("threshold", "paired"))
     confidence: float = option(0.9, "with --prune-decision paired: the bound's confidence (a step exactly at the "
                                "goal is rejected at most 1 - this of the time)",

@@ -203,6 +203,23 @@ def collect(runs: Path, seeds: list[int]) -> list[dict[str, Any]]:
     return rows
 
 
+#: recipe flags that say where a run ran, not what it ran: sweeps differing only in them may be merged
+WHERE_FLAGS = ("--accelerator", "--devices")
+
+
+def recipe_flags(extra: list[str]) -> list[str]:
+    """``extra`` without :data:`WHERE_FLAGS` and their values (``--flag value`` or ``--flag=value``)."""
+    out, skip = [], False
+    for x in extra:
+        if skip:
+            skip = False
+        elif x in WHERE_FLAGS:
+            skip = True
+        elif not x.startswith(tuple(f + "=" for f in WHERE_FLAGS)):
+            out.append(x)
+    return out
+
+
 def merge(paths: list[Path]) -> dict[str, Any]:
     """Pool the runs of several sweeps (each ``summary.json`` one machine type's) into one summary."""
     rows, whole, sweeps = [], {}, []
@@ -218,13 +235,13 @@ def merge(paths: list[Path]) -> dict[str, Any]:
                 whole.setdefault(rows[-1]["machine_type"], []).append(sum(r["stage_seconds"].values()) / 60)
         sweeps.append({"summary": str(path), "extra_flags": sw["extra_flags"], "stages": sw["stages"],
                        "jobs": sw.get("jobs"), "collected": sw.get("collected", False)})
-    flags = {json.dumps(s["extra_flags"]) for s in sweeps}
+    flags = {json.dumps(recipe_flags(s["extra_flags"])) for s in sweeps}
     if len(flags) > 1:
         raise SystemExit(f"--merge: the sweeps ran different recipe flags ({', '.join(sorted(flags))}). HINT: merge "
                          "sweeps of one recipe configuration, so the runs differ only in seed and machine")
     per_machine = {t: aggregate([r for r in rows if r["machine_type"] == t])
                    for t in sorted({r["machine_type"] for r in rows})}
-    return {"recipe": "recipes/vgg_cifar.py", "merged": sweeps, "extra_flags": sweeps[0]["extra_flags"],
+    return {"recipe": "recipes/vgg_cifar.py", "merged": sweeps, "extra_flags": recipe_flags(sweeps[0]["extra_flags"]),
             "synthetic": all(r["synthetic"] for r in rows), "runs": rows,
             "broke_goal_early": [(r["machine_type"], r["seed"]) for r in rows if r.get("prune_status") == "goal_broken"],
             **aggregate(rows), "per_machine": per_machine, "goals": goals_across_machines(rows, whole),

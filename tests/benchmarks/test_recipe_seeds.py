@@ -112,12 +112,13 @@ def test_merge_pools_machine_types_for_nine_of_ten_and_times_each_type_that_ran_
     amd = {"cpu": "AMD EPYC", "cpus": 2, "torch_threads": 2, "cuda": None}
     whole = dict.fromkeys(bench.ALL_STAGES.split(","), 60.0 * 25 / 7)  # 25 minutes in all
     sweeps = []
-    for name, record, stages, macs in (("amd", amd, whole, [0.3] * 5), ("h200", H200, {"prune": 200.0},
-                                                                         [0.3, 0.3, 0.3, 0.3, 0.37])):
+    for name, record, stages, macs, flags in (("amd", amd, whole, [0.3] * 5, []),
+                                              ("h200", H200, {"prune": 200.0}, [0.3, 0.3, 0.3, 0.3, 0.37],
+                                               ["--accelerator", "gpu"])):  # where it ran: still one recipe
         rows = [bench.row(s, _run_summary(record, stages, macs=m)) for s, m in enumerate(macs)]
         path = tmp_path / name / "summary.json"
         path.parent.mkdir()
-        path.write_text(json.dumps({"runs": rows, "machine": record, "extra_flags": ["--prune-decision", "paired"],
+        path.write_text(json.dumps({"runs": rows, "machine": record, "extra_flags": ["--prune-decision", "paired", *flags],
                                     "stages": list(stages), "goals": bench.goals(rows, list(stages))}))
         sweeps.append(str(path))
     summary = bench.main(["--merge", *sweeps, "--out", str(tmp_path / "out")])
@@ -128,7 +129,8 @@ def test_merge_pools_machine_types_for_nine_of_ten_and_times_each_type_that_ran_
     assert time["measured"] == {"median_minutes": {"AMD EPYC, 2 cores": 25.0},
                                 "not_measured": ["Intel Xeon, 16 cores, NVIDIA H200"]} and time["met"] is True
     assert set(summary["per_machine"]) == {"AMD EPYC, 2 cores", "Intel Xeon, 16 cores, NVIDIA H200"}
-    other = json.loads(open(sweeps[1]).read()) | {"extra_flags": []}
+    assert summary["extra_flags"] == ["--prune-decision", "paired"]
+    other = json.loads(open(sweeps[1]).read()) | {"extra_flags": ["--accelerator", "gpu"]}
     (tmp_path / "h200" / "summary.json").write_text(json.dumps(other))
     with pytest.raises(SystemExit, match="--merge: the sweeps ran different recipe flags"):
         bench.main(["--merge", *sweeps, "--out", str(tmp_path / "out")])

@@ -88,6 +88,9 @@ WORDS = ("no", "one", "two", "three", "four", "five", "six", "seven", "eight", "
 STATS = ("median", "min", "max")
 STAGES = ("baseline", "prune", "grow", "exits", "flex", "profile", "export")
 B2, ALL = "docs/results/recipe_seeds/b2/summary.json", "docs/results/recipe_seeds/all/summary.json"
+PAIRED, PAIRED_H200 = "docs/results/recipe_seeds/paired/summary.json", "docs/results/recipe_seeds/paired_h200/summary.json"
+MACHINES = "docs/results/recipe_seeds/paired_machines/summary.json"
+AMD, H200 = "AMD EPYC, 2 cores", "Intel(R) Xeon(R) Processor, 16 cores, NVIDIA H200"
 CIFAR, MNIST = "docs/results/vgg_cifar/default/summary.json", "docs/results/vgg_cifar/mnist/summary.json"
 ZOO_TV = "docs/results/zoo_coverage/torchvision/summary.json"
 ZOO_TIMM = "docs/results/zoo_coverage/timm/summary.json"
@@ -136,7 +139,48 @@ def default_bundle(goal: str, key: str | None = None) -> Callable[[list[dict[str
 
 SWITCH, MEMORY = default_bundle("switch_within_a_frame"), default_bundle("resident_memory", "rss")
 
+TVM = "docs/results/time_vs_macs/moved_layers/summary.json"
+
+
+def _tvm_row(i: int) -> tuple[Figure, ...]:
+    """A model's row of synthesis.md's time-against-MACs table: full times, then the levels and exits."""
+    def model(d):
+        return d["results"][i]
+
+    full = tuple(lambda d, k=k: model(d)["full_ms"][k] for k in ("b1t1", "b1t2", "int8_b1t1"))
+    macs = tuple(f for j in range(3) for f in (lambda d, j=j: model(d)["levels"]["macs"][j]["time_share"]["b1t1"],
+                                               lambda d, j=j: model(d)["levels"]["macs"][j]["macs_share"]))
+    latency = tuple(f for j in range(3) for f in (lambda d, j=j: model(d)["levels"]["latency"][j]["time_share"]["b1t1"],
+                                                  lambda d, j=j: model(d)["levels"]["latency"][j]["target"]))
+    exits = tuple(lambda d, j=j: model(d)["exits"][j]["time_saving"]["b1t1"] / model(d)["exits"][j]["macs_saving"]
+                  for j in range(3))
+    return full + macs + latency + exits
+
+
 CLAIMS = [
+    # synthesis.md: time against MACs on the 224x224 models (issue 38)
+    *(claim("docs/synthesis.md", f"| {name} " + "({:.1f}, {:.1f}; {:.1f} ms) | " + ", ".join(["{:.2f}/{:.2f}"] * 3)
+            + " | " + ", ".join(["{:.2f}/{:.2f}"] * 3) + " | {:.2f}, {:.2f}, {:.2f} |", TVM, *_tvm_row(i))
+      for i, name in enumerate(("ResNet-18", "ResNet-50", "MobileNet-V2", "EfficientNet-B0"))),
+    # README and pruning.md: the paired rule over seeds on two machine types (issue 44)
+    claim("README.md", "seed model at {:.1f}% [{:.1f}, {:.1f}] / {:.1f}% [{:.1f}, {:.1f}] of the MACs, {:.2f} [{:.2f}, {:.2f}] / "
+          "{:.2f} [{:.2f}, {:.2f}] points below its baseline on test; within 35% and 1 point in {} runs (goal 9: not met); "
+          "the whole recipe in {:.1f} min [{:.1f}, {:.1f}] on the AMD machine", MACHINES,
+          *(pct(f"per_machine.{m}.figures.seed_macs_fraction.{s}") for m in (AMD, H200) for s in STATS),
+          *(f"per_machine.{m}.figures.seed_drop_points.{s}" for m in (AMD, H200) for s in STATS),
+          lambda d: d["goals"]["seed_model_across_machines"]["measured"].split(" runs")[0],
+          *(lambda d, s=s: d["per_machine"][AMD]["total_seconds"][s] / 60 for s in STATS)),
+    claim("docs/pruning.md", "| share of the baseline's MACs | {:.1f}% [{:.1f}, {:.1f}] | {:.1f}% [{:.1f}, {:.1f}] | "
+          "{:.1f}% [{:.1f}, {:.1f}] |", (B2, PAIRED, PAIRED_H200),
+          *(lambda ds, i=i, s=s: 100 * ds[i]["figures"]["seed_macs_fraction"][s] for i in range(3) for s in STATS)),
+    claim("docs/pruning.md", "| drop from the baseline on test | {:.2f} [{:.2f}, {:.2f}] points | {:.2f} [{:.2f}, {:.2f}] | "
+          "{:.2f} [{:.2f}, {:.2f}] |", (B2, PAIRED, PAIRED_H200),
+          *(lambda ds, i=i, s=s: ds[i]["figures"]["seed_drop_points"][s] for i in range(3) for s in STATS)),
+    claim("docs/pruning.md", "is **not met: {} of {}**", MACHINES,
+          *(lambda d, i=i: d["goals"]["seed_model_across_machines"]["measured"].split(" runs")[0].split(" of ")[i]
+            for i in (0, 1))),
+    claim("docs/pruning.md", "took {:.1f} min per whole recipe (median, {:.1f}-{:.1f};", PAIRED,
+          *(lambda d, s=s: d["total_seconds"][s] / 60 for s in STATS)),
     # README, over seeds (recipe_seeds/b2)
     claim("docs/results/recipe_seeds/b2/README.md", "| baseline (VGG-16 x0.25, 6 epochs), test | {:.2f}% [{:.2f}, {:.2f}] |",
           B2, *(pct(f"figures.baseline_accuracy.{s}") for s in STATS)),
