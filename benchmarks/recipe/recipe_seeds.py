@@ -228,11 +228,11 @@ def merge(paths: list[Path]) -> dict[str, Any]:
             raise SystemExit(f"--merge: no {path}. HINT: pass the summary.json files written by earlier sweeps")
         sw = read_json(path)
         fallback = machine_type(sw.get("machine"))
-        for r in sw["runs"]:
-            rows.append({**r, "machine_type": r.get("machine_type", fallback), "sweep": str(path)})
+        added = [{**r, "machine_type": r.get("machine_type", fallback), "sweep": str(path)} for r in sw["runs"]]
+        rows += added
         if "recipe_within_30_minutes" in sw["goals"]:  # every stage of every run: a whole-recipe time per run
-            for r in sw["runs"]:
-                whole.setdefault(rows[-1]["machine_type"], []).append(sum(r["stage_seconds"].values()) / 60)
+            for r in added:  # each run under its own machine type (a collected sweep may mix them)
+                whole.setdefault(r["machine_type"], []).append(sum(r["stage_seconds"].values()) / 60)
         sweeps.append({"summary": str(path), "extra_flags": sw["extra_flags"], "stages": sw["stages"],
                        "jobs": sw.get("jobs"), "collected": sw.get("collected", False)})
     flags = {json.dumps(recipe_flags(s["extra_flags"])) for s in sweeps}

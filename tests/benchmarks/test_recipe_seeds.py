@@ -134,3 +134,18 @@ def test_merge_pools_machine_types_for_nine_of_ten_and_times_each_type_that_ran_
     (tmp_path / "h200" / "summary.json").write_text(json.dumps(other))
     with pytest.raises(SystemExit, match="--merge: the sweeps ran different recipe flags"):
         bench.main(["--merge", *sweeps, "--out", str(tmp_path / "out")])
+
+
+def test_merge_times_each_run_under_its_own_machine_type(tmp_path):
+    """One sweep whose runs came from two machine types: each run's whole-recipe time counts for its type."""
+    bench = load_script("benchmarks/recipe/recipe_seeds.py")
+    amd = {"cpu": "AMD EPYC", "cpus": 2, "torch_threads": 2, "cuda": None}
+    stages = bench.ALL_STAGES.split(",")
+    rows = [bench.row(s, _run_summary(rec, dict.fromkeys(stages, 60.0 * m / 7)))
+            for s, (rec, m) in enumerate([(amd, 20.0), (amd, 21.0), (H200, 5.0), (H200, 6.0), (H200, 7.0)])]
+    path = tmp_path / "mixed" / "summary.json"
+    path.parent.mkdir()
+    path.write_text(json.dumps({"runs": rows, "machine": amd, "extra_flags": [], "stages": stages,
+                                "goals": bench.goals(rows, stages)}))
+    time = bench.main(["--merge", str(path), "--out", str(tmp_path / "out")])["goals"]["recipe_within_30_minutes_per_machine"]
+    assert time["measured"]["median_minutes"] == {"AMD EPYC, 2 cores": 20.5, "Intel Xeon, 16 cores, NVIDIA H200": 6.0}
