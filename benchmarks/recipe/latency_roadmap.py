@@ -17,17 +17,28 @@ part-way keeps its finished seeds); its ``goals`` are issue 38's:
 the latency-driven seed >= 1.2x faster than the MACs-driven one at a test accuracy within 0.5
 points (medians over seeds), every level strictly ordered in time, the table built in <= 2 minutes.
 
+With ``--jobs N`` the seeds' recipes run N at a time (each with cores/N torch threads), in two
+rounds: every seed's MACs-driven run, then every seed's latency-driven run. Between the rounds the
+latency table is measured once, with nothing else running, on the first seed's baseline (the
+layers' shapes are the same for every seed; the weights do not enter it), and the latency-driven
+runs plan with it (``--latency-table``): a table measured while other recipes train would price
+widths by the load of the moment. The levels are timed once every recipe has finished, seed by
+seed, with nothing else running. Only ``--jobs 1`` measures a table per seed in its prune stage.
+
     python benchmarks/recipe/latency_roadmap.py --run-name mine            # 3 seeds, ~2.5-3 h on 2 cores
+    python benchmarks/recipe/latency_roadmap.py --run-name mine --jobs 3   # the same, seeds side by side
     python benchmarks/recipe/latency_roadmap.py --seeds 0 --out /tmp/lr -- --epochs 1 --prune-max-steps 2
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import statistics
 import sys
 from pathlib import Path
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -71,22 +82,65 @@ def time_bundles(bundles: dict[str, Path], repeats: int) -> dict[str, dict[str, 
     return out
 
 
-def run_pair(seed: int, root: Path, extra: list[str], repeats: int) -> dict[str, Any]:
-    rows: dict[str, Any] = {}
-    for cost in COSTS:
-        out = root / f"seed{seed}" / cost
-        base = root / f"seed{seed}" / COSTS[0] / "baseline"
-        if cost != COSTS[0] and base.is_dir() and not (out / "baseline").exists():
-            shutil.copytree(base, out / "baseline")  # the same baseline: its stage config matches, it is reused
-        ran = run_seed(seed, out, STAGES, ["--prune-cost", cost, *extra])
-        s = ran["summary"]
-        levels = s["grow"]["levels"]
-        table = out / "prune" / "latency_table.json"
-        rows[cost] = {"seconds": ran["seconds"], "seed_accuracy": s["pruning"]["accuracy"],
-                      "seed_macs": s["pruning"]["macs"], "baseline_accuracy": s["baseline"]["accuracy"],
-                      "level_accuracy": [r.get("accuracy") for r in levels], "level_macs": [r.get("macs") for r in levels],
-                      "steps": s["grow"]["steps"], "bundle": str(out / "bundle.nfx"),
-                      "table_seconds": read_json(table)["meta"]["seconds"] if table.is_file() else None}
+def run_recipe(seed: int, cost: str, root: Path, extra: list[str], threads: int | None = None,
+               table: Path | None = None) -> dict[str, Any]:
+    """One seed's recipe with one cost (reused where it already ran); the figures its row keeps."""
+    out = root / f"seed{seed}" / cost
+    base = root / f"seed{seed}" / COSTS[0] / "baseline"
+    if cost != COSTS[0] and base.is_dir() and not (out / "baseline").exists():
+        shutil.copytree(base, out / "baseline")  # the same baseline: its stage config matches, it is reused
+    shared = table is not None and cost != "macs" and "--latency-table" not in extra
+    flags = ["--prune-cost", cost, *(["--latency-table", str(table)] if shared else []), *extra]
+    ran = run_seed(seed, out, STAGES, flags, threads=threads)
+    s = ran["summary"]
+    levels = s["grow"]["levels"]
+    kept = out / "prune" / "latency_table.json"  # the table the prune stage planned with (a copy of --latency-table)
+    return {"seconds": ran["seconds"], "seed_accuracy": s["pruning"]["accuracy"],
+            "seed_macs": s["pruning"]["macs"], "baseline_accuracy": s["baseline"]["accuracy"],
+            "level_accuracy": [r.get("accuracy") for r in levels], "level_macs": [r.get("macs") for r in levels],
+            "steps": s["grow"]["steps"], "bundle": str(out / "bundle.nfx"),
+            "table_seconds": read_json(kept)["meta"]["seconds"] if kept.is_file() else None}
+
+
+def shared_table(root: Path, seed: int, extra: list[str]) -> Path:
+    """The latency table the latency-driven runs of a ``--jobs`` sweep share: ``--latency-table`` when
+    given after ``--``, else measured here once (nothing else running) on ``seed``'s baseline at the
+    recipe's ``--latency-threads``; kept in ``root`` so that a resumed sweep measures nothing twice."""
+    if "--latency-table" in extra:
+        return Path(extra[extra.index("--latency-table") + 1])
+    path = root / "latency_table.json"
+    if not path.is_file():
+        from nestflex.pruning import build_latency_table
+        from nestflex.training import ImageClassifier
+
+        threads = int(extra[extra.index("--latency-threads") + 1]) if "--latency-threads" in extra else 1
+        net = ImageClassifier.load_from_checkpoint(root / f"seed{seed}" / COSTS[0] / "baseline" / "model.ckpt",
+                                                   map_location="cpu", weights_only=True).model
+        table = build_latency_table(net, net.input_shape, threads=threads)
+        table.save(path)
+        print(f"latency table: {len(table.entries)} layer shapes in {table.meta['seconds']} s: {path}", flush=True)
+    return path
+
+
+def run_recipes(seeds: list[int], root: Path, extra: list[str], jobs: int) -> dict[int, dict[str, Any]]:
+    """Every seed's two recipe runs: one after the other (``jobs`` 1), or ``jobs`` seeds at a time in
+    two rounds with the shared table measured between them (see the module's docstring)."""
+    if jobs <= 1:
+        return {seed: {cost: run_recipe(seed, cost, root, extra) for cost in COSTS} for seed in seeds}
+    threads = max(1, (os.cpu_count() or 1) // jobs)
+    rows: dict[int, dict[str, Any]] = {seed: {} for seed in seeds}
+    with ThreadPoolExecutor(jobs) as pool:  # threads wait on the recipe subprocesses
+        for seed, row in zip(seeds, pool.map(lambda s: run_recipe(s, COSTS[0], root, extra, threads), seeds)):
+            rows[seed][COSTS[0]] = row
+        table = shared_table(root, seeds[0], extra)
+        for seed, row in zip(seeds, pool.map(lambda s: run_recipe(s, COSTS[1], root, extra, threads, table), seeds)):
+            rows[seed][COSTS[1]] = row
+    return rows
+
+
+def time_pair(seed: int, rows: dict[str, Any], repeats: int) -> dict[str, Any]:
+    """Time both runs' levels of one seed (nothing else running) and compare their seeds."""
+    rows = {cost: dict(rows[cost]) for cost in COSTS}
     times = time_bundles({c: Path(rows[c]["bundle"]) for c in COSTS}, repeats)
     for cost in COSTS:
         ms = times[cost]["level_ms"]
@@ -123,20 +177,29 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--seeds", default="0,1,2", help="comma list of recipe seeds")
     p.add_argument("--repeats", type=int, default=30, help="timed calls per level when tuning (median)")
+    p.add_argument("--jobs", type=int, default=1, help="seeds whose recipes run at once (each with cores/jobs "
+                   "threads; levels are timed after all of them, alone)")
     p.add_argument("--runs", type=Path, default=None, help="where the recipe runs go (default: runs/latency_roadmap)")
     add_out_args(p)
     args = p.parse_args(argv[: argv.index("--")] if "--" in argv else argv)
     out = resolve_out(args, __file__)
     runs = args.runs or Path("runs") / "latency_roadmap"
     seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
+    for flag in ("--prune-cost", "--stages"):
+        if flag in extra:
+            p.error(f"the recipe flags after -- set {flag}, which the sweep sets itself (both costs, stages "
+                    f"{STAGES}). HINT: leave {flag} out")
     rows: list[dict[str, Any]] = []
+    # --jobs 1: each seed is timed as soon as its runs finish; --jobs N: all recipes first (they share the CPU)
+    ran = run_recipes(seeds, runs, extra, args.jobs) if args.jobs > 1 else {}
     for seed in seeds:
-        rows.append(run_pair(seed, runs, extra, args.repeats))
+        rows.append(time_pair(seed, ran[seed] if seed in ran else run_recipes([seed], runs, extra, 1)[seed],
+                              args.repeats))
         # after every seed: a run of hours stopped part-way keeps what it measured (run again, the
         # finished recipe stages are reused and only the timing is redone)
         summary = {"machine": machine(), "seeds": [r["seed"] for r in rows], "seeds_asked": seeds,
                    "seeds_wanted": SEEDS_WANTED, "complete": len(rows) == len(seeds) and len(rows) >= SEEDS_WANTED,
-                   "recipe_flags": extra, "rows": rows, "goals": goals(rows)}
+                   "jobs": args.jobs, "recipe_flags": extra, "rows": rows, "goals": goals(rows)}
         write_json(out / "summary.json", summary)
         write_run(out, __file__, argv)
     for gid, g in summary["goals"].items():

@@ -38,3 +38,55 @@ def test_goals_judge_the_median_seed_speedup_and_accuracy():
     assert g["levels_ordered"]["met"] and g["latency_table_seconds"]["met"]
     rows[1]["latency"]["ordered"] = False
     assert not _bench().goals(rows)["levels_ordered"]["met"]
+
+
+def _fake_run_seed(calls):
+    def run_seed(seed, out, stages, flags, threads=None):
+        calls.append((seed, out.name, list(flags), threads))
+        return {"seconds": 1.0, "summary": {"pruning": {"accuracy": 0.8, "macs": 10}, "baseline": {"accuracy": 0.81},
+                                            "grow": {"levels": [{"accuracy": 0.8, "macs": 10}], "steps": [0]}}}
+    return run_seed
+
+
+def test_jobs_run_every_macs_run_before_any_latency_run_and_share_one_table(tmp_path, monkeypatch):
+    bench, calls = _bench(), []
+    monkeypatch.setattr(bench, "run_seed", _fake_run_seed(calls))
+    table = tmp_path / "table.json"
+    rows = bench.run_recipes([0, 1, 2], tmp_path, ["--prune-snap", "up", "--latency-table", str(table)], jobs=2)
+    assert [c[1] for c in calls] == ["macs"] * 3 + ["latency"] * 3
+    assert {c[0] for c in calls[:3]} == {c[0] for c in calls[3:]} == {0, 1, 2}
+    assert all(c[3] == max(1, (__import__("os").cpu_count() or 1) // 2) for c in calls)
+    for _, cost, flags, _ in calls:  # the user's table is passed once, to both runs as with --jobs 1
+        assert flags[:2] == ["--prune-cost", cost] and flags.count("--latency-table") == 1
+    assert set(rows) == {0, 1, 2} and set(rows[0]) == {"macs", "latency"}
+
+
+def test_the_shared_table_is_measured_once_on_the_first_seeds_baseline(tmp_path):
+    import pytorch_lightning as pl
+
+    from nestflex.profiling import LatencyTable
+    from nestflex.training import ImageClassifier
+
+    module = ImageClassifier("vgg11", width=0.125, max_epochs=1)
+    trainer = pl.Trainer(logger=False, enable_checkpointing=False, accelerator="cpu", devices=1)
+    trainer.strategy.connect(module)
+    ckpt = tmp_path / "seed3" / "macs" / "baseline" / "model.ckpt"
+    ckpt.parent.mkdir(parents=True)
+    trainer.save_checkpoint(ckpt)
+    bench = _bench()
+    path = bench.shared_table(tmp_path, 3, ["--prune-snap", "up"])
+    assert path == tmp_path / "latency_table.json"
+    table = LatencyTable.load(path)
+    assert table.entries and table.threads == 1
+    stamp = path.stat().st_mtime_ns
+    assert bench.shared_table(tmp_path, 3, []) == path and path.stat().st_mtime_ns == stamp  # resumed: not again
+    given = tmp_path / "device.json"
+    assert bench.shared_table(tmp_path, 3, ["--latency-table", str(given)]) == given
+
+
+def test_flags_the_sweep_sets_itself_are_refused_by_name(tmp_path, capsys):
+    import pytest
+
+    with pytest.raises(SystemExit):
+        _bench().main(["--out", str(tmp_path), "--", "--prune-cost", "latency"])
+    assert "--prune-cost" in capsys.readouterr().err
