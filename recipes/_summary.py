@@ -22,6 +22,7 @@ def prune_summary(road: Any, test_accuracy: float, seconds: float) -> dict[str, 
         "start_val_accuracy": road.start_accuracy, "rejected_steps": len(road.rejected),
         # the stopping reason is `status`; the noise entry sizes the goal's margin against the split
         "val_size": road.eval_samples, "noise": road.noise(), "finetune": road.finetune,
+        **({"confirm": road.confirm} if road.confirm is not None else {}),  # --prune-confirm's verdicts
     }
 
 

@@ -49,6 +49,7 @@ from nestflex.exits import MultiExitClassifier, evaluate_flex
 from nestflex.exits.placement import parse_positions
 from nestflex.graph import trace
 from nestflex.pruning import Roadmap, load_pruned
+from nestflex.pruning.callback import CONFIRM_BACKOFFS
 from nestflex.training import ImageClassifier
 
 #: summary.json key of each stage's results, where it differs from the stage name
@@ -95,7 +96,8 @@ def run_prune(run: Run) -> dict[str, Any]:
     options = {k: v for k, v in asdict(p).items()
                if (k, v) not in (("round_to", 1), ("target", None), ("target_cost", None), ("cost", "macs"),
                                  ("latency_table", None), ("latency_threads", 1), ("snap", "nearest"),
-                                 ("step_cap", None), ("decision", "threshold"), ("confidence", 0.9))}
+                                 ("step_cap", None), ("decision", "threshold"), ("confidence", 0.9),
+                                 ("confirm", None))}
     if p.decision == "threshold":  # the bound's confidence judges nothing
         options.pop("confidence", None)
     if p.cost == "macs" and p.round_to == 1:  # any width may be taken: nothing to snap to
@@ -103,7 +105,8 @@ def run_prune(run: Run) -> dict[str, Any]:
     st = run.stage("prune", {"baseline": run.config("baseline"), **options, "retry_budget": budget})
     # room for every step to be recovered and retried twice (the back-off), then the seed's fine-tuning;
     # the callback stops the Trainer when done
-    epochs = (p.epochs_per_step + p.recover_epochs) * p.max_steps * 3 + p.finetune_epochs
+    epochs = (p.epochs_per_step + p.recover_epochs) * p.max_steps * 3 + p.finetune_epochs * (
+        1 + (CONFIRM_BACKOFFS if p.confirm is not None else 0))  # each unconfirmed seed's successor is fine-tuned
     module = ImageClassifier(**dict(base.hparams) | {"lr": p.lr, "max_epochs": epochs,
                                                      "restart_epochs": p.epochs_per_step})
     if st.done("result.json", "roadmap.json", "seed.ckpt"):
@@ -123,7 +126,7 @@ def run_prune(run: Run) -> dict[str, Any]:
     pruner = FilterPruning(p.criterion, **mode, step=p.step, epochs_per_step=p.epochs_per_step,
                            max_steps=p.max_steps, recover_epochs=p.recover_epochs, finetune_epochs=p.finetune_epochs,
                            retry_budget=budget, round_to=p.round_to, snap=p.snap, step_cap=p.step_cap, dirpath=st.dir,
-                           criterion_kwargs=kwargs, cost=cost,
+                           criterion_kwargs=kwargs, cost=cost, confirm=p.confirm,
                            **({"decision": "paired", "confidence": p.confidence} if p.decision == "paired" else {}))
     trainer = st.trainer(c, [pruner], epochs, resume, num_sanity_val_steps=0)
     start = time.perf_counter()

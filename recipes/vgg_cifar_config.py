@@ -76,6 +76,11 @@ class PruneConfig:
     confidence: float = option(0.9, "with --prune-decision paired: the bound's confidence (a step exactly at the "
                                "goal is rejected at most 1 - this of the time)",
                                check=Check(lambda v: 0.5 <= v < 1, "is a confidence in [0.5, 1)", "0.9"))
+    confirm: float | None = option(None, "confirm the seed with this confidence: once the roadmap ends, the "
+                                   "fine-tuned seed is kept only when its paired lower bound is within the goal, "
+                                   "else the step before it is fine-tuned and judged (none: no check; "
+                                   "docs/pruning.md#confirming-the-seed)",
+                                   check=Check(lambda v: 0.5 < v < 1, "is a confidence in (0.5, 1)", "0.9"))
     round_to: int = option(1, "keep channel counts at multiples of this (8, 16: SIMD-friendly widths; 1: any)",
                            check=at_least(1))
     snap: str = option("nearest", "how a group's schedule becomes a width it may take (--prune-round-to's "
@@ -201,6 +206,11 @@ def check_budget(p: PruneConfig) -> None:
         raise ConfigError(f"--prune-decision paired judges steps against the accuracy goal, got {flag} "
                           f"{p.target if p.target is not None else p.target_cost!r} (the budget mode judges none). "
                           f"HINT: leave {flag} out for the accuracy-goal mode, or --prune-decision out")
+    if p.confirm is not None and (p.target is not None or p.target_cost is not None):
+        flag = "--prune-target" if p.target is not None else "--prune-target-cost"
+        raise ConfigError(f"--prune-confirm {p.confirm!r} checks the seed against the accuracy goal, got {flag} "
+                          f"{p.target if p.target is not None else p.target_cost!r} (the budget mode has none). "
+                          f"HINT: leave {flag} out for the accuracy-goal mode, or --prune-confirm out")
     if p.target_cost is not None and p.cost != "latency":
         raise ConfigError(f"--prune-target-cost {p.target_cost!r} is a share of the time the latency table "
                           f"predicts, got --prune-cost {p.cost}. HINT: add --prune-cost latency (and --latency-table "

@@ -7,7 +7,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from nestflex.callbacks import FilterPruning
-from nestflex.pruning import PairedDecision, PruningError, Roadmap, paired_decision
+from nestflex.pruning import PairedDecision, PruningError, Roadmap, confirm_seed, paired_decision
 from tests.pruning.test_callback import _dm, _module, _prune, _trainer
 
 
@@ -163,3 +163,69 @@ def test_paired_decision_on_real_evaluations(tmp_path, pretrained):
     stats = road.rejected[0].decision
     assert stats["broken"] and stats["n"] == 96 and stats["bound"] < 0
     assert stats["estimate"] == pytest.approx(road.rejected[0].accuracy - road.start_accuracy, abs=1e-5)
+
+
+@pytest.mark.parametrize(("lost_after", "kept"), [(5, True), (7, False)])
+def test_a_seed_kept_below_the_goal_keeps_a_fine_tuning_that_raises_it(tmp_path, pretrained, monkeypatch,
+                                                                        lost_after, kept):
+    """Scripted hits: the paired rule keeps step 1 at 84 of 96 images, under the 5-point goal (85.2
+    images). Fine-tuned to 85 images it is still under the goal but better: kept (it was dropped for
+    missing the goal, and the worse weights came back). Fine-tuned to 83, it is not."""
+    pl.seed_everything(0)
+    cb = _prune(criterion="l1", max_drop=0.05, max_steps=1, recover_epochs=0, decision="paired", finetune_epochs=2)
+    _scripted_hits(cb, monkeypatch, [6, lost_after])
+    _trainer(tmp_path, [cb], epochs=5).fit(_module(pretrained), datamodule=_dm())
+    road = Roadmap.load(tmp_path / "pruning" / "roadmap.json")
+    assert [f.step for f in road.footprints] == [0, 1] and road.finetune["before"] == pytest.approx(84 / 96, abs=1e-6)
+    assert road.finetune["after"] == pytest.approx((90 - lost_after) / 96, abs=1e-6) and road.finetune["kept"] is kept
+    assert road.seed.accuracy == pytest.approx((90 - lost_after if kept else 84) / 96, abs=1e-6)
+
+
+def test_confirm_seed_mirrors_the_paired_rule():
+    a = np.arange(5000) < 4350
+    b = a.copy()
+    b[:130], b[4350:4450] = False, True  # 130 images lost, 100 gained: -0.6 points
+    c = confirm_seed(a, b, max_drop=0.01)
+    d = paired_decision(a, b, max_drop=0.01)
+    assert c.estimate == d.estimate and c.se == d.se and not d.broken and not c.confirmed
+    assert c.lower == pytest.approx(c.estimate - (d.bound - d.estimate))  # the same margin, the other side
+    assert confirm_seed(a, b, max_drop=0.015).confirmed and confirm_seed(a, b, max_drop=0.01, confidence=0.6).confirmed
+    with pytest.raises(PruningError, match=r"`start` and `seed` must score the same images, got 5000 and 4 flags"):
+        confirm_seed(a, [1, 0, 1, 1], max_drop=0.01)
+
+
+@pytest.mark.parametrize("finetune", [1, 0])
+def test_an_unconfirmed_seed_gives_way_to_the_footprint_before_it(tmp_path, pretrained, monkeypatch, finetune):
+    """Scripted hits on 96 images, 6-point goal: steps 1 and 2 lose 2 and 3 images (both kept by the
+    threshold rule); the seed at step 2, 3 images down (fine-tuned or not), is not confidently within
+    the goal (lower bound -6.45 points); step 1, 1 image down after its own fine-tuning (or 2
+    without: -5.0), is. The seed becomes step 1, its weights in seed.ckpt; both verdicts are recorded."""
+    pl.seed_everything(0)
+    cb = _prune(criterion="l1", max_drop=0.06, max_steps=2, recover_epochs=0, finetune_epochs=finetune, confirm=0.9)
+    _scripted_hits(cb, monkeypatch, [2, 3, 3, 1] if finetune else [2, 3, 3, 2])
+    _trainer(tmp_path, [cb], epochs=8).fit(_module(pretrained), datamodule=_dm())
+    road = Roadmap.load(tmp_path / "pruning" / "roadmap.json")
+    assert road.status == "max_steps" and [f.step for f in road.footprints] == [0, 1]
+    assert [(c["step"], c["confirmed"]) for c in road.confirm] == [(2, False), (1, True)]
+    assert road.confirm[0]["estimate"] == pytest.approx(-3 / 96, abs=1e-6) and road.confirm[0]["lower"] < -0.06
+    assert road.seed.accuracy == pytest.approx((89 if finetune else 88) / 96, abs=1e-6)
+    if finetune:  # the last fine-tuning is step 1's
+        assert road.finetune["before"] == pytest.approx(88 / 96, abs=1e-6) and road.finetune["kept"]
+    seed = torch.load(tmp_path / "pruning" / "seed.ckpt", weights_only=True)["state_dict"]
+    step = torch.load(tmp_path / "pruning" / road.seed.checkpoint, weights_only=True)["state_dict"]
+    assert all(torch.equal(seed[k], step[k]) for k in step)
+
+
+def test_a_confirmed_seed_stays_and_confirm_needs_an_accuracy_goal(tmp_path, pretrained, monkeypatch):
+    pl.seed_everything(0)
+    cb = _prune(criterion="l1", max_drop=0.05, max_steps=1, recover_epochs=0, confirm=0.9)
+    _scripted_hits(cb, monkeypatch, [1, 1])
+    _trainer(tmp_path, [cb], epochs=4).fit(_module(pretrained), datamodule=_dm())
+    road = Roadmap.load(tmp_path / "pruning" / "roadmap.json")
+    assert [f.step for f in road.footprints] == [0, 1] and [c["confirmed"] for c in road.confirm] == [True]
+    with pytest.raises(PruningError, match=r"`confirm` checks the seed against the accuracy goal; the budget mode "
+                                           r"\(`target_macs`\) has none. HINT"):
+        FilterPruning(target_macs=0.5, confirm=0.9)
+    for bad in (1.0, 0.5, True, "0.9"):
+        with pytest.raises(PruningError, match=r"`confirm` must be None or a confidence in \(0.5, 1\), got "):
+            FilterPruning(max_drop=0.01, confirm=bad)

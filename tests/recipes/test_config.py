@@ -147,6 +147,9 @@ def test_progressive_recipe_reads_a_config_file(tmp_path):
                                                                r"--prune-target out"),
     (["--prune-decision", "bound"], r"argument --prune-decision: invalid choice: 'bound'"),
     (["--prune-confidence", "1"], r"--prune-confidence is a confidence in \[0.5, 1\), got 1.0. HINT: 0.9"),
+    (["--prune-confirm", "0.5"], r"--prune-confirm is a confidence in \(0.5, 1\), got 0.5. HINT: 0.9"),
+    (["--prune-confirm", "0.9", "--prune-target", "0.3"], r"--prune-confirm 0.9 checks the seed against the accuracy "
+                                                           r"goal, got --prune-target 0.3 .*HINT: leave --prune-target out"),
     (["--grow-levels", "1"], "--grow-levels must be >= 2, got 1"),
     (["--flex-train-samples", "0"], "--flex-train-samples must be >= 1, got 0. HINT: leave it out for all"),
     (["--flex-calibration-samples", "3"], r"--flex-calibration-samples must be 0 \(thresholds on the planning "

@@ -59,4 +59,19 @@ def test_prune_decision_paired_judges_every_step_with_the_bound(tmp_path):
     threshold = tmp_path / "threshold"
     recipe.main([*TINY, "--out", str(threshold), "--stages", "baseline,prune", "--prune-criterion", "l1",
                  "--prune-step", "0.5", "--prune-max-steps", "1", "--prune-finetune-epochs", "0"])
-    assert not {"decision", "confidence"} & set(json.loads((threshold / "prune" / "config.json").read_text()))
+    assert not {"decision", "confidence", "confirm"} & set(json.loads((threshold / "prune" / "config.json").read_text()))
+
+
+def test_prune_confirm_judges_the_seed_and_the_summary_carries_the_verdicts(tmp_path):
+    """--prune-confirm reaches FilterPruning: a 50-point goal confirms the seed at once, and the stage's
+    summary and config carry it."""
+    recipe = load_script("recipes/vgg_cifar.py")
+    out = tmp_path / "run"
+    args = [*TINY, "--out", str(out), "--stages", "baseline,prune", "--prune-criterion", "l1", "--prune-step", "0.5",
+            "--prune-max-steps", "1", "--prune-finetune-epochs", "0", "--prune-max-drop", "50", "--prune-confirm", "0.9"]
+    pr = recipe.main(args)["pruning"]
+    road = json.loads((out / pr["roadmap"]).read_text())
+    assert pr["steps"] == 1 and pr["confirm"] == road["confirm"]
+    assert [(c["step"], c["confirmed"], c["confidence"]) for c in pr["confirm"]] == [(1, True, 0.9)]
+    assert pr["confirm"][0]["n"] > 0 and pr["confirm"][0]["lower"] >= -0.5
+    assert json.loads((out / "prune" / "config.json").read_text())["confirm"] == 0.9

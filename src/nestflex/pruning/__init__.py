@@ -22,7 +22,7 @@ from nestflex.pruning.cost import (
     latency_specs,
     write_model_specs,
 )
-from nestflex.pruning.decision import PairedDecision, paired_decision
+from nestflex.pruning.decision import PairedDecision, SeedConfirmation, confirm_seed, paired_decision
 from nestflex.pruning.evaluate import accuracy
 from nestflex.pruning.importance import (
     Importance,
@@ -80,6 +80,8 @@ __all__ = [
     "decide_step",
     "paired_decision",
     "PairedDecision",
+    "confirm_seed",
+    "SeedConfirmation",
     "budget_limit",
     "budget_reached",
     "budget_scale",

@@ -39,25 +39,26 @@ from nestflex.errors import PruningError
 from nestflex.graph import StructureGraph, checked_batches, input_shape_of, trace
 from nestflex.graph.surgery import resize_like, state_for
 from nestflex.profiling.latency import LatencyTable
+from nestflex.pruning._arguments import check_arguments, check_resumed_mode
 from nestflex.pruning._lookup import network_attr, train_dataset
 from nestflex.pruning._optim import prune_with_optimizers
 from nestflex.pruning._rng import _rng_state, _set_rng_state
 from nestflex.pruning.budget import COST_DIGITS, Budget, make_budget
 from nestflex.pruning.cost import CostModel, cost_allocation, get_cost
-from nestflex.pruning.decision import PairedDecision, check_pairable, describe_verdict, paired_decision
+from nestflex.pruning.decision import (PairedDecision, check_pairable, confirm_seed, describe_verdict,
+                                       paired_decision)
 from nestflex.pruning.evaluate import accuracy, trainer_eval_loader
 from nestflex.pruning.importance import Importance, get_importance
 from nestflex.pruning.roadmap import Footprint, Roadmap
 from nestflex.pruning.sensitivity import allocation_weights, sensitivity_profile
-from nestflex.pruning.step import SNAPS, budget_scale, decide_step, plan_step, shrink
+from nestflex.pruning.step import budget_scale, decide_step, plan_step, shrink
 
 __all__ = ["FilterPruning", "load_pruned"]
 
-_ALLOCATIONS = ("sensitivity", "uniform")
-_MODES = ("goal", "max_drop", "target_macs", "target_cost")
-_DECISIONS = ("threshold", "paired")
 #: the allocation only needs each layer's tolerance, so it profiles fewer points than the benchmark
 ALLOCATION_FRACTIONS = (0.1, 0.25, 0.5, 0.75, 0.9)
+#: how many times an unconfirmed seed gives way to the footprint before it (``confirm``)
+CONFIRM_BACKOFFS = 3
 
 
 def load_pruned(module: torch.nn.Module, checkpoint: str | Path) -> torch.nn.Module:
@@ -187,6 +188,14 @@ class FilterPruning(Callback):
             (a LayerNorm-normalised residual stream, GRN channels, weight-standardised inputs): their
             statistics change, so pruned no longer equals masked; steps are still judged on accuracy
             and the roadmap replays with it (docs/pruning.md#approximate). ``False`` (default): locked.
+        confirm: ``None`` (default), or a confidence in (0.5, 1): once the roadmap ends (and the seed
+            is fine-tuned), the seed is kept only when the paired lower bound of its accuracy
+            difference to the start model is within the goal (:func:`~nestflex.pruning.confirm_seed`);
+            otherwise the footprint before it becomes the seed, is fine-tuned and judged in turn (at
+            most ``CONFIRM_BACKOFFS`` times; ``roadmap.confirm`` records each verdict). Steps are
+            judged leniently, so the roadmap tends to end at the goal's edge, where an accuracy on
+            other images misses the goal about half of the time. As ``paired``, it needs a
+            deterministic evaluation loader and one process; not with the budget mode.
 
     Example::
 
@@ -229,63 +238,19 @@ class FilterPruning(Callback):
         confidence: float = 0.9,
         cost: str | CostModel | LatencyTable | None = None,
         approximate: bool = False,
+        confirm: float | None = None,
     ) -> None:
-        given = dict(zip(_MODES, (goal, max_drop, target_macs, target_cost)))
-        if sum(v is not None for v in given.values()) != 1:
-            raise PruningError(
-                f"pass exactly one of `goal`, `max_drop`, `target_macs` and `target_cost`, got "
-                f"{', '.join(f'{k}={v!r}' for k, v in given.items())}. HINT: `goal` or `max_drop` prune while the "
-                f"accuracy holds (NestDNN); `target_macs` (`target_cost`) prunes to a share of the MACs (of the "
-                f"cost under `cost`) whatever the accuracy"
-            )
-        if goal is not None and not 0.0 < goal <= 1.0:
-            raise PruningError(f"`goal` is an accuracy in (0, 1], got {goal!r}. HINT: 0.9 means 90%")
-        if max_drop is not None and not 0.0 <= max_drop < 1.0:
-            raise PruningError(f"`max_drop` is an accuracy difference in [0, 1), got {max_drop!r}. HINT: 0.01 is one point")
-        checks = (
-            ("epochs_per_step", epochs_per_step, isinstance(epochs_per_step, int) and epochs_per_step >= 1, "an int >= 1"),
-            ("step", step, isinstance(step, (int, float)) and 0.0 < step < 1.0, "in (0, 1)"),
-            ("sensitivity_drop", sensitivity_drop, 0.0 <= sensitivity_drop < 1.0, "in [0, 1)"),
-            ("max_steps", max_steps, max_steps is None or (isinstance(max_steps, int) and max_steps >= 1), "None or an int >= 1"),
-            ("recover_epochs", recover_epochs, isinstance(recover_epochs, int) and recover_epochs >= 0, "an int >= 0"),
-            ("finetune_epochs", finetune_epochs, isinstance(finetune_epochs, int) and finetune_epochs >= 0, "an int >= 0"),
-            ("backoff", backoff, isinstance(backoff, int) and backoff >= 0, "an int >= 0"),
-            ("retry_budget", retry_budget, retry_budget is None or (isinstance(retry_budget, int) and retry_budget >= 0),
-             "None or an int >= 0"),
-            ("min_channels", min_channels, isinstance(min_channels, int) and min_channels >= 1, "an int >= 1"),
-            ("round_to", round_to, isinstance(round_to, int) and round_to >= 1, "an int >= 1"),
-            ("eval_batches", eval_batches, eval_batches is None or (isinstance(eval_batches, int) and eval_batches >= 1), "None or an int >= 1"),
-            ("sensitivity_batches", sensitivity_batches, sensitivity_batches is None or (isinstance(sensitivity_batches, int) and sensitivity_batches >= 1), "None or an int >= 1"),
-        )
-        for arg, value, ok, valid in checks:
-            if not ok:
-                raise PruningError(f"`{arg}` must be {valid}, got {value!r}")
-        if snap not in SNAPS:
-            raise PruningError(f"`snap` must be one of {SNAPS}, got {snap!r}. HINT: 'up' drops a group to a faster "
-                               f"width only once its schedule reaches it")
-        if allocation not in _ALLOCATIONS:
-            raise PruningError(f"`allocation` must be one of {_ALLOCATIONS}, got {allocation!r}")
-        if decision not in _DECISIONS:
-            raise PruningError(f"`decision` must be one of {_DECISIONS}, got {decision!r}. HINT: 'paired' keeps a "
-                               f"step unless it is confidently below the goal")
-        if decision == "paired" and (target_macs is not None or target_cost is not None):
-            arg = "target_macs" if target_macs is not None else "target_cost"
-            raise PruningError(f"`decision`='paired' judges steps against an accuracy goal; the budget mode "
-                               f"(`{arg}`) judges none. HINT: pass `goal` or `max_drop`, or leave `decision`")
-        if not (isinstance(confidence, (int, float)) and not isinstance(confidence, bool) and 0.5 < confidence < 1.0):
-            raise PruningError(f"`confidence` must be in (0.5, 1), got {confidence!r}. HINT: 0.9 rejects a step whose "
-                               f"true accuracy is exactly at the goal about 10% of the time")
-        if not isinstance(approximate, bool):
-            raise PruningError(f"`approximate` must be True or False, got {approximate!r}. HINT: True also prunes "
-                               f"LayerNorm-normalised streams (ViT, ConvNeXt), approximately")
-        if step_cap is not None and (cost is None or isinstance(step_cap, bool)
-                                     or not isinstance(step_cap, (int, float)) or not step_cap >= 1):
-            raise PruningError(f"`step_cap` must be None or a number >= 1 with a `cost` model, got step_cap="
-                               f"{step_cap!r}, cost={cost!r}. HINT: 2.0 lets a step cut at most twice its share of "
-                               f"the cost; without `cost` widths fall channel by channel and need no cap")
+        check_arguments(goal=goal, max_drop=max_drop, target_macs=target_macs, target_cost=target_cost,
+                        epochs_per_step=epochs_per_step, step=step, sensitivity_drop=sensitivity_drop,
+                        max_steps=max_steps, recover_epochs=recover_epochs, finetune_epochs=finetune_epochs,
+                        backoff=backoff, retry_budget=retry_budget, min_channels=min_channels, round_to=round_to,
+                        eval_batches=eval_batches, sensitivity_batches=sensitivity_batches, snap=snap,
+                        allocation=allocation, decision=decision, confidence=confidence, approximate=approximate,
+                        step_cap=step_cap, cost=cost, confirm=confirm)
         self.step_cap = None if step_cap is None else float(step_cap)
         self.approximate = approximate
         self.decision, self.confidence = decision, float(confidence)
+        self.confirm = None if confirm is None else float(confirm)
         self.cost = get_cost(cost) if cost is not None else None
         if self.cost is not None and round_to > 1:
             raise PruningError(f"`cost`={self.cost.name!r} chooses each group's widths; `round_to`={round_to} would "
@@ -326,6 +291,7 @@ class FilterPruning(Callback):
         self._retries = 0
         self._recovered = 0  # extra retraining epochs the pending step has had
         self._finetune_until: int | None = None  # epoch the seed's fine-tuning ends at, while it runs
+        self._finetunes = True  # whether the seed is fine-tuned (not when the roadmap ran out of epochs)
         self._eval_samples = 0  # samples of the last evaluation
         self._last_hits: torch.Tensor | None = None  # per-sample correct flags of the last evaluation (paired)
         self._start_hits: torch.Tensor | None = None  # ... of the start model, what every step is paired with
@@ -391,6 +357,7 @@ class FilterPruning(Callback):
             "retries": self._retries,
             "recovered": self._recovered,
             "finetune_until": self._finetune_until,
+            "finetunes": self._finetunes,
             "start_hits": self._start_hits,
             "criterion": crit() if crit else None,
             "rng": _rng_state(),
@@ -398,18 +365,7 @@ class FilterPruning(Callback):
 
     @override
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        saved = {"mode": state.get("mode", "accuracy"), "target_macs": state.get("target_macs"),
-                 "target_cost": state.get("target_cost")}  # checkpoints before target_cost lack it
-        mine = {"mode": self.mode, "target_macs": self.target_macs, "target_cost": self.target_cost}
-        if saved != mine:
-            # name the targets either side set (target_macs when neither does)
-            args = [k for k in ("target_macs", "target_cost") if saved[k] is not None or mine[k] is not None]
-            said = {side: ", ".join(f"{k}={d[k]!r}" for k in args or ["target_macs"]) for side, d in
-                    (("saved", saved), ("mine", mine))}
-            raise PruningError(
-                f"the checkpoint's FilterPruning ran in mode {saved['mode']!r} ({said['saved']}), this one in "
-                f"{self.mode!r} ({said['mine']}). HINT: resume with the arguments the run started with"
-            )
+        check_resumed_mode(state, {"mode": self.mode, "target_macs": self.target_macs, "target_cost": self.target_cost})
         self._reset()
         self.roadmap = Roadmap.from_dict(state["roadmap"]) if state["roadmap"] else None
         self._kept = {k: list(v) for k, v in state["kept"].items()}
@@ -420,6 +376,7 @@ class FilterPruning(Callback):
         self._scale, self._retries = state["scale"], state["retries"]
         self._recovered = state.get("recovered", 0)
         self._finetune_until = state.get("finetune_until")
+        self._finetunes = state.get("finetunes", True)
         self._start_hits = state.get("start_hits")
         if state.get("criterion") is not None and hasattr(self.criterion, "load_state_dict"):
             self.criterion.load_state_dict(state["criterion"])
@@ -460,8 +417,9 @@ class FilterPruning(Callback):
                 self._prune(trainer, pl_module, completed)
 
     def _start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if self.decision == "paired":
-            check_pairable(trainer.world_size, self._eval_loader(trainer))
+        if self.decision == "paired" or self.confirm is not None:
+            check_pairable(trainer.world_size, self._eval_loader(trainer),
+                           "`decision`='paired'" if self.decision == "paired" else f"`confirm`={self.confirm}")
         start = self._evaluate(trainer, pl_module, self.eval_batches)
         self._start_hits = self._last_hits
         # the budget mode judges no step on accuracy: its goal is 0, which every footprint meets
@@ -649,12 +607,13 @@ class FilterPruning(Callback):
             self._pending = False
         self.roadmap.status = status
         self._save_roadmap(trainer)
-        max_epochs = trainer.max_epochs if trainer.max_epochs is not None and trainer.max_epochs >= 0 else None
-        room = max_epochs is None or trainer.current_epoch + self.finetune_epochs <= max_epochs
-        if finetune and self.finetune_epochs and status != "max_epochs" and room and self.roadmap.seed.step > 0:
+        self._finetunes = finetune and status != "max_epochs"  # max_epochs: no epoch is left to train
+        if self._finetune_room(trainer):
             self._finetune_until = trainer.current_epoch + self.finetune_epochs
             rank_zero_info(f"pruning: done ({status}); fine-tuning the seed (step {self.roadmap.seed.step}) "
                            f"for {self.finetune_epochs} epochs")
+            return
+        if not self._confirmed(trainer, pl_module, None):
             return
         self._done = True
         trainer.should_stop = True
@@ -663,13 +622,13 @@ class FilterPruning(Callback):
                        + (self._budget_report() if self.budget is not None else ""))
 
     def _finish_finetune(self, trainer: pl.Trainer, pl_module: pl.LightningModule, completed: int) -> None:
-        """Judge the fine-tuned seed: it replaces the seed's footprint if it meets the goal and
-        does not fall below the seed; otherwise the seed's weights come back."""
+        """Judge the fine-tuned seed: it replaces the seed's footprint unless it falls below the seed
+        (then the seed's weights come back), even where both are under the goal (the paired rule)."""
         seed = self.roadmap.seed
         epochs = self.finetune_epochs - max(self._finetune_until - completed, 0)
         self._finetune_until = None
         acc = self._evaluate(trainer, pl_module, self.eval_batches)
-        kept = acc >= max(self.roadmap.goal, seed.accuracy)
+        kept = acc >= seed.accuracy
         self.roadmap.finetune = {"epochs": epochs, "before": seed.accuracy, "after": round(acc, 6), "kept": kept}
         if kept:
             self._step_index = seed.step
@@ -678,10 +637,46 @@ class FilterPruning(Callback):
         else:
             self._rollback(trainer, pl_module)
             self._save_roadmap(trainer)
-        self._done = True
-        trainer.should_stop = True
         rank_zero_info(f"pruning: fine-tuned seed at {acc:.4f} (was {seed.accuracy:.4f}); "
                        f"{'kept' if kept else 'the seed stays'}")
+        if not self._confirmed(trainer, pl_module, self._last_hits if kept else None):
+            return
+        self._done = True
+        trainer.should_stop = True
+
+    def _finetune_room(self, trainer: pl.Trainer) -> bool:
+        """Whether the seed is to be fine-tuned now: asked for, a pruned seed, and epochs left."""
+        max_epochs = trainer.max_epochs if trainer.max_epochs is not None and trainer.max_epochs >= 0 else None
+        room = max_epochs is None or trainer.current_epoch + self.finetune_epochs <= max_epochs
+        return bool(self._finetunes and self.finetune_epochs and room and self.roadmap.seed.step > 0)
+
+    def _confirmed(self, trainer: pl.Trainer, pl_module: pl.LightningModule, hits: torch.Tensor | None) -> bool:
+        """``confirm``'s verdict on the seed (``hits``: its per-sample results, else it is evaluated); an
+        unconfirmed seed gives way to the footprint before it, fine-tuned first (``False``: training
+        goes on, then this is asked again) where fine-tuning is on. ``True``: the roadmap is done."""
+        while self.confirm is not None and self.roadmap.seed.step > 0:
+            if hits is None:
+                self._evaluate(trainer, pl_module, self.eval_batches)
+                hits = self._last_hits
+            seed, drop = self.roadmap.seed, max(self.roadmap.start_accuracy - self.roadmap.goal, 0.0)
+            v = confirm_seed(self._start_hits, hits, drop, self.confirm)
+            self.roadmap.confirm = [*(self.roadmap.confirm or []),
+                                    {"step": seed.step, "macs": seed.macs, "accuracy": seed.accuracy, **v.to_dict()}]
+            rank_zero_info(f"pruning: seed step {seed.step} {'confirmed' if v.confirmed else 'not confirmed'}: "
+                           f"{100 * v.estimate:+.2f} points, {100 * v.confidence:g}% lower bound {100 * v.lower:+.2f} "
+                           f"vs {-100 * v.max_drop:+.2f}")
+            if v.confirmed or sum(not c["confirmed"] for c in self.roadmap.confirm) > CONFIRM_BACKOFFS:
+                break
+            self.roadmap.footprints.pop()  # recorded under `confirm`; the footprint before it is the seed
+            self._step_index, hits = self.roadmap.seed.step, None
+            self._rollback(trainer, pl_module)
+            self._copy_seed(trainer, self.roadmap.seed.checkpoint)
+            self._save_roadmap(trainer)
+            if self._finetune_room(trainer):  # fine-tuned, then judged again
+                self._finetune_until = trainer.current_epoch + self.finetune_epochs
+                return False
+        self._save_roadmap(trainer)
+        return True
 
     # ------------------------------------------------------------------ helpers
     def _shrink_targets(self, names: Iterable[str], step: float) -> bool:
@@ -727,11 +722,15 @@ class FilterPruning(Callback):
         rel = f"footprints/step_{self._step_index:03d}.ckpt"
         self._save_checkpoint(trainer, self.dirpath / rel)
         self.roadmap.footprints.append(self._footprint(graph, acc, epoch, rel, decision))
+        self._copy_seed(trainer, rel)
+        self._save_roadmap(trainer)
+
+    def _copy_seed(self, trainer: pl.Trainer, rel: str) -> None:
+        """``seed.ckpt`` becomes a copy of the footprint checkpoint ``rel`` (atomically)."""
         if trainer.is_global_zero:
             tmp = self.dirpath / "seed.ckpt.tmp"
             shutil.copyfile(self.dirpath / rel, tmp)
             os.replace(tmp, self.dirpath / "seed.ckpt")
-        self._save_roadmap(trainer)
 
     def _save_checkpoint(self, trainer: pl.Trainer, path: Path) -> None:
         tmp = path.with_name(path.name + ".tmp")
@@ -784,7 +783,7 @@ class FilterPruning(Callback):
         loader = checked_batches(self._eval_loader(trainer), self._shape(trainer, trainer.lightning_module),
                                  "FilterPruning")
         counts: list[int] = []
-        hits: list[torch.Tensor] | None = [] if self.decision == "paired" else None
+        hits: list[torch.Tensor] | None = [] if self.decision == "paired" or self.confirm is not None else None
         with torch.random.fork_rng(devices=[]):
             acc = accuracy(model, loader, max_batches=max_batches, counts=counts, hits=hits, **self._dist(trainer))
         self._eval_samples = counts[1]

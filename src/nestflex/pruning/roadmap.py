@@ -93,7 +93,10 @@ class Roadmap:
             ``start_accuracy`` it sizes the evaluation noise (:meth:`noise`).
         finetune: the seed's final fine-tuning, when there was one: ``epochs``, validation
             accuracy ``before`` and ``after``, ``kept`` (the fine-tuned weights replaced the
-            seed's: they met the goal and did not fall below the seed).
+            seed's: they did not fall below the seed); with ``confirm``, the last seed's.
+        confirm: ``FilterPruning``'s ``confirm`` verdicts, one per seed judged, in order: ``step``,
+            ``macs``, validation ``accuracy`` and :class:`~nestflex.pruning.SeedConfirmation`'s
+            fields; an unconfirmed seed's footprint left the roadmap. ``None`` without ``confirm``.
         mode: ``accuracy`` (NestDNN's: prune while every footprint meets ``goal``), ``macs``
             (the budget mode: prune until the seed has at most ``target_macs`` of the starting
             MACs, keeping every step and recording its accuracy) or ``cost`` (the same budget in
@@ -127,6 +130,7 @@ class Roadmap:
     input_shape: list[int] | None = None
     eval_samples: int | None = None
     finetune: dict[str, Any] | None = None
+    confirm: list[dict[str, Any]] | None = None
     mode: str = "accuracy"
     target_macs: float | None = None
     target_cost: float | None = None
