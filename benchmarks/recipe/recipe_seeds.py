@@ -86,6 +86,10 @@ def row(seed: int, s: dict[str, Any]) -> dict[str, Any]:
                  noise_warning=(p.get("noise") or {}).get("warning"))
         if base:
             r["seed_drop_points"] = round(100 * (base["accuracy"] - p["accuracy"]), 2)
+        if p.get("start_val_accuracy") is not None:  # the drop the roadmap judged, on validation
+            r["seed_val_drop_points"] = round(100 * (p["start_val_accuracy"] - p["val_accuracy"]), 2)
+            if base:  # what the test split adds to it: the noise a verdict at the goal's edge meets
+                r["seed_drop_gap_points"] = round(r["seed_drop_points"] - r["seed_val_drop_points"], 2)
     g = s.get("grow")
     if g:
         accs = [lv["accuracy"] for lv in g["levels"]]
@@ -110,7 +114,8 @@ def stats(values: list[float]) -> dict[str, Any]:
     return {"median": round(statistics.median(values), 4), "min": min(values), "max": max(values), "n": len(values)}
 
 
-FIGURES = ("baseline_accuracy", "seed_macs_fraction", "seed_accuracy", "seed_drop_points", "prune_steps",
+FIGURES = ("baseline_accuracy", "seed_macs_fraction", "seed_accuracy", "seed_drop_points", "seed_val_drop_points",
+           "seed_drop_gap_points", "prune_steps",
            "levels", "level_accuracy_min", "level_accuracy_max", "memory_ratio_to_largest",
            "exits_macs_fraction", "exits_accuracy")
 
@@ -119,6 +124,9 @@ def aggregate(rows: list[dict[str, Any]], timing_exclude: frozenset[int] = froze
     """Median and range per figure over every run; stage times over the runs not in ``timing_exclude``."""
     figures = {k: stats([r[k] for r in rows if r.get(k) is not None]) for k in FIGURES
                if any(r.get(k) is not None for r in rows)}
+    gaps = [r["seed_drop_gap_points"] for r in rows if r.get("seed_drop_gap_points") is not None]
+    if len(gaps) > 1:  # a bias would show in the mean; the spread is what a verdict at the edge meets
+        figures["seed_drop_gap_points"] |= {"mean": round(statistics.mean(gaps), 3), "sd": round(statistics.stdev(gaps), 3)}
     timed = [r for r in rows if r["seed"] not in timing_exclude]
     stages = sorted({st for r in timed for st in r["stage_seconds"]})
     seconds = {st: stats([r["stage_seconds"][st] for r in timed if st in r["stage_seconds"]]) for st in stages}

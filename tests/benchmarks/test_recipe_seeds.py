@@ -149,3 +149,20 @@ def test_merge_times_each_run_under_its_own_machine_type(tmp_path):
                                 "goals": bench.goals(rows, stages)}))
     time = bench.main(["--merge", str(path), "--out", str(tmp_path / "out")])["goals"]["recipe_within_30_minutes_per_machine"]
     assert time["measured"]["median_minutes"] == {"AMD EPYC, 2 cores": 20.5, "Intel Xeon, 16 cores, NVIDIA H200": 6.0}
+
+
+def test_each_run_gives_its_validation_drop_and_the_sweep_the_gap_to_test():
+    """What the test split adds to the drop the roadmap judged on validation: per run, and its mean and
+    spread over the runs (docs/pruning.md#confirming-the-seed)."""
+    bench = load_script("benchmarks/recipe/recipe_seeds.py")
+    rows = []
+    for seed, (val, acc) in enumerate(((0.868, 0.860), (0.872, 0.869), (0.870, 0.866))):
+        s = _run_summary(H200, {"baseline": 90.0}, acc=acc)
+        s["pruning"] |= {"start_val_accuracy": 0.875, "val_accuracy": val}
+        rows.append(bench.row(seed, s))
+    assert [(r["seed_val_drop_points"], r["seed_drop_points"], r["seed_drop_gap_points"]) for r in rows] == [
+        (0.7, 1.0, 0.3), (0.3, 0.1, -0.2), (0.5, 0.4, -0.1)]
+    gap = bench.aggregate(rows)["figures"]["seed_drop_gap_points"]
+    assert gap["mean"] == 0.0 and gap["sd"] == 0.265 and (gap["min"], gap["max"]) == (-0.2, 0.3)
+    del rows[0]["seed_drop_gap_points"], rows[1]["seed_drop_gap_points"]  # runs from before the field: no spread of one
+    assert "sd" not in bench.aggregate(rows)["figures"]["seed_drop_gap_points"]

@@ -90,6 +90,8 @@ STAGES = ("baseline", "prune", "grow", "exits", "flex", "profile", "export")
 B2, ALL = "docs/results/recipe_seeds/b2/summary.json", "docs/results/recipe_seeds/all/summary.json"
 PAIRED, PAIRED_H200 = "docs/results/recipe_seeds/paired/summary.json", "docs/results/recipe_seeds/paired_h200/summary.json"
 MACHINES = "docs/results/recipe_seeds/paired_machines/summary.json"
+CONFIRM = "docs/results/recipe_seeds/confirm/summary.json"
+LATENCY_ROADMAP = "docs/results/latency_roadmap/current/summary.json"
 AMD, H200 = "AMD EPYC, 2 cores", "Intel(R) Xeon(R) Processor, 16 cores, NVIDIA H200"
 CIFAR, MNIST = "docs/results/vgg_cifar/default/summary.json", "docs/results/vgg_cifar/mnist/summary.json"
 ZOO_TV = "docs/results/zoo_coverage/torchvision/summary.json"
@@ -162,6 +164,23 @@ CLAIMS = [
     *(claim("docs/synthesis.md", f"| {name} " + "({:.1f}, {:.1f}; {:.1f} ms) | " + ", ".join(["{:.2f}/{:.2f}"] * 3)
             + " | " + ", ".join(["{:.2f}/{:.2f}"] * 3) + " | {:.2f}, {:.2f}, {:.2f} |", TVM, *_tvm_row(i))
       for i, name in enumerate(("ResNet-18", "ResNet-50", "MobileNet-V2", "EfficientNet-B0"))),
+    # pruning.md: confirming the seed (issue 44): the validation-to-test gap, and the sweep with the check
+    claim("docs/pruning.md", "and the test split added {:+.2f} points on average to that drop, with a spread of {:.2f} "
+          "({:+.2f} to {:+.2f})", MACHINES, *(f"figures.seed_drop_gap_points.{k}" for k in ("mean", "sd", "min", "max"))),
+    claim("docs/pruning.md", "at {:.1f}% [{:.1f}, {:.1f}] of the MACs, {:.2f} [{:.2f}, {:.2f}] points below on test: within "
+          "35% and 1 point in {}.", CONFIRM, *(pct(f"figures.seed_macs_fraction.{s}") for s in STATS),
+          *(f"figures.seed_drop_points.{s}" for s in STATS),
+          lambda d: d["goals"]["seed_model_small_and_accurate"]["measured"].split(" runs")[0]),
+    claim("docs/pruning.md", "split added {:+.2f} points on average (spread {:.2f})", CONFIRM,
+          "figures.seed_drop_gap_points.mean", "figures.seed_drop_gap_points.sd"),
+    # pruning.md: the default recipe planned in time against MACs (issue 38)
+    claim("docs/pruning.md", "| median | | | **{:.2f}x** (goal >= 1.2x: not met) | **{:+.2f}** (goal: not worse by more "
+          "than 0.5: met) |", LATENCY_ROADMAP, "goals.seed_speedup.measured", "goals.seed_accuracy.measured"),
+    *(claim("docs/pruning.md", "| " + str(i) + " | {:.3f} ms, {:.2f} M MACs, {:.2f}% | {:.3f} ms, {:.2f} M MACs, {:.2f}% | "
+            "{:.2f}x | {:+.2f} points |", LATENCY_ROADMAP,
+            *(f for c in ("macs", "latency") for f in (f"rows.{i}.{c}.seed_ms", lambda d, i=i, c=c: d["rows"][i][c]["seed_macs"] / 1e6,
+                                                       pct(f"rows.{i}.{c}.seed_accuracy"))),
+            f"rows.{i}.seed_speedup", f"rows.{i}.accuracy_difference_points") for i in range(3)),
     # README and pruning.md: the paired rule over seeds on two machine types (issue 44)
     claim("README.md", "seed model at {:.1f}% [{:.1f}, {:.1f}] / {:.1f}% [{:.1f}, {:.1f}] of the MACs, {:.2f} [{:.2f}, {:.2f}] / "
           "{:.2f} [{:.2f}, {:.2f}] points below its baseline on test; within 35% and 1 point in {} runs (goal 9: not met); "
