@@ -75,7 +75,7 @@ class PruneConfig:
                            choices=("threshold", "paired"))
     confidence: float = option(0.9, "with --prune-decision paired: the bound's confidence (a step exactly at the "
                                "goal is rejected at most 1 - this of the time)",
-                               check=Check(lambda v: 0.5 <= v < 1, "is a confidence in [0.5, 1)", "0.9"))
+                               check=Check(lambda v: 0.5 < v < 1, "is a confidence in (0.5, 1)", "0.9"))
     confirm: float | None = option(None, "confirm the seed with this confidence: once the roadmap ends, the "
                                    "fine-tuned seed is kept only when its paired lower bound is within the goal, "
                                    "else the step before it is fine-tuned and judged (none: no check; "

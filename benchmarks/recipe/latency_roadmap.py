@@ -89,7 +89,7 @@ def run_recipe(seed: int, cost: str, root: Path, extra: list[str], threads: int 
     base = root / f"seed{seed}" / COSTS[0] / "baseline"
     if cost != COSTS[0] and base.is_dir() and not (out / "baseline").exists():
         shutil.copytree(base, out / "baseline")  # the same baseline: its stage config matches, it is reused
-    shared = table is not None and cost != "macs" and "--latency-table" not in extra
+    shared = table is not None and cost != "macs" and flag_value(extra, "--latency-table") is None
     flags = ["--prune-cost", cost, *(["--latency-table", str(table)] if shared else []), *extra]
     ran = run_seed(seed, out, STAGES, flags, threads=threads)
     s = ran["summary"]
@@ -102,23 +102,45 @@ def run_recipe(seed: int, cost: str, root: Path, extra: list[str], threads: int 
             "table_seconds": read_json(kept)["meta"]["seconds"] if kept.is_file() else None}
 
 
+def flag_value(extra: list[str], flag: str) -> str | None:
+    """The value a recipe flag after ``--`` gives (``--flag V`` or ``--flag=V``; the last one wins), else ``None``."""
+    value = None
+    for i, x in enumerate(extra):
+        if x == flag and i + 1 < len(extra):
+            value = extra[i + 1]
+        elif x.startswith(flag + "="):
+            value = x.split("=", 1)[1]
+    return value
+
+
 def shared_table(root: Path, seed: int, extra: list[str]) -> Path:
     """The latency table the latency-driven runs of a ``--jobs`` sweep share: ``--latency-table`` when
-    given after ``--``, else measured here once (nothing else running) on ``seed``'s baseline at the
-    recipe's ``--latency-threads``; kept in ``root`` so that a resumed sweep measures nothing twice."""
-    if "--latency-table" in extra:
-        return Path(extra[extra.index("--latency-table") + 1])
-    path = root / "latency_table.json"
-    if not path.is_file():
-        from nestflex.pruning import build_latency_table
-        from nestflex.training import ImageClassifier
+    given after ``--``, else measured here (nothing else running) on ``seed``'s baseline at the
+    recipe's ``--latency-threads``. Kept in ``root``, it is reused by a resumed sweep when it holds
+    every layer of that baseline at those threads, and measured again otherwise (another model or
+    width in the same ``--runs``)."""
+    given = flag_value(extra, "--latency-table")
+    if given is not None:
+        return Path(given)
+    import torch
 
-        threads = int(extra[extra.index("--latency-threads") + 1]) if "--latency-threads" in extra else 1
-        net = ImageClassifier.load_from_checkpoint(root / f"seed{seed}" / COSTS[0] / "baseline" / "model.ckpt",
-                                                   map_location="cpu", weights_only=True).model
-        table = build_latency_table(net, net.input_shape, threads=threads)
-        table.save(path)
-        print(f"latency table: {len(table.entries)} layer shapes in {table.meta['seconds']} s: {path}", flush=True)
+    from nestflex.profiling import LatencyTable
+    from nestflex.pruning import build_latency_table, latency_specs
+    from nestflex.training import ImageClassifier
+
+    threads = int(flag_value(extra, "--latency-threads") or 1)
+    net = ImageClassifier.load_from_checkpoint(root / f"seed{seed}" / COSTS[0] / "baseline" / "model.ckpt",
+                                               map_location="cpu", weights_only=True).model
+    path = root / "latency_table.json"
+    if path.is_file():
+        table = LatencyTable.load(path)
+        with torch.no_grad():
+            keys = {spec.key for spec in latency_specs(net, net.input_shape)}
+        if table.threads == threads and keys <= set(table.entries):
+            return path
+    table = build_latency_table(net, net.input_shape, threads=threads)
+    table.save(path)
+    print(f"latency table: {len(table.entries)} layer shapes in {table.meta['seconds']} s: {path}", flush=True)
     return path
 
 
@@ -127,7 +149,8 @@ def run_recipes(seeds: list[int], root: Path, extra: list[str], jobs: int) -> di
     two rounds with the shared table measured between them (see the module's docstring)."""
     if jobs <= 1:
         return {seed: {cost: run_recipe(seed, cost, root, extra) for cost in COSTS} for seed in seeds}
-    threads = max(1, (os.cpu_count() or 1) // jobs)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    threads = max(1, cores // jobs)
     rows: dict[int, dict[str, Any]] = {seed: {} for seed in seeds}
     with ThreadPoolExecutor(jobs) as pool:  # threads wait on the recipe subprocesses
         for seed, row in zip(seeds, pool.map(lambda s: run_recipe(s, COSTS[0], root, extra, threads), seeds)):
@@ -186,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
     runs = args.runs or Path("runs") / "latency_roadmap"
     seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
     for flag in ("--prune-cost", "--stages"):
-        if flag in extra:
+        if any(x == flag or x.startswith(flag + "=") for x in extra):
             p.error(f"the recipe flags after -- set {flag}, which the sweep sets itself (both costs, stages "
                     f"{STAGES}). HINT: leave {flag} out")
     rows: list[dict[str, Any]] = []

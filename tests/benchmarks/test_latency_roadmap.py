@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 from pathlib import Path
 
 from tests.export.bundles import write_bundle
@@ -49,16 +50,22 @@ def _fake_run_seed(calls):
 
 
 def test_jobs_run_every_macs_run_before_any_latency_run_and_share_one_table(tmp_path, monkeypatch):
-    bench, calls = _bench(), []
+    bench, calls, tables = _bench(), [], []
     monkeypatch.setattr(bench, "run_seed", _fake_run_seed(calls))
-    table = tmp_path / "table.json"
-    rows = bench.run_recipes([0, 1, 2], tmp_path, ["--prune-snap", "up", "--latency-table", str(table)], jobs=2)
-    assert [c[1] for c in calls] == ["macs"] * 3 + ["latency"] * 3
+    measured = tmp_path / "measured.json"
+    monkeypatch.setattr(bench, "shared_table", lambda root, seed, extra: tables.append(seed) or measured)
+    rows = bench.run_recipes([0, 1, 2], tmp_path, ["--prune-snap", "up"], jobs=2)
+    assert [c[1] for c in calls] == ["macs"] * 3 + ["latency"] * 3 and tables == [0]  # measured once, between
     assert {c[0] for c in calls[:3]} == {c[0] for c in calls[3:]} == {0, 1, 2}
-    assert all(c[3] == max(1, (__import__("os").cpu_count() or 1) // 2) for c in calls)
-    for _, cost, flags, _ in calls:  # the user's table is passed once, to both runs as with --jobs 1
-        assert flags[:2] == ["--prune-cost", cost] and flags.count("--latency-table") == 1
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    assert all(c[3] == max(1, cores // 2) for c in calls)
+    for _, cost, flags, _ in calls:  # the measured table goes to the latency-driven runs only
+        assert flags[:2] == ["--prune-cost", cost]
+        assert (flags[2:4] == ["--latency-table", str(measured)]) == (cost == "latency")
     assert set(rows) == {0, 1, 2} and set(rows[0]) == {"macs", "latency"}
+    calls.clear()  # a table the user gives goes once, to both runs, as with --jobs 1
+    bench.run_recipes([0], tmp_path, ["--latency-table=device.json"], jobs=2)
+    assert [sum(f.startswith("--latency-table") for f in c[2]) for c in calls] == [1, 1]
 
 
 def test_the_shared_table_is_measured_once_on_the_first_seeds_baseline(tmp_path):
@@ -82,6 +89,9 @@ def test_the_shared_table_is_measured_once_on_the_first_seeds_baseline(tmp_path)
     assert bench.shared_table(tmp_path, 3, []) == path and path.stat().st_mtime_ns == stamp  # resumed: not again
     given = tmp_path / "device.json"
     assert bench.shared_table(tmp_path, 3, ["--latency-table", str(given)]) == given
+    # a table of another model in the same --runs is measured again
+    LatencyTable({"conv:other": table.entries[next(iter(table.entries))]}, threads=1).save(path)
+    assert set(LatencyTable.load(bench.shared_table(tmp_path, 3, [])).entries) == set(table.entries)
 
 
 def test_flags_the_sweep_sets_itself_are_refused_by_name(tmp_path, capsys):
@@ -89,4 +99,7 @@ def test_flags_the_sweep_sets_itself_are_refused_by_name(tmp_path, capsys):
 
     with pytest.raises(SystemExit):
         _bench().main(["--out", str(tmp_path), "--", "--prune-cost", "latency"])
-    assert "--prune-cost" in capsys.readouterr().err
+    assert "the recipe flags after -- set --prune-cost, which the sweep sets itself" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        _bench().main(["--out", str(tmp_path), "--", "--stages=baseline"])
+    assert "set --stages, which the sweep sets itself" in capsys.readouterr().err

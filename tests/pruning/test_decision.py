@@ -229,3 +229,23 @@ def test_a_confirmed_seed_stays_and_confirm_needs_an_accuracy_goal(tmp_path, pre
     for bad in (1.0, 0.5, True, "0.9"):
         with pytest.raises(PruningError, match=r"`confirm` must be None or a confidence in \(0.5, 1\), got "):
             FilterPruning(max_drop=0.01, confirm=bad)
+
+
+def test_an_unconfirmed_seed_backs_off_at_most_confirm_backoffs_times(tmp_path, pretrained, monkeypatch):
+    """Every seed is 3 images down (lower bound -6.45 points, goal 6): steps 5, 4, 3 give way, step 2's
+    verdict is the fourth and last, and step 2 stays, unconfirmed."""
+    from nestflex.pruning.callback import CONFIRM_BACKOFFS
+
+    pl.seed_everything(0)
+    cb = _prune(criterion="l1", max_drop=0.06, step=0.2, max_steps=5, recover_epochs=0, confirm=0.9)
+    _scripted_hits(cb, monkeypatch, [3] * 9)
+    _trainer(tmp_path, [cb], epochs=12).fit(_module(pretrained), datamodule=_dm())
+    road = Roadmap.load(tmp_path / "pruning" / "roadmap.json")
+    assert CONFIRM_BACKOFFS == 3 and road.status == "max_steps"
+    assert [(c["step"], c["confirmed"]) for c in road.confirm] == [(5, False), (4, False), (3, False), (2, False)]
+    assert [f.step for f in road.footprints] == [0, 1, 2] and road.finetune is None
+
+
+def test_confirm_needs_room_under_the_start():
+    with pytest.raises(PruningError, match=r"`confirm` needs room under the start to be confident in, got max_drop=0"):
+        FilterPruning(max_drop=0.0, confirm=0.9)

@@ -146,7 +146,8 @@ def test_progressive_recipe_reads_a_config_file(tmp_path):
                                                                r"accuracy goal, got --prune-target 0.3 .*HINT: leave "
                                                                r"--prune-target out"),
     (["--prune-decision", "bound"], r"argument --prune-decision: invalid choice: 'bound'"),
-    (["--prune-confidence", "1"], r"--prune-confidence is a confidence in \[0.5, 1\), got 1.0. HINT: 0.9"),
+    (["--prune-confidence", "1"], r"--prune-confidence is a confidence in \(0.5, 1\), got 1.0. HINT: 0.9"),
+    (["--prune-confidence", "0.5"], r"--prune-confidence is a confidence in \(0.5, 1\), got 0.5. HINT: 0.9"),
     (["--prune-confirm", "0.5"], r"--prune-confirm is a confidence in \(0.5, 1\), got 0.5. HINT: 0.9"),
     (["--prune-confirm", "0.9", "--prune-target", "0.3"], r"--prune-confirm 0.9 checks the seed against the accuracy "
                                                            r"goal, got --prune-target 0.3 .*HINT: leave --prune-target out"),

@@ -76,6 +76,9 @@ def check_arguments(*, goal: Any, max_drop: Any, target_macs: Any, target_cost: 
                                     and 0.5 < confirm < 1.0):
         raise PruningError(f"`confirm` must be None or a confidence in (0.5, 1), got {confirm!r}. HINT: 0.9 keeps the "
                            f"seed only when the validation split puts it within the goal with 90% confidence")
+    if confirm is not None and max_drop == 0:
+        raise PruningError("`confirm` needs room under the start to be confident in, got max_drop=0: a seed identical to "
+                           "the start model would fail it. HINT: a `max_drop` > 0, or leave `confirm` out")
     if confirm is not None and (target_macs is not None or target_cost is not None):
         arg = "target_macs" if target_macs is not None else "target_cost"
         raise PruningError(f"`confirm` checks the seed against the accuracy goal; the budget mode (`{arg}`) has "

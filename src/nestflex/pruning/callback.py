@@ -189,13 +189,12 @@ class FilterPruning(Callback):
             statistics change, so pruned no longer equals masked; steps are still judged on accuracy
             and the roadmap replays with it (docs/pruning.md#approximate). ``False`` (default): locked.
         confirm: ``None`` (default), or a confidence in (0.5, 1): once the roadmap ends (and the seed
-            is fine-tuned), the seed is kept only when the paired lower bound of its accuracy
-            difference to the start model is within the goal (:func:`~nestflex.pruning.confirm_seed`);
-            otherwise the footprint before it becomes the seed, is fine-tuned and judged in turn (at
-            most ``CONFIRM_BACKOFFS`` times; ``roadmap.confirm`` records each verdict). Steps are
-            judged leniently, so the roadmap tends to end at the goal's edge, where an accuracy on
-            other images misses the goal about half of the time. As ``paired``, it needs a
-            deterministic evaluation loader and one process; not with the budget mode.
+            is fine-tuned), the seed stays only when the paired lower bound of its accuracy difference
+            to the start model is within the goal (:func:`~nestflex.pruning.confirm_seed`); else the
+            footprint before it becomes the seed, fine-tuned (where epochs are left) and judged, at
+            most ``CONFIRM_BACKOFFS`` times, the last one kept whatever its verdict (each recorded in
+            ``roadmap.confirm``). As ``paired``: a deterministic evaluation loader, one process; needs
+            a goal below the start (``max_drop`` > 0), not the budget mode.
 
     Example::
 
@@ -390,6 +389,7 @@ class FilterPruning(Callback):
         completed = trainer.current_epoch
         if self._finetune_until is not None:
             if final or completed >= self._finetune_until:
+                self._finetunes = self._finetunes and not final  # no epoch follows: a back-off is judged at once
                 self._finish_finetune(trainer, pl_module, completed)
             return
         if self.roadmap is None:
@@ -578,11 +578,14 @@ class FilterPruning(Callback):
         """The paired rule's verdict on the last evaluation; ``None`` under the threshold rule."""
         if self.decision != "paired":
             return None
-        if self._start_hits is None or self._last_hits is None:
-            raise PruningError("`decision`='paired' has no per-sample results of the start model to pair with "
-                               "(a checkpoint from a run without it?). HINT: resume with the run's own `decision`")
-        return paired_decision(self._start_hits, self._last_hits,
-                               max(self.roadmap.start_accuracy - self.roadmap.goal, 0.0), self.confidence)
+        return paired_decision(*self._pair("`decision`='paired'", self._last_hits), self.confidence)
+
+    def _pair(self, arg: str, hits: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, float]:
+        """The start model's per-sample results, ``hits`` and the allowed drop, for a paired verdict."""
+        if self._start_hits is None or hits is None:
+            raise PruningError(f"{arg} has no per-sample results of the start model to pair with (a checkpoint from "
+                               f"a run without it?). HINT: resume with the arguments the run started with")
+        return self._start_hits, hits, max(self.roadmap.start_accuracy - self.roadmap.goal, 0.0)
 
     def _rollback(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """Restore the seed footprint into the module; optimizers get the restored parameters."""
@@ -658,17 +661,15 @@ class FilterPruning(Callback):
             if hits is None:
                 self._evaluate(trainer, pl_module, self.eval_batches)
                 hits = self._last_hits
-            seed, drop = self.roadmap.seed, max(self.roadmap.start_accuracy - self.roadmap.goal, 0.0)
-            v = confirm_seed(self._start_hits, hits, drop, self.confirm)
+            seed, v = self.roadmap.seed, confirm_seed(*self._pair(f"`confirm`={self.confirm}", hits), self.confirm)
             self.roadmap.confirm = [*(self.roadmap.confirm or []),
                                     {"step": seed.step, "macs": seed.macs, "accuracy": seed.accuracy, **v.to_dict()}]
-            rank_zero_info(f"pruning: seed step {seed.step} {'confirmed' if v.confirmed else 'not confirmed'}: "
-                           f"{100 * v.estimate:+.2f} points, {100 * v.confidence:g}% lower bound {100 * v.lower:+.2f} "
-                           f"vs {-100 * v.max_drop:+.2f}")
+            rank_zero_info(f"pruning: seed step {seed.step} {'' if v.confirmed else 'not '}confirmed: {100 * v.estimate:+.2f} "
+                           f"points, {100 * v.confidence:g}% lower bound {100 * v.lower:+.2f} vs {-100 * v.max_drop:+.2f}")
             if v.confirmed or sum(not c["confirmed"] for c in self.roadmap.confirm) > CONFIRM_BACKOFFS:
                 break
             self.roadmap.footprints.pop()  # recorded under `confirm`; the footprint before it is the seed
-            self._step_index, hits = self.roadmap.seed.step, None
+            self._step_index, hits, self.roadmap.finetune = self.roadmap.seed.step, None, None  # not fine-tuned (yet)
             self._rollback(trainer, pl_module)
             self._copy_seed(trainer, self.roadmap.seed.checkpoint)
             self._save_roadmap(trainer)
